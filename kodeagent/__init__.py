@@ -1,0 +1,1 @@
+"""kodeagent: ReAct and CodeAct agents whose code runs in `sandboxes`."""

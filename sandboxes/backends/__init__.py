@@ -1,0 +1,42 @@
+"""Backends: one module each. A backend is transport and isolation, nothing else.
+
+`open_executor(name, ...)` imports the backend's module on demand, so the Docker and E2B SDKs are
+imported only by those who use them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ..errors import UnknownBackend
+from ..executor import Executor
+
+BACKENDS: dict[str, tuple[str, str]] = {
+    "host": ("sandboxes.backends.host", "HostExecutor"),
+    "docker": ("sandboxes.backends.docker", "DockerExecutor"),
+    "e2b": ("sandboxes.backends.e2b", "E2BExecutor"),
+}
+
+
+def executor_class(backend: str) -> type[Executor]:
+    """The `Executor` subclass of a backend, by name."""
+    try:
+        module_name, class_name = BACKENDS[backend]
+    except KeyError:
+        raise UnknownBackend(
+            f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}"
+        ) from None
+    cls: type[Executor] = getattr(importlib.import_module(module_name), class_name)
+    return cls
+
+
+def open_executor(backend: str = "host", **options: Any) -> Executor:
+    """Create the executor of `backend` ("host", "docker" or "e2b") with its options.
+
+    Use the result as an async context manager; it opens on entry and closes on exit::
+
+        async with open_executor("host", timeout=10) as ex:
+            print((await ex.run("print(1)")).stdout)
+    """
+    return executor_class(backend)(**options)

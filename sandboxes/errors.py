@@ -1,0 +1,36 @@
+"""The exceptions `sandboxes` raises.
+
+`Executor.run()` never raises because of what the *code* did: that comes back in the
+`ExecutionResult`. These exceptions are for misuse of the API and for backends that
+cannot work here; every message says what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(Exception):
+    """Base class of every exception raised by `sandboxes`."""
+
+
+class BackendUnavailable(SandboxError):
+    """The backend cannot run on this machine (missing package, daemon down, no credentials, ...)."""
+
+
+class UnknownBackend(SandboxError, ValueError):
+    """`open_executor()` was given a backend name it does not know."""
+
+
+class ExecutorClosed(SandboxError):
+    """The executor was used after `close()` (or before `open()`)."""
+
+
+class WorkerStartError(SandboxError):
+    """A sandbox worker could not be started or did not answer its handshake."""
+
+
+class ProtocolError(SandboxError):
+    """The runner sent something that is not a valid protocol message."""
+
+
+class SandboxFileError(SandboxError):
+    """`upload()` or `download()` was given a path outside the working directory, or the file is missing."""

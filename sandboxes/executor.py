@@ -1,0 +1,329 @@
+"""`Executor`: the one interface every backend shares, and the protocol logic they all reuse.
+
+A subclass provides `_start_worker()` (and may override `_release_worker()` for pooling); this class
+does the rest: the static policy check, the request/reply conversation with the runner, tool calls
+back into the parent, the wall-clock timeout that kills, respawn after a crash with `state_lost`,
+and building the `ExecutionResult`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import posixpath
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import Any, ClassVar, Self
+
+import anyio
+
+from .errors import ExecutorClosed, ProtocolError, SandboxFileError, WorkerStartError
+from .models import Artifact, ExecutionError, ExecutionResult
+from .policy import Policy, prepare_code
+from .worker import Worker, WorkerExited
+
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_OUTPUT_LIMIT = 64_000
+"""Characters kept of stdout (and of stderr): the first half and the last half, when longer."""
+
+HANDSHAKE_TIMEOUT = 30.0
+KILL_TIMEOUT = 10.0
+
+ToolFunction = Callable[..., Any]
+
+
+class Executor(ABC):
+    """Runs Python code in a sandbox session whose state persists between runs, like a notebook.
+
+    Use it as an async context manager (or call `open()` and `close()`)::
+
+        async with HostExecutor(policy=Policy(allowed_imports=["math"]), timeout=10) as ex:
+            result = await ex.run("import math; print(math.pi)")
+
+    Args:
+        policy: what the code may do (imports, builtins, files, limits). Defaults to `Policy()`.
+        timeout: wall-clock seconds per `run()`; past it the worker and all it started are killed.
+        env: the only environment variables the code sees.
+        tools: functions the code may call by name; they run here, in the parent, not in the sandbox.
+        workdir: the code's working directory (backend-specific meaning; a fresh one if None).
+        stateless: run every snippet in a fresh namespace instead of keeping state.
+        output_limit: characters kept of stdout and of stderr (head and tail).
+    """
+
+    backend: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        *,
+        policy: Policy | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        env: Mapping[str, str] | None = None,
+        tools: Mapping[str, ToolFunction] | None = None,
+        workdir: str | None = None,
+        stateless: bool = False,
+        output_limit: int = DEFAULT_OUTPUT_LIMIT,
+    ) -> None:
+        if not (isinstance(timeout, int | float) and timeout > 0 and math.isfinite(timeout)):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if output_limit < 100:
+            raise ValueError(f"output_limit must be at least 100 characters, got {output_limit}")
+        self.policy = policy if policy is not None else Policy()
+        self.timeout = float(timeout)
+        self.env = {str(k): str(v) for k, v in (env or {}).items()}
+        self.tools: dict[str, ToolFunction] = dict(tools or {})
+        for name, function in self.tools.items():
+            if not name.isidentifier() or name.startswith("_"):
+                raise ValueError(f"tool name {name!r} must be a Python identifier not starting with '_'")
+            if not callable(function):
+                raise TypeError(f"tool {name!r} is not callable")
+        self.workdir = workdir
+        self.stateless = stateless
+        self.output_limit = output_limit
+        self._worker: Worker | None = None
+        self._opened = False
+        self._closed = False
+        self._state_lost_pending = False
+        self._lock = anyio.Lock()
+
+    # ----------------------------------------------------------------- backend hooks
+
+    @abstractmethod
+    async def _start_worker(self) -> Worker:
+        """Start (or take from a pool) a runner that has printed its `ready` line."""
+
+    async def _release_worker(self, worker: Worker) -> None:
+        """Dispose of a worker at close. Default: kill it (a worker is never reused by another session)."""
+        await worker.kill()
+
+    @property
+    def isolation(self) -> str:
+        """Which isolation level is active for this session (see the docs of each backend)."""
+        return self._worker.isolation if self._worker else "not started"
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def open(self) -> Self:
+        """Start the worker. Raises `BackendUnavailable` when the backend cannot work here."""
+        if self._closed:
+            raise ExecutorClosed("this executor was closed; create a new one")
+        if not self._opened:
+            self._opened = True
+            try:
+                await self._ensure_worker()
+            except BaseException:
+                self._opened = False
+                raise
+        return self
+
+    async def close(self) -> None:
+        """Kill the worker and everything it started. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            with anyio.CancelScope(shield=True):
+                await self._release_worker(worker)
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise ExecutorClosed("this executor was closed; create a new one")
+        if not self._opened:
+            raise ExecutorClosed("call `await executor.open()` or use `async with` before run()")
+
+    async def _ensure_worker(self) -> Worker:
+        if self._worker is None:
+            worker = await self._start_worker()
+            try:
+                with anyio.fail_after(HANDSHAKE_TIMEOUT):
+                    await self._request(worker, self._init_message())
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await worker.kill()
+                raise
+            self._worker = worker
+        return self._worker
+
+    def _init_message(self) -> dict[str, Any]:
+        return {
+            "op": "init",
+            "policy": self.policy.runtime_config(),
+            "env": self.env,
+            "tools": sorted(self.tools),
+            "stateless": self.stateless,
+            "output_limit": self.output_limit,
+        }
+
+    async def _discard_worker(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
+                await worker.kill()
+        self._state_lost_pending = True
+
+    # ----------------------------------------------------------------- running code
+
+    async def run(self, code: str | bytes) -> ExecutionResult:
+        """Run `code` in the session and return what happened. Never raises because of the code."""
+        self._check_usable()
+        async with self._lock:
+            started = time.perf_counter()
+            result = await self._run_locked(code)
+            result.duration = time.perf_counter() - started
+            result.backend = self.backend
+            return result
+
+    async def _run_locked(self, code: str | bytes) -> ExecutionResult:
+        text, problem = prepare_code(code, self.policy, extra_names=self.tools)
+        if problem is not None:
+            return ExecutionResult(error=problem)
+        assert text is not None
+        if self._worker is None:
+            await self._ensure_worker()
+        state_lost, self._state_lost_pending = self._state_lost_pending, False
+        worker = self._worker
+        assert worker is not None
+        try:
+            with anyio.fail_after(self.timeout):
+                reply = await self._request(worker, {"op": "run", "code": text})
+        except TimeoutError:
+            await self._discard_worker()
+            self._state_lost_pending = False
+            return ExecutionResult(
+                timed_out=True,
+                state_lost=True,
+                error=ExecutionError(
+                    type="Timeout",
+                    message=f"the code ran longer than {self.timeout:g} s and was stopped; "
+                    "variables from earlier runs are lost",
+                ),
+            )
+        except WorkerExited:
+            exit_info = await worker.exit_info()
+            await self._discard_worker()
+            self._state_lost_pending = False
+            return ExecutionResult(
+                state_lost=True,
+                oom=exit_info.oom,
+                error=ExecutionError(
+                    type="WorkerCrashed",
+                    message=f"the sandbox process ended during the run ({exit_info.detail}); "
+                    "variables from earlier runs are lost",
+                ),
+            )
+        result = self._result_from_reply(reply)
+        result.state_lost = result.state_lost or state_lost
+        return result
+
+    def _result_from_reply(self, reply: dict[str, Any]) -> ExecutionResult:
+        try:
+            error = reply.get("error")
+            return ExecutionResult(
+                stdout=reply.get("stdout", ""),
+                stderr=reply.get("stderr", ""),
+                error=ExecutionError(**error) if error else None,
+                oom=bool(reply.get("oom")),
+                truncated=bool(reply.get("truncated")),
+                artifacts=[Artifact(**a) for a in reply.get("artifacts", [])],
+                final_answer=reply.get("final_answer"),
+                has_final_answer=bool(reply.get("has_final_answer")),
+            )
+        except (TypeError, ValueError) as exc:
+            raise ProtocolError(f"malformed result from the runner: {exc}") from exc
+
+    async def _request(self, worker: Worker, message: dict[str, Any]) -> dict[str, Any]:
+        """Send one request and serve tool calls until its reply arrives."""
+        await worker.send(_encode(message))
+        while True:
+            line = await worker.receive_line()
+            try:
+                reply = json.loads(line)
+            except ValueError as exc:
+                raise ProtocolError(f"the runner sent a line that is not JSON: {line[:200]!r}") from exc
+            op = reply.get("op")
+            if op == "tool_call":
+                await worker.send(_encode(await self._call_tool(reply)))
+            elif op == "fatal":
+                raise WorkerStartError(f"the sandbox runner failed: {reply.get('message')}")
+            elif op == "reply":
+                return reply
+            else:
+                raise ProtocolError(f"unexpected message from the runner: {op!r}")
+
+    async def _call_tool(self, call: dict[str, Any]) -> dict[str, Any]:
+        name = call.get("name", "")
+        function = self.tools.get(name)
+        reply: dict[str, Any] = {"op": "tool_result", "id": call.get("id")}
+        if function is None:
+            reply["error"] = {"type": "NameError", "message": f"no tool named {name!r}"}
+            return reply
+        try:
+            value = function(*call.get("args", []), **call.get("kwargs", {}))
+            if inspect.isawaitable(value):
+                value = await value
+            json.dumps(value)
+        except Exception as exc:  # the tool's failure goes back to the code, which may catch it
+            reply["error"] = {"type": type(exc).__name__, "message": str(exc)}
+            return reply
+        reply["value"] = value
+        return reply
+
+    # ----------------------------------------------------------------- state and files
+
+    async def reset(self) -> None:
+        """Forget every variable of the session (the working directory's files stay)."""
+        self._check_usable()
+        async with self._lock:
+            if self._worker is None:
+                await self._ensure_worker()
+                return
+            try:
+                with anyio.fail_after(self.timeout):
+                    await self._request(self._worker, {"op": "reset"})
+            except (TimeoutError, WorkerExited):
+                await self._discard_worker()
+            self._state_lost_pending = False
+
+    async def upload(self, path: str, data: bytes | str) -> None:
+        """Write a file into the working directory (`path` is relative to it)."""
+        self._check_usable()
+        relative = _relative_path(path)
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        async with self._lock:
+            worker = await self._ensure_worker()
+            await worker.write_file(relative, payload)
+
+    async def download(self, path: str) -> bytes:
+        """Read a file from the working directory (`path` is relative to it)."""
+        self._check_usable()
+        relative = _relative_path(path)
+        async with self._lock:
+            worker = await self._ensure_worker()
+            return await worker.read_file(relative)
+
+
+def _encode(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, ensure_ascii=False).encode() + b"\n"
+
+
+def _relative_path(path: str) -> str:
+    """Normalise a user path to one inside the working directory, or refuse it."""
+    if not path or "\x00" in path:
+        raise SandboxFileError(f"invalid file path {path!r}")
+    normal = posixpath.normpath(path.replace("\\", "/"))
+    if normal.startswith("/") or normal == ".." or normal.startswith("../") or normal == ".":
+        raise SandboxFileError(
+            f"{path!r} is outside the working directory; give a path relative to it, e.g. 'data/in.csv'"
+        )
+    return normal

@@ -1,0 +1,65 @@
+"""Pydantic models at the boundary: what a run returns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+
+class ExecutionError(BaseModel):
+    """Why a run did not finish normally.
+
+    `type` is the exception class name for errors raised by the code (``ZeroDivisionError``), or one
+    of the platform's own kinds: ``PolicyViolation``, ``SyntaxError``, ``Timeout``,
+    ``WorkerCrashed``, ``OutputLimit``, ``InvalidCode``.
+    """
+
+    type: str
+    message: str
+    traceback: str | None = None
+    line: int | None = None
+    column: int | None = None
+
+    def __str__(self) -> str:
+        return f"{self.type}: {self.message}"
+
+
+class Artifact(BaseModel):
+    """A file the run created or changed in the working directory (path relative to it)."""
+
+    path: str
+    size: int
+
+
+class ExecutionResult(BaseModel):
+    """Everything one `run(code)` produced. Built by the shared executor code, the same for every backend."""
+
+    stdout: str = ""
+    stderr: str = ""
+    error: ExecutionError | None = None
+    timed_out: bool = False
+    oom: bool = False
+    state_lost: bool = Field(
+        False, description="The worker was replaced before or during this run: earlier variables are gone."
+    )
+    duration: float = Field(0.0, description="Wall-clock seconds, measured in the parent.")
+    artifacts: list[Artifact] = Field(default_factory=list)
+    final_answer: Any = None
+    has_final_answer: bool = False
+    truncated: bool = Field(False, description="stdout or stderr was longer than the cap; head and tail kept.")
+    backend: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when the code ran to the end (or to `final_answer`) without an error."""
+        return self.error is None and not self.timed_out
+
+    def observation(self) -> str:
+        """stdout, then stderr and the error, as one text: what an agent shows the model."""
+        parts = [self.stdout]
+        if self.stderr:
+            parts.append(self.stderr)
+        if self.error is not None:
+            parts.append(self.error.traceback or str(self.error))
+        return "".join(p if p.endswith("\n") or not p else p + "\n" for p in parts if p)

@@ -1,0 +1,234 @@
+"""`Policy`: what sandboxed code may do, and the static check that runs in the parent before any code does.
+
+The static check is the first of several layers. It is fast and its messages tell the model exactly
+what is not allowed and what is, but it cannot see through values (`random._os`, `'{0.__class__}'`):
+the runtime guard in the runner (`runtime/guard.py`) enforces the same policy while the code runs.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from .models import ExecutionError
+from .runtime.guard import (
+    DEFAULT_ALLOWED_DUNDERS,
+    DEFAULT_BANNED_BUILTINS,
+    FRAME_ATTRIBUTES,
+    module_allowed,
+)
+
+DEFAULT_ALLOWED_IMPORTS: tuple[str, ...] = (
+    "math", "cmath", "decimal", "fractions", "numbers", "random", "statistics",
+    "json", "re", "string", "textwrap", "unicodedata", "difflib",
+    "collections", "collections.abc", "itertools", "functools", "heapq", "bisect", "array",
+    "copy", "dataclasses", "enum", "typing", "abc", "contextlib",
+    "datetime", "time", "calendar", "zoneinfo",
+    "hashlib", "base64", "binascii", "uuid", "csv", "io", "pprint",
+)  # fmt: skip
+"""Pure-computation modules of the standard library. Nothing here reaches processes or the network."""
+
+MAX_CODE_BYTES_DEFAULT = 1_000_000
+
+
+class Limits(BaseModel):
+    """Resource limits of the worker process (rlimits; containers add their own)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    memory_mb: int = Field(2048, ge=64, description="Address-space limit of the worker.")
+    cpu_seconds: int = Field(600, ge=1, description="CPU time of the whole session, a backstop to `timeout`.")
+    max_processes: int = Field(64, ge=1, description="Processes and threads of the worker's user.")
+    max_file_mb: int = Field(256, ge=1, description="Largest file the code may write.")
+    max_open_files: int = Field(256, ge=16)
+
+
+class Policy(BaseModel):
+    """What the code may do. The defaults are strict: pure computation and files in the working directory.
+
+    Args:
+        allowed_imports: module patterns: ``"pkg"`` allows exactly `pkg`, ``"pkg.*"`` allows `pkg` and
+            every submodule, ``"*"`` allows everything (then only the other layers protect you).
+        allow_builtins: names from `banned_builtins` to allow again, e.g. ``["eval"]``. An allowed
+            `eval`/`exec`/`compile` compiles its string through the same runtime guard.
+        banned_builtins: builtins the code may not name.
+        allowed_dunders: the ``__dunder__`` attributes the code may use (``__init__``, ``__name__``...).
+        files: ``"workdir"`` (read and write inside the working directory only), ``"none"``, or ``"any"``.
+        network: allow sockets (still subject to the backend's network isolation).
+        subprocess: allow starting processes (only meaningful if an allowed module can).
+        limits: resource limits of the worker.
+        max_code_bytes: larger snippets are refused before they are parsed.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
+    allow_builtins: tuple[str, ...] = ()
+    banned_builtins: tuple[str, ...] = DEFAULT_BANNED_BUILTINS
+    allowed_dunders: tuple[str, ...] = DEFAULT_ALLOWED_DUNDERS
+    files: Literal["workdir", "none", "any"] = "workdir"
+    network: bool = False
+    subprocess: bool = False
+    limits: Limits = Limits()
+    max_code_bytes: int = Field(MAX_CODE_BYTES_DEFAULT, ge=1)
+
+    @field_validator("allowed_imports", "allow_builtins", "banned_builtins", "allowed_dunders", mode="before")
+    @classmethod
+    def _as_tuple(cls, value: Iterable[str] | str) -> tuple[str, ...]:
+        if isinstance(value, str):
+            raise ValueError("give a list of names, not a single string")
+        return tuple(value)
+
+    @field_validator("allowed_imports")
+    @classmethod
+    def _check_patterns(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            base = pattern[:-2] if pattern.endswith(".*") else pattern
+            if pattern != "*" and not all(part.isidentifier() for part in base.split(".")):
+                raise ValueError(f"{pattern!r} is not a module pattern; use 'pkg' or 'pkg.*'")
+        return patterns
+
+    @property
+    def effective_banned_builtins(self) -> frozenset[str]:
+        return frozenset(self.banned_builtins) - frozenset(self.allow_builtins)
+
+    def runtime_config(self) -> dict[str, Any]:
+        """The part of the policy the runner enforces, as JSON."""
+        return {
+            "allowed_imports": list(self.allowed_imports),
+            "banned_builtins": sorted(self.effective_banned_builtins),
+            "allowed_dunders": list(self.allowed_dunders),
+            "files": self.files,
+            "network": self.network,
+            "subprocess": self.subprocess,
+            "limits": self.limits.model_dump(),
+        }
+
+    def check(self, code: str, extra_names: Iterable[str] = ()) -> ExecutionError | None:
+        """Statically check `code`; return the first violation (or syntax error), or None."""
+        try:
+            tree = ast.parse(code, filename="<code>")
+        except SyntaxError as exc:
+            return ExecutionError(
+                type="SyntaxError",
+                message=f"{exc.msg} (line {exc.lineno}, column {exc.offset})",
+                line=exc.lineno,
+                column=exc.offset,
+            )
+        except (ValueError, RecursionError, MemoryError) as exc:
+            return ExecutionError(type="InvalidCode", message=f"the code cannot be parsed: {exc}")
+        checker = _StaticChecker(self, frozenset(extra_names))
+        try:
+            checker.visit(tree)
+        except RecursionError:
+            return ExecutionError(type="InvalidCode", message="the code is nested too deeply to check")
+        return checker.violation
+
+
+def prepare_code(
+    code: str | bytes, policy: Policy, extra_names: Iterable[str] = ()
+) -> tuple[str | None, ExecutionError | None]:
+    """Decode and statically check code: `(text, None)` when it may run, `(None, error)` when not."""
+    size = len(code)
+    if size > policy.max_code_bytes:
+        return None, ExecutionError(
+            type="InvalidCode",
+            message=f"the code is {size:,} bytes; the limit is {policy.max_code_bytes:,} "
+            "(Policy.max_code_bytes). Send it in smaller pieces or write data to a file.",
+        )
+    if isinstance(code, bytes):
+        try:
+            code = code.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            return None, ExecutionError(
+                type="InvalidCode", message=f"the code is not valid UTF-8 (byte {exc.start}): {exc.reason}"
+            )
+    if not isinstance(code, str):
+        raise TypeError(f"code must be str or bytes, not {type(code).__name__}")
+    if "\x00" in code:
+        line = code.count("\n", 0, code.index("\x00")) + 1
+        return None, ExecutionError(
+            type="InvalidCode", message=f"the code contains a NUL byte (line {line})", line=line
+        )
+    return code, policy.check(code, extra_names)
+
+
+class _StaticChecker(ast.NodeVisitor):
+    """Finds the first thing the policy forbids. Stops at the first violation."""
+
+    def __init__(self, policy: Policy, extra_names: frozenset[str]) -> None:
+        self.policy = policy
+        self.banned = policy.effective_banned_builtins - extra_names
+        self.dunders = frozenset(policy.allowed_dunders)
+        self.violation: ExecutionError | None = None
+
+    def fail(self, node: ast.AST, message: str) -> None:
+        if self.violation is None:
+            line = getattr(node, "lineno", None)
+            where = f" (line {line})" if line else ""
+            self.violation = ExecutionError(
+                type="PolicyViolation",
+                message=message + where,
+                line=line,
+                column=getattr(node, "col_offset", None),
+            )
+
+    def visit(self, node: ast.AST) -> Any:
+        if self.violation is None:
+            return super().visit(node)
+        return None
+
+    def check_module(self, node: ast.AST, name: str) -> None:
+        if not module_allowed(name, self.policy.allowed_imports):
+            allowed = ", ".join(self.policy.allowed_imports) or "none"
+            self.fail(node, f"import of '{name}' is not allowed. Allowed imports: {allowed}")
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.check_module(node, alias.name)
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        if node.level:
+            self.fail(node, "relative imports are not available in the sandbox; import modules by full name")
+        elif node.module:
+            self.check_module(node, node.module)
+            if any(alias.name == "*" for alias in node.names):
+                self.fail(node, f"'from {node.module} import *' is not allowed; import the names you need")
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id in self.banned:
+            self.fail(node, f"the builtin '{node.id}' is not allowed")
+        elif _is_dunder(node.id) and node.id not in self.dunders:
+            self.fail(node, f"the name '{node.id}' is not allowed")
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        if _is_dunder(node.attr) and node.attr not in self.dunders:
+            self.fail(node, f"access to the attribute '{node.attr}' is not allowed")
+        elif node.attr in FRAME_ATTRIBUTES:
+            self.fail(node, f"access to the attribute '{node.attr}' (interpreter internals) is not allowed")
+        self.generic_visit(node)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if (
+            isinstance(node.func, ast.Name)
+            and node.func.id in {"getattr", "setattr", "delattr", "hasattr"}
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            name = node.args[1].value
+            if (name.startswith("__") and name not in self.dunders) or name in FRAME_ATTRIBUTES:
+                self.fail(node, f"{node.func.id}() of the attribute '{name}' is not allowed")
+        self.generic_visit(node)
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        if any(k.arg == "metaclass" for k in node.keywords):
+            self.fail(node, "metaclasses are not allowed")
+        self.generic_visit(node)
+
+
+def _is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")

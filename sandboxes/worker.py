@@ -1,0 +1,109 @@
+"""What a backend provides: a started runner somewhere, and the channel to it.
+
+A backend is only transport and isolation. It starts `sandboxes/runtime/runner.py` inside its
+boundary (a local process, a container, a microVM) with the runner's stdin and stdout connected to
+the parent, and hands the parent a `Worker`. Everything a run *means* (policy, capture, state,
+tools, results) lives in the runner and in `Executor`, so every backend behaves alike.
+
+The channel carries one JSON object per line in each direction (see `runtime/runner.py`).
+"""
+
+from __future__ import annotations
+
+import socket
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import anyio
+
+MAX_MESSAGE_BYTES = 256 * 1024 * 1024
+"""A protocol line longer than this means a broken runner; we refuse to buffer more."""
+
+
+class WorkerExited(Exception):
+    """The channel reached end-of-file: the runner is gone (crashed, killed or stopped)."""
+
+
+@dataclass
+class WorkerExit:
+    """How a worker ended, as far as the backend can tell."""
+
+    detail: str
+    oom: bool = False
+
+
+class Worker(ABC):
+    """One live runner and the channel to it. Backends subclass this."""
+
+    isolation: str = "process"
+
+    @abstractmethod
+    async def send(self, data: bytes) -> None:
+        """Write bytes (whole protocol lines) to the runner's stdin."""
+
+    @abstractmethod
+    async def receive_line(self) -> bytes:
+        """Return the next line the runner wrote on its channel; raise `WorkerExited` at end-of-file."""
+
+    @abstractmethod
+    async def kill(self) -> None:
+        """Kill the runner and everything it started. Idempotent; never raises for a dead worker."""
+
+    @abstractmethod
+    async def exit_info(self) -> WorkerExit:
+        """After the channel closed: why the worker ended (exit code, signal, OOM kill...)."""
+
+    @abstractmethod
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write a file at `path`, relative to the working directory (already validated)."""
+
+    @abstractmethod
+    async def read_file(self, path: str) -> bytes:
+        """Read a file at `path`, relative to the working directory (already validated)."""
+
+
+class SocketLineReader:
+    """Reads newline-terminated lines from a non-blocking socket without blocking the event loop.
+
+    Works under any anyio backend, and for any socket (a local socketpair, a Docker attach socket).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.sock.setblocking(False)
+        self._buffer = bytearray()
+
+    async def receive_line(self) -> bytes:
+        while True:
+            newline = self._buffer.find(b"\n")
+            if newline >= 0:
+                line = bytes(self._buffer[: newline + 1])
+                del self._buffer[: newline + 1]
+                return line
+            if len(self._buffer) > MAX_MESSAGE_BYTES:
+                raise WorkerExited("the runner sent a protocol line longer than 256 MiB")
+            chunk = await self.receive_some()
+            if not chunk:
+                raise WorkerExited("the runner closed its channel")
+            self._buffer += chunk
+
+    async def receive_some(self) -> bytes:
+        while True:
+            try:
+                return self.sock.recv(1 << 20)
+            except BlockingIOError:
+                await anyio.wait_readable(self.sock)
+            except (ConnectionResetError, OSError):
+                return b""
+
+    async def send(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                sent = self.sock.send(view)
+            except BlockingIOError:
+                await anyio.wait_writable(self.sock)
+                continue
+            except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+                raise WorkerExited(f"the runner's channel is closed ({exc})") from exc
+            view = view[sent:]
