@@ -1,0 +1,60 @@
+"""The exceptions kodeagent raises: one hierarchy, rooted at `KodeAgentError`.
+
+What the *model* gets wrong (bad JSON, an unknown tool, code that fails) is not an exception: it is
+told to the model as an observation and the loop goes on. These exceptions are for what the caller
+must handle: misconfiguration, a provider that keeps failing, a missing optional package.
+"""
+
+from __future__ import annotations
+
+
+class KodeAgentError(Exception):
+    """Base class of every exception raised by kodeagent."""
+
+
+class ConfigurationError(KodeAgentError, ValueError):
+    """An agent or tool was constructed with arguments that cannot work."""
+
+
+class ToolError(KodeAgentError):
+    """Base class for tool problems."""
+
+
+class ToolDefinitionError(ToolError, TypeError):
+    """A function cannot be turned into a tool (bad name, unsupported signature)."""
+
+
+class ToolNotFound(ToolError, LookupError):
+    """The model asked for a tool that does not exist or is not allowed in this run."""
+
+
+class ToolArgumentError(ToolError, ValueError):
+    """The arguments given to a tool failed validation; the message lists what is wrong."""
+
+
+class ToolExecutionError(ToolError):
+    """A tool ran and failed (for MCP tools: the server reported an error)."""
+
+
+class LLMError(KodeAgentError):
+    """A model call failed in a way retrying will not fix (bad credentials, bad request, ...)."""
+
+
+class RetryError(LLMError):
+    """A model call kept failing with transient errors after every retry; `last_error` says why."""
+
+    def __init__(self, message: str, last_error: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.last_error = last_error
+
+
+class ResponseParseError(KodeAgentError, ValueError):
+    """A model reply could not be understood in any of the accepted formats."""
+
+
+class TracingUnavailable(KodeAgentError, ImportError):
+    """`tracing_type` names a tracing backend whose package is not installed."""
+
+
+class MissingDependency(KodeAgentError, ImportError):
+    """An optional package (litellm, mcp, ...) is needed for this feature and is not installed."""

@@ -1,0 +1,172 @@
+"""Every model call goes through here: litellm, retries with backoff, and usage/cost accounting.
+
+litellm is imported on first use, never at `import kodeagent`: its import takes seconds (and reaches
+for the network unless ``LITELLM_LOCAL_MODEL_COST_MAP=True``), which a program that only builds tools
+or prints responses should not pay.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from functools import cache
+from types import ModuleType
+from typing import Any
+
+import anyio
+from pydantic import BaseModel, Field
+
+from .errors import LLMError, MissingDependency, RetryError
+from .models import UsageRecord
+from .usage import UsageTracker
+
+
+@cache
+def litellm_module() -> ModuleType:
+    """Import litellm once, on demand."""
+    try:
+        import litellm
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise MissingDependency("model calls need litellm: pip install 'kodeagent[agents]'") from exc
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+class LLMReply(BaseModel):
+    """What a model call returned, reduced to what the agents use."""
+
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
+    finish_reason: str | None = None
+    usage: UsageRecord
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Errors worth retrying: timeouts, connection problems, rate limits, 5xx from the provider."""
+    litellm = litellm_module()
+    permanent = (
+        litellm.AuthenticationError,
+        litellm.BadRequestError,
+        litellm.NotFoundError,
+        litellm.PermissionDeniedError,
+        litellm.ContextWindowExceededError,
+    )
+    if isinstance(exc, permanent):
+        return False
+    transient = (
+        litellm.Timeout,
+        litellm.APIConnectionError,
+        litellm.RateLimitError,
+        litellm.InternalServerError,
+        litellm.ServiceUnavailableError,
+        litellm.BadGatewayError,
+    )
+    if isinstance(exc, transient):
+        return True
+    status = getattr(exc, "status_code", None)
+    return isinstance(status, int) and (status >= 500 or status in (408, 409, 429))
+
+
+def _tool_calls(message: Any) -> list[dict[str, Any]]:
+    calls = []
+    for i, call in enumerate(getattr(message, "tool_calls", None) or []):
+        function = getattr(call, "function", None)
+        calls.append(
+            {
+                "id": getattr(call, "id", None) or f"call_{i}",
+                "type": "function",
+                "function": {
+                    "name": getattr(function, "name", "") or "",
+                    "arguments": getattr(function, "arguments", "") or "",
+                },
+            }
+        )
+    return calls
+
+
+def _cost(litellm: ModuleType, response: Any) -> float:
+    try:
+        return float(litellm.completion_cost(completion_response=response) or 0.0)
+    except Exception:  # unknown model or provider without pricing: count tokens, not money
+        return 0.0
+
+
+async def call_llm(
+    model: str,
+    messages: list[dict[str, Any]],
+    *,
+    component: str,
+    usage_tracker: UsageTracker | None = None,
+    litellm_params: dict[str, Any] | None = None,
+    max_retries: int = 3,
+    retry_base_delay: float = 1.0,
+    tools: list[dict[str, Any]] | None = None,
+    response_format: dict[str, Any] | None = None,
+) -> LLMReply:
+    """Call `model` through litellm and record the usage under `component`.
+
+    Transient failures are retried up to `max_retries` times with exponential backoff and jitter;
+    other failures raise `LLMError` at once. When retries run out, `RetryError` carries the last error.
+    litellm's and the OpenAI client's own retries are switched off (unless `litellm_params` says
+    otherwise) so that the retry policy, and the count of attempts, is this one.
+    """
+    litellm = litellm_module()
+    params: dict[str, Any] = {"num_retries": 0, "max_retries": 0, **(litellm_params or {})}
+    if tools:
+        params["tools"] = tools
+    if response_format is not None:
+        params["response_format"] = response_format
+    attempts = max(0, max_retries) + 1
+    started = time.perf_counter()
+    last_error: BaseException | None = None
+    for attempt in range(1, attempts + 1):
+        try:
+            response = await litellm.acompletion(model=model, messages=messages, **params)
+        except Exception as exc:
+            if not _is_transient(exc):
+                raise LLMError(f"model call to {model!r} failed: {exc}") from exc
+            last_error = exc
+            if attempt < attempts:
+                delay = retry_base_delay * (2 ** (attempt - 1))
+                await anyio.sleep(delay * (0.5 + random.random() / 2))
+            continue
+        choice = response.choices[0]
+        usage = getattr(response, "usage", None)
+        record = UsageRecord(
+            component=component,
+            model=model,
+            prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+            completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+            cost=_cost(litellm, response),
+            duration=time.perf_counter() - started,
+            attempts=attempt,
+        )
+        if usage_tracker is not None:
+            usage_tracker.add(record)
+        content = choice.message.content
+        return LLMReply(
+            content=content if isinstance(content, str) else (None if content is None else str(content)),
+            tool_calls=_tool_calls(choice.message),
+            finish_reason=getattr(choice, "finish_reason", None),
+            usage=record,
+        )
+    raise RetryError(
+        f"model call to {model!r} failed {attempts} times; last error: {last_error}", last_error=last_error
+    )
+
+
+def supports(model: str, capability: str) -> bool:
+    """Ask litellm whether `model` has a capability ("function_calling", "vision", "response_schema")."""
+    litellm = litellm_module()
+    check = getattr(litellm, f"supports_{capability}", None)
+    if check is None:
+        return False
+    try:
+        return bool(check(model=model))
+    except Exception:  # litellm raises for models it has never heard of
+        return False
+
+
+def llm_vision_support(model_names: list[str]) -> list[bool]:
+    """Check whether images can be used with each of the given models (as litellm knows them)."""
+    return [supports(name, "vision") for name in model_names]

@@ -1,0 +1,63 @@
+"""Token and cost accounting, per component (agent, planner, observer, salvage, tool_filter).
+
+Every model call made on an agent's behalf is recorded here by `llm.call_llm`, so the report adds up
+to what the provider will bill, whichever part of the agent asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .models import UsageRecord
+
+
+class UsageTracker:
+    """Collects `UsageRecord`s for the current (or last) task of an agent."""
+
+    def __init__(self) -> None:
+        self.records: list[UsageRecord] = []
+
+    def add(self, record: UsageRecord) -> None:
+        self.records.append(record)
+
+    def reset(self) -> None:
+        self.records.clear()
+
+    @staticmethod
+    def _sum(records: list[UsageRecord]) -> dict[str, Any]:
+        return {
+            "calls": len(records),
+            "prompt_tokens": sum(r.prompt_tokens for r in records),
+            "completion_tokens": sum(r.completion_tokens for r in records),
+            "total_tokens": sum(r.total_tokens for r in records),
+            "cost": sum(r.cost for r in records),
+        }
+
+    def metrics(self) -> dict[str, Any]:
+        """Totals and a per-component breakdown, as plain data."""
+        components: dict[str, list[UsageRecord]] = {}
+        for record in self.records:
+            components.setdefault(record.component, []).append(record)
+        return {
+            "total": self._sum(self.records),
+            "by_component": {name: self._sum(recs) for name, recs in components.items()},
+        }
+
+    def report(self, include_breakdown: bool = True) -> str:
+        """A short human-readable report."""
+        data = self.metrics()
+        total = data["total"]
+        lines = [
+            "LLM usage",
+            f"  calls: {total['calls']}  prompt tokens: {total['prompt_tokens']}  "
+            f"completion tokens: {total['completion_tokens']}  total tokens: {total['total_tokens']}  "
+            f"cost: ${total['cost']:.6f}",
+        ]
+        if include_breakdown and data["by_component"]:
+            lines.append("  by component:")
+            for name, part in data["by_component"].items():
+                lines.append(
+                    f"    {name}: calls {part['calls']}, tokens {part['prompt_tokens']} in / "
+                    f"{part['completion_tokens']} out, cost ${part['cost']:.6f}"
+                )
+        return "\n".join(lines)

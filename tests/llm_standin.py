@@ -1,0 +1,220 @@
+"""An OpenAI-compatible chat-completions server on loopback that serves scripted replies.
+
+litellm reaches it through `api_base` over real HTTP, exactly as it reaches a provider, so the agents'
+requests (messages, tools, response formats, timeouts) and litellm's parsing of replies are the real
+ones. Each test gets its own server and queues the replies the "model" will give, in order:
+
+    with StandinLLM() as llm:
+        llm.add(reply(content='{"thought": "...", "code": "print(1)"}'), reply(tool_calls=[...]))
+        agent = CodeActAgent(llm.model("json"), litellm_params=llm.params())
+
+The server records every request body (`llm.requests`) so tests can check what the agent sent.
+When the script runs out it answers 500 with a message saying so, which fails the test loudly.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+# Models the stand-in serves, and what litellm is told they support (via litellm.register_model).
+STANDIN_MODELS: dict[str, dict[str, Any]] = {
+    "native": {"supports_function_calling": True, "supports_response_schema": True, "supports_vision": True},
+    "json": {"supports_function_calling": False, "supports_response_schema": True},
+    "plain": {"supports_function_calling": False, "supports_response_schema": False},
+}
+PRICE_IN = 1e-6
+PRICE_OUT = 2e-6
+
+
+def register_standin_models() -> None:
+    """Tell litellm about the stand-in's models: their capabilities and a price, so cost is computed."""
+    import litellm
+
+    litellm.register_model(
+        {
+            f"openai/standin-{kind}": {
+                "litellm_provider": "openai",
+                "mode": "chat",
+                "max_tokens": 8192,
+                "max_input_tokens": 128000,
+                "max_output_tokens": 8192,
+                "input_cost_per_token": PRICE_IN,
+                "output_cost_per_token": PRICE_OUT,
+                "cache_read_input_token_cost": 0.0,
+                "cache_creation_input_token_cost": 0.0,
+                **caps,
+            }
+            for kind, caps in STANDIN_MODELS.items()
+        }
+    )
+
+
+@dataclass
+class Reply:
+    """One scripted answer. `status` other than 200 sends an error; `raw` sends that body verbatim."""
+
+    content: str | None = None
+    tool_calls: list[tuple[str, Any]] = field(default_factory=list)
+    status: int = 200
+    delay: float = 0.0
+    usage: tuple[int, int] | None = None
+    raw: str | None = None
+
+
+def reply(
+    content: str | None = None,
+    *,
+    tool_calls: list[tuple[str, Any]] | None = None,
+    usage: tuple[int, int] | None = None,
+) -> Reply:
+    """A normal completion. Tool call arguments may be a dict (sent as JSON) or a string (sent as is)."""
+    return Reply(content=content, tool_calls=list(tool_calls or []), usage=usage)
+
+
+def error(status: int = 500, message: str = "internal error") -> Reply:
+    return Reply(status=status, content=message)
+
+
+def slow(seconds: float, then: Reply | None = None) -> Reply:
+    """A reply that arrives only after `seconds` (use with a smaller litellm `timeout`)."""
+    base = then or reply("too late")
+    return Reply(
+        content=base.content, tool_calls=base.tool_calls, usage=base.usage, delay=seconds, status=base.status
+    )
+
+
+class StandinLLM:
+    """The server. Use as a context manager; `model(kind)` and `params()` configure litellm to reach it."""
+
+    def __init__(self) -> None:
+        self.script: deque[Reply] = deque()
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._counter = 0
+        handler = self._make_handler()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.server.daemon_threads = True
+        self._thread = threading.Thread(target=self.server.serve_forever, name="standin-llm", daemon=True)
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def api_base(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def model(self, kind: str = "json") -> str:
+        if kind not in STANDIN_MODELS:
+            raise ValueError(f"unknown stand-in model kind {kind!r}")
+        return f"openai/standin-{kind}"
+
+    def params(self, **extra: Any) -> dict[str, Any]:
+        return {"api_base": self.api_base, "api_key": "sk-standin", **extra}
+
+    def add(self, *replies: Reply | str) -> StandinLLM:
+        with self._lock:
+            for r in replies:
+                self.script.append(reply(r) if isinstance(r, str) else r)
+        return self
+
+    @property
+    def remaining(self) -> int:
+        return len(self.script)
+
+    def __enter__(self) -> StandinLLM:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    # ------------------------------------------------------------------ serving
+
+    def _next(self, body: dict[str, Any]) -> Reply | None:
+        with self._lock:
+            self.requests.append(body)
+            self._counter += 1
+            return self.script.popleft() if self.script else None
+
+    def _completion(self, body: dict[str, Any], r: Reply) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": r.content}
+        if r.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": f"call_{self._counter}_{i}",
+                    "type": "function",
+                    "function": {
+                        "name": name,
+                        "arguments": args if isinstance(args, str) else json.dumps(args),
+                    },
+                }
+                for i, (name, args) in enumerate(r.tool_calls)
+            ]
+        if r.usage is not None:
+            prompt, completion = r.usage
+        else:  # a rough, deterministic count: four characters a token
+            prompt = max(1, len(json.dumps(body.get("messages", []))) // 4)
+            completion = max(1, len(json.dumps(message)) // 4)
+        return {
+            "id": f"chatcmpl-standin-{self._counter}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "standin"),
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": "tool_calls" if r.tool_calls else "stop"}
+            ],
+            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        }
+
+    def _make_handler(self) -> type[BaseHTTPRequestHandler]:
+        standin = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:  # keep test output clean
+                pass
+
+            def _send(self, status: int, payload: dict[str, Any] | str) -> None:
+                data = (payload if isinstance(payload, str) else json.dumps(payload)).encode()
+                try:
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+                    pass
+
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length) if length else b""
+                if not self.path.rstrip("/").endswith("/chat/completions"):
+                    self._send(404, {"error": {"message": f"no route {self.path}", "type": "not_found"}})
+                    return
+                try:
+                    body = json.loads(raw or b"{}")
+                except ValueError:
+                    self._send(400, {"error": {"message": "request body is not JSON", "type": "invalid_request"}})
+                    return
+                r = standin._next(body)
+                if r is None:
+                    self._send(500, {"error": {"message": "stand-in script exhausted", "type": "server_error"}})
+                    return
+                if r.delay:
+                    time.sleep(r.delay)
+                if r.status != 200:
+                    self._send(r.status, {"error": {"message": r.content or "error", "type": "server_error"}})
+                elif r.raw is not None:
+                    self._send(200, r.raw)
+                else:
+                    self._send(200, standin._completion(body, r))
+
+        return Handler
