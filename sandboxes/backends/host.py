@@ -1,0 +1,377 @@
+"""The host backend: the runner in a local worker process, fenced by namespaces where Linux offers them.
+
+Isolation levels (``executor.isolation``):
+
+``namespaces``
+    The worker runs under bubblewrap (``bwrap``, Debian package ``bubblewrap``): its own PID, network,
+    IPC and UTS namespaces (no network at all, it cannot see or signal host processes, and killing it
+    kills everything it started), a read-only view of only ``/usr`` and the Python installation
+    (no home directories, no ``/etc`` credentials, no host ``/tmp``: a private one), the working
+    directory as the only writable place, and an unprivileged user of its own. Protects against code
+    that gets past the Python-level guards, including C extensions.
+``process``
+    No bubblewrap (or it cannot create namespaces here): a separate process with an empty environment,
+    its own working directory, rlimits, its own process group, and (when we are root and the
+    interpreter is reachable) an unprivileged user of its own. The Python-level guards (static policy,
+    RestrictedPython, the audit hook) are then what keeps the code off the file system and network;
+    a C extension that calls libc directly (numpy reading a file) is *not* contained at this level.
+
+Both levels get the same rlimits (memory, CPU, processes, file size, open files) and the same
+supervisor: a timeout kills the worker's process group (and, at ``process`` level, every process of
+its user), so threads, daemons and ``setsid`` children do not outlive it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import functools
+import itertools
+import os
+import pathlib
+import shutil
+import signal
+import site
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import anyio
+
+from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
+from ..executor import Executor, ToolFunction
+from ..policy import Policy
+from ..worker import SocketLineReader, Worker, WorkerExit
+
+RUNTIME_DIR = pathlib.Path(__file__).resolve().parent.parent / "runtime"
+RUNNER = RUNTIME_DIR / "runner.py"
+UID_BASE = 200_000 + (os.getpid() % 500) * 1000
+_uid_counter = itertools.count(1)
+
+Isolation = Literal["auto", "namespaces", "process"]
+
+# Workers are spawned from one long-lived thread: a child's "die with parent" signal fires when the
+# *thread* that forked it exits, and anyio's worker threads come and go.
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kodeagent-spawn")
+
+
+class HostWorker(Worker):
+    """A runner process on this machine, reached over a socketpair used as its stdin and stdout."""
+
+    def __init__(self, process: subprocess.Popen[bytes], sock: socket.socket, workdir: str,
+                 uid: int | None, isolation: str, owns_workdir: bool) -> None:  # fmt: skip
+        self.process = process
+        self.channel = SocketLineReader(sock)
+        self.workdir = os.path.realpath(workdir)
+        self.uid = uid
+        self.isolation = isolation
+        self.owns_workdir = owns_workdir
+        self._killed = False
+
+    async def send(self, data: bytes) -> None:
+        await self.channel.send(data)
+
+    async def receive_line(self) -> bytes:
+        return await self.channel.receive_line()
+
+    def kill_now(self) -> None:
+        """Synchronous kill, for `atexit` and `kill()`."""
+        if not self._killed:
+            self._killed = True
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if self.uid is not None and self.isolation == "process":
+                _kill_user_processes(self.uid)
+            self.channel.sock.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        if self.owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    async def kill(self) -> None:
+        _LIVE_WORKERS.discard(self)
+        await anyio.to_thread.run_sync(self.kill_now)
+
+    async def exit_info(self) -> WorkerExit:
+        try:
+            code = await anyio.to_thread.run_sync(functools.partial(self.process.wait, timeout=2))
+        except subprocess.TimeoutExpired:
+            return WorkerExit(detail="the worker closed its channel but is still running")
+        if code < 0:
+            name = signal.Signals(-code).name
+            return WorkerExit(detail=f"killed by {name}", oom=-code == signal.SIGKILL and not self._killed)
+        if self.isolation == "namespaces" and code > 128:  # bwrap reports the child's signal as 128+N
+            name = signal.Signals(code - 128).name if code - 128 in signal.Signals._value2member_map_ else code
+            return WorkerExit(detail=f"killed by {name}", oom=code - 128 == signal.SIGKILL)
+        return WorkerExit(detail=f"exit code {code}")
+
+    def _resolve(self, path: str) -> str:
+        full = os.path.realpath(os.path.join(self.workdir, path))
+        if full != self.workdir and not full.startswith(self.workdir + os.sep):
+            raise SandboxFileError(f"{path!r} resolves outside the working directory (a symlink?); refused")
+        return full
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        def write() -> None:
+            full = self._resolve(path)
+            os.makedirs(os.path.dirname(full), exist_ok=True)
+            with open(full, "wb") as handle:
+                handle.write(data)
+            if self.uid is not None:
+                os.chown(full, self.uid, self.uid)
+
+        await anyio.to_thread.run_sync(write)
+
+    async def read_file(self, path: str) -> bytes:
+        def read() -> bytes:
+            full = self._resolve(path)
+            try:
+                return pathlib.Path(full).read_bytes()
+            except FileNotFoundError:
+                raise SandboxFileError(f"no file {path!r} in the working directory") from None
+            except IsADirectoryError:
+                raise SandboxFileError(f"{path!r} is a directory, not a file") from None
+
+        return await anyio.to_thread.run_sync(read)
+
+
+_LIVE_WORKERS: set[HostWorker] = set()
+
+
+@atexit.register
+def _kill_all_workers() -> None:
+    for worker in list(_LIVE_WORKERS):
+        worker.kill_now()
+    for pool in _POOLS.values():
+        for worker in pool:
+            worker.kill_now()
+
+
+# ---------------------------------------------------------------------- spawning
+
+
+@functools.cache
+def namespaces_available() -> bool:
+    """True if bubblewrap can create the namespaces we use on this machine (checked once)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None or os.name != "posix":
+        return False
+    try:
+        probe = subprocess.run(
+            [bwrap, *_bwrap_filesystem(), "--unshare-pid", "--unshare-net", "--unshare-ipc",
+             "--die-with-parent", sys.executable, "-I", "-S", "-c", "pass"],
+            capture_output=True, timeout=20, env={},
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+def _bind_with_parents(path: str) -> list[str]:
+    """bwrap arguments to bind `path` read-only, creating world-traversable parents (e.g. under /root)."""
+    args: list[str] = []
+    parts = pathlib.PurePosixPath(path).parts
+    for depth in range(2, len(parts)):
+        args += ["--perms", "0755", "--dir", str(pathlib.PurePosixPath(*parts[:depth]))]
+    return args + ["--ro-bind", path, path]
+
+
+@functools.cache
+def _bwrap_filesystem() -> tuple[str, ...]:
+    args = ["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for name in ("lib", "lib64", "lib32", "bin", "sbin"):
+        top = pathlib.Path("/") / name
+        if top.is_symlink():
+            args += ["--symlink", os.readlink(top), str(top)]
+        elif top.is_dir():
+            args += ["--ro-bind", str(top), str(top)]
+    for etc in ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives"):
+        if os.path.exists(etc):
+            args += ["--ro-bind", etc, etc]
+    bound = ["/usr"]
+    for path in sorted({sys.base_prefix, sys.prefix, str(RUNTIME_DIR), *_site_dirs()}):
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and not any(real == b or real.startswith(b + "/") for b in bound):
+            args += _bind_with_parents(real)
+            bound.append(real)
+    return tuple(args)
+
+
+@functools.cache
+def _site_dirs() -> tuple[str, ...]:
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return tuple(os.path.realpath(d) for d in dirs if os.path.isdir(d))
+
+
+def _path_is_world_traversable(path: str) -> bool:
+    current = pathlib.Path(path).resolve()
+    for parent in [current, *current.parents]:
+        try:
+            if not parent.stat().st_mode & 0o001:
+                return False
+        except OSError:
+            return False
+    return True
+
+
+def _kill_user_processes(uid: int) -> None:
+    """Kill every process of a worker's private user: catches `setsid` children that left the group."""
+    for _ in range(3):
+        found = False
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                if entry.stat().st_uid == uid:
+                    os.kill(int(entry.name), signal.SIGKILL)
+                    found = True
+            except (OSError, ValueError):
+                continue
+        if not found:
+            return
+
+
+def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWorker:
+    """Start a runner process (blocking; call it from `_SPAWNER`)."""
+    owns_workdir = workdir is None
+    directory = tempfile.mkdtemp(prefix="kodeagent-") if workdir is None else os.path.realpath(workdir)
+    os.makedirs(directory, exist_ok=True)
+    uid: int | None = None
+    if os.getuid() == 0 and (isolation == "namespaces" or _path_is_world_traversable(sys.executable)):
+        uid = UID_BASE + next(_uid_counter) % 1000
+        for root, dirs, files in os.walk(directory):
+            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+                os.lchown(name, uid, uid)
+    runner_args = [sys.executable, "-I", "-S", str(RUNNER)]
+    for path in _site_dirs():
+        runner_args += ["--sys-path", path]
+    if uid is not None:
+        runner_args += ["--uid", str(uid), "--gid", str(uid)]
+    if isolation == "namespaces":
+        command = [
+            shutil.which("bwrap") or "bwrap", *_bwrap_filesystem(),
+            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            *([] if network else ["--unshare-net"]),
+            "--die-with-parent", "--new-session",
+            "--bind", directory, directory, "--chdir", directory,
+            *runner_args,
+        ]  # fmt: skip
+    else:
+        command = runner_args
+    parent_end, child_end = socket.socketpair()
+    try:
+        process = subprocess.Popen(
+            command, stdin=child_end, stdout=child_end, stderr=subprocess.DEVNULL, cwd=directory,
+            env={}, start_new_session=True, close_fds=True,
+        )  # fmt: skip
+    except OSError as exc:
+        parent_end.close()
+        raise WorkerStartError(f"could not start the sandbox worker ({exc})") from exc
+    finally:
+        child_end.close()
+    worker = HostWorker(process, parent_end, directory, uid, isolation, owns_workdir)
+    _LIVE_WORKERS.add(worker)
+    return worker
+
+
+async def _spawn(isolation: str, workdir: str | None, network: bool) -> HostWorker:
+    future = _SPAWNER.submit(spawn_worker, isolation, workdir, network)
+    return await anyio.to_thread.run_sync(future.result)
+
+
+# ---------------------------------------------------------------------- the pool
+
+_POOLS: dict[tuple[str, bool], list[HostWorker]] = {}
+POOL_SIZE = 2
+
+
+def _take_pooled(key: tuple[str, bool]) -> HostWorker | None:
+    pool = _POOLS.get(key, [])
+    while pool:
+        worker = pool.pop()
+        if worker.process.poll() is None:
+            return worker
+        worker.kill_now()
+    return None
+
+
+def _refill(key: tuple[str, bool]) -> None:
+    """Top the pool up in the background spawner thread; nobody waits for it."""
+
+    def fill() -> None:
+        pool = _POOLS.setdefault(key, [])
+        while len(pool) < POOL_SIZE:
+            worker = spawn_worker(key[0], None, key[1])
+            _LIVE_WORKERS.discard(worker)
+            pool.append(worker)
+
+    _SPAWNER.submit(fill)
+
+
+class HostExecutor(Executor):
+    """Runs code in a worker process on this machine. See the module docs for the isolation levels.
+
+    Args:
+        isolation: ``"auto"`` (namespaces when bubblewrap works here, else process), ``"namespaces"``
+            (fail if unavailable) or ``"process"``.
+        pool: take a pre-started worker from the warm pool (not possible with an explicit `workdir`).
+        (and the common options of `Executor`)
+    """
+
+    backend = "host"
+
+    def __init__(
+        self,
+        *,
+        policy: Policy | None = None,
+        timeout: float = 30.0,
+        env: Mapping[str, str] | None = None,
+        tools: Mapping[str, ToolFunction] | None = None,
+        workdir: str | None = None,
+        stateless: bool = False,
+        output_limit: int = 64_000,
+        isolation: Isolation = "auto",
+        pool: bool = True,
+        **unknown: Any,
+    ) -> None:
+        if unknown:
+            raise TypeError(f"HostExecutor got unknown options: {', '.join(sorted(unknown))}")
+        super().__init__(policy=policy, timeout=timeout, env=env, tools=tools, workdir=workdir,
+                         stateless=stateless, output_limit=output_limit)  # fmt: skip
+        if isolation not in ("auto", "namespaces", "process"):
+            raise ValueError(f"isolation must be 'auto', 'namespaces' or 'process', not {isolation!r}")
+        if os.name != "posix":
+            raise BackendUnavailable("the host backend needs a POSIX system (Linux or macOS)")
+        self.requested_isolation = isolation
+        self.use_pool = pool and workdir is None
+
+    def _isolation_level(self) -> str:
+        if self.requested_isolation == "process":
+            return "process"
+        if namespaces_available():
+            return "namespaces"
+        if self.requested_isolation == "namespaces":
+            raise BackendUnavailable(
+                "namespace isolation needs bubblewrap with user/PID/network namespaces: "
+                "install it with `apt-get install bubblewrap`, or use isolation='process'"
+            )
+        return "process"
+
+    async def _start_worker(self) -> Worker:
+        level = await anyio.to_thread.run_sync(self._isolation_level)
+        key = (level, self.policy.network)
+        worker = _take_pooled(key) if self.use_pool else None
+        if worker is None:
+            worker = await _spawn(level, self.workdir, self.policy.network)
+        else:
+            _LIVE_WORKERS.add(worker)
+        if self.use_pool:
+            _refill(key)
+        return worker

@@ -1,0 +1,376 @@
+"""The runtime guard: RestrictedPython under our own policy.
+
+The code is compiled by RestrictedPython with `SandboxTransformer`, which rewrites every attribute
+access into `_getattr_(obj, name)`, every subscript into `_getitem_`, every attribute/item store into
+`_write_(obj)...`, and so on. The functions in `Guard` decide, while the code runs, what those may
+return: no dunders beyond a small safe list, no frame/code/traceback/generator internals, no module
+that the import allowlist does not cover (so `random._os`, `typing.sys` and `queue.threading` fail
+even though `random`, `typing` and `queue` are allowed), no format-string attribute tricks.
+
+This file runs inside the sandbox (it is shipped next to `runner.py`) and in the parent (the static
+checker shares `module_allowed` and the name lists). It needs only the stdlib and RestrictedPython.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import operator
+import string
+import types
+from collections.abc import Callable, Iterable
+from typing import Any
+
+DEFAULT_BANNED_BUILTINS: tuple[str, ...] = (
+    "exec", "eval", "compile", "__import__", "breakpoint", "input", "globals", "locals", "vars",
+    "help", "exit", "quit", "memoryview", "open_code", "__build_class__", "__loader__", "__spec__",
+    "__builtins__", "copyright", "credits", "license",
+)  # fmt: skip
+"""Builtins the code may not name. `allow_builtins` can bring back any of them by name."""
+
+DEFAULT_ALLOWED_DUNDERS: tuple[str, ...] = (
+    "__init__", "__post_init__", "__new__", "__name__", "__qualname__", "__doc__", "__module__",
+    "__version__", "__class__", "__slots__", "__all__", "__annotations__", "__match_args__",
+    "__repr__", "__str__", "__format__", "__hash__", "__bool__", "__len__", "__iter__", "__next__",
+    "__reversed__", "__contains__", "__getitem__", "__setitem__", "__delitem__", "__missing__",
+    "__call__", "__enter__", "__exit__",
+    "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
+    "__add__", "__sub__", "__mul__", "__matmul__", "__truediv__", "__floordiv__", "__mod__",
+    "__divmod__", "__pow__", "__lshift__", "__rshift__", "__and__", "__or__", "__xor__",
+    "__radd__", "__rsub__", "__rmul__", "__rmatmul__", "__rtruediv__", "__rfloordiv__", "__rmod__",
+    "__rpow__", "__rand__", "__ror__", "__rxor__",
+    "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
+    "__iand__", "__ior__", "__ixor__",
+    "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__", "__index__",
+    "__round__", "__complex__",
+)  # fmt: skip
+"""Dunders that ordinary classes define and use. Everything that walks the object graph
+(`__globals__`, `__subclasses__`, `__dict__`, `__mro__`, `__bases__`, `__code__`, `__builtins__`,
+`__reduce__`, `__getattribute__`...) is absent on purpose."""
+
+FRAME_ATTRIBUTES: frozenset[str] = frozenset({
+    "tb_frame", "tb_next", "f_back", "f_builtins", "f_code", "f_generator", "f_globals", "f_locals",
+    "f_trace", "co_code", "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await",
+    "cr_origin", "ag_frame", "ag_code", "ag_await", "mro",
+})  # fmt: skip
+"""Attributes that lead from ordinary values to interpreter internals (frames, code, tracebacks)."""
+
+UNSAFE_CALLABLES: tuple[tuple[str, str], ...] = (
+    ("operator", "attrgetter"), ("operator", "methodcaller"), ("string", "Formatter"),
+    ("types", "FunctionType"), ("types", "CodeType"), ("types", "LambdaType"),
+    ("functools", "singledispatchmethod"),
+)  # fmt: skip
+"""Values of allowed modules that would do unguarded attribute access or build code objects."""
+
+GUARD_NAMES = frozenset({
+    "_getattr_", "_getitem_", "_getiter_", "_write_", "_apply_", "_inplacevar_",
+    "_unpack_sequence_", "_iter_unpack_sequence_", "_print_", "_print", "__metaclass__",
+})  # fmt: skip
+
+
+class PolicyViolation(Exception):
+    """Raised inside the sandbox when the code does something the policy forbids."""
+
+
+def module_allowed(name: str, patterns: Iterable[str]) -> bool:
+    """True if module `name` matches a pattern: ``pkg`` exactly, ``pkg.*`` (pkg and below) or ``*``."""
+    for pattern in patterns:
+        if pattern == "*" or pattern == name:
+            return True
+        if pattern.endswith(".*"):
+            base = pattern[:-2]
+            if name == base or name.startswith(base + "."):
+                return True
+    return False
+
+
+def _is_dunder(name: str) -> bool:
+    return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def make_transformer(allowed_dunders: frozenset[str], allowed_calls: frozenset[str]) -> type:
+    """A RestrictedPython transformer class for our policy.
+
+    Differences from RestrictedPython's default: single-underscore names and attributes are allowed
+    (the runtime guard checks module privates), `print` stays the real function (output is captured
+    at the fd level), `nonlocal` is allowed, classes are built without RestrictedPython's metaclass
+    indirection, and dunders are allowed from `allowed_dunders` only.
+    """
+    from RestrictedPython.transformer import (  # imported here: the parent's static checker does not need it
+        INSPECT_ATTRIBUTES,
+        RestrictingNodeTransformer,
+        copy_locations,
+    )
+
+    blocked_attributes = frozenset(INSPECT_ATTRIBUTES) | FRAME_ATTRIBUTES
+
+    class SandboxTransformer(RestrictingNodeTransformer):  # type: ignore[misc]
+        def check_name(self, node: ast.AST, name: str | None, allow_magic_methods: bool = False) -> None:
+            if name is None:
+                return
+            if _is_dunder(name):
+                if name not in allowed_dunders:
+                    self.error(node, f'"{name}" is not an allowed name')
+            elif name in GUARD_NAMES or (len(name) > 1 and name.startswith("_") and name.endswith("_")):
+                self.error(node, f'"{name}" is reserved for the sandbox')
+
+        def visit_Name(self, node: ast.Name) -> ast.AST:
+            node = self.node_contents_visit(node)
+            self.check_name(node, node.id)
+            return node
+
+        def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+            if _is_dunder(node.attr) and node.attr not in allowed_dunders:
+                self.error(node, f'"{node.attr}" is not an allowed attribute')
+            if node.attr in blocked_attributes:
+                self.error(node, f'"{node.attr}" is an interpreter internal and not allowed')
+            node = self.node_contents_visit(node)
+            if isinstance(node.ctx, ast.Load):
+                call = ast.Call(
+                    func=ast.Name("_getattr_", ast.Load()), args=[node.value, ast.Constant(node.attr)], keywords=[]
+                )
+                copy_locations(call, node)
+                return call
+            wrapped = ast.Call(func=ast.Name("_write_", ast.Load()), args=[node.value], keywords=[])
+            copy_locations(wrapped, node.value)
+            node.value = wrapped
+            return node
+
+        def visit_Call(self, node: ast.Call) -> ast.AST:
+            if isinstance(node.func, ast.Name) and node.func.id in {"exec", "eval"}:
+                if node.func.id not in allowed_calls:
+                    self.error(node, f"{node.func.id}() is not allowed")
+            needs_apply = any(isinstance(a, ast.Starred) for a in node.args) or any(
+                k.arg is None for k in node.keywords
+            )
+            node = self.node_contents_visit(node)
+            if needs_apply:
+                node.args.insert(0, node.func)
+                node.func = ast.Name("_apply_", ast.Load())
+                copy_locations(node.func, node.args[0])
+            return node
+
+        def visit_Nonlocal(self, node: ast.Nonlocal) -> ast.AST:
+            return self.node_contents_visit(node)
+
+        def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
+            self.check_name(node, node.name)
+            if any(k.arg == "metaclass" for k in node.keywords):
+                self.error(node, "metaclasses are not allowed")
+            return self.node_contents_visit(node)
+
+        def visit_Match(self, node: ast.AST) -> ast.AST:
+            return self.node_contents_visit(node)
+
+        visit_match_case = visit_MatchValue = visit_MatchSingleton = visit_MatchSequence = visit_Match
+        visit_MatchMapping = visit_MatchClass = visit_MatchOr = visit_Match
+
+        def visit_MatchStar(self, node: ast.AST) -> ast.AST:
+            self.check_name(node, getattr(node, "name", None))
+            return self.node_contents_visit(node)
+
+        visit_MatchAs = visit_MatchStar
+
+    return SandboxTransformer
+
+
+class Guard:
+    """The runtime half of the policy: guarded builtins and the `_getattr_`-family functions."""
+
+    def __init__(
+        self,
+        allowed_imports: Iterable[str],
+        banned_builtins: Iterable[str],
+        allowed_dunders: Iterable[str],
+        importer: Callable[..., Any],
+    ) -> None:
+        self.allowed_imports = tuple(allowed_imports)
+        self.banned = frozenset(banned_builtins)
+        self.dunders = frozenset(allowed_dunders)
+        self._import = importer
+        self._module_cache: dict[str, bool] = {}
+        self._unsafe_ids: set[int] = set()
+        allowed_calls = frozenset({"exec", "eval"} - self.banned)
+        self.transformer = make_transformer(self.dunders, allowed_calls)
+        self._formatter = _GuardedFormatter(self)
+
+    # --------------------------------------------------------------- modules
+
+    def module_allowed(self, name: str) -> bool:
+        allowed = self._module_cache.get(name)
+        if allowed is None:
+            allowed = self._module_cache[name] = module_allowed(name, self.allowed_imports)
+        return allowed
+
+    def _note_unsafe_values(self, module: types.ModuleType) -> None:
+        for module_name, attribute in UNSAFE_CALLABLES:
+            if module.__name__ == module_name and hasattr(module, attribute):
+                self._unsafe_ids.add(id(getattr(module, attribute)))
+
+    def guarded_import(
+        self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
+    ) -> Any:
+        if level:
+            raise PolicyViolation("relative imports are not available in the sandbox")
+        if not isinstance(name, str) or not self.module_allowed(name):
+            allowed = ", ".join(self.allowed_imports) or "none"
+            raise PolicyViolation(f"import of '{name}' is not allowed. Allowed imports: {allowed}")
+        module = self._import(name, fromlist)
+        for item in fromlist or ():
+            if item == "*":
+                raise PolicyViolation("'import *' is not allowed; import the names you need")
+            self.check_attribute(module, item)
+        return module
+
+    # --------------------------------------------------------------- attributes
+
+    def check_attribute(self, obj: Any, name: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"attribute name must be a string, not {type(name).__name__}")
+        if name.startswith("__") and name.endswith("__"):
+            if name not in self.dunders:
+                raise PolicyViolation(f"access to the attribute '{name}' is not allowed")
+        elif name in FRAME_ATTRIBUTES:
+            raise PolicyViolation(f"access to the attribute '{name}' (interpreter internals) is not allowed")
+        elif name.startswith("_") and isinstance(obj, types.ModuleType):
+            raise PolicyViolation(f"access to the private attribute '{obj.__name__}.{name}' is not allowed")
+
+    def check_value(self, value: Any, path: str) -> Any:
+        if isinstance(value, types.ModuleType):
+            if not (self.module_allowed(value.__name__) or self.module_allowed(path)):
+                raise PolicyViolation(f"'{path}' is the module '{value.__name__}', which is not allowed")
+            self._note_unsafe_values(value)
+        elif isinstance(value, types.FrameType | types.CodeType | types.TracebackType):
+            raise PolicyViolation(f"'{path}' leads to interpreter internals")
+        elif id(value) in self._unsafe_ids:
+            raise PolicyViolation(f"'{path}' is not available in the sandbox")
+        return value
+
+    def getattr(self, obj: Any, name: str, *default: Any) -> Any:
+        self.check_attribute(obj, name)
+        if name in ("format", "format_map") and (
+            isinstance(obj, str) or (isinstance(obj, type) and issubclass(obj, str))
+        ):
+            return self._safe_format_method(obj, name)
+        try:
+            value = getattr(obj, name)
+        except AttributeError:
+            if default:
+                return default[0]
+            raise
+        path = f"{obj.__name__}.{name}" if isinstance(obj, types.ModuleType) else name
+        return self.check_value(value, path)
+
+    def hasattr(self, obj: Any, name: str) -> bool:
+        try:
+            self.getattr(obj, name)
+        except (AttributeError, PolicyViolation):
+            return False
+        return True
+
+    def setattr(self, obj: Any, name: str, value: Any) -> None:
+        self.check_attribute(obj, name)
+        builtins.setattr(self.write(obj), name, value)
+
+    def delattr(self, obj: Any, name: str) -> None:
+        self.check_attribute(obj, name)
+        builtins.delattr(self.write(obj), name)
+
+    def write(self, obj: Any) -> Any:
+        if isinstance(obj, types.ModuleType):
+            raise PolicyViolation(f"modules cannot be modified ('{obj.__name__}')")
+        return obj
+
+    def getitem(self, obj: Any, key: Any) -> Any:
+        value = obj[key]
+        if isinstance(value, types.ModuleType | types.FrameType | types.CodeType | types.TracebackType):
+            return self.check_value(value, f"[{key!r}]")
+        return value
+
+    def _safe_format_method(self, obj: Any, name: str) -> Callable[..., str]:
+        vformat = self._formatter.vformat
+        if isinstance(obj, str):
+            if name == "format":
+                return lambda *args, **kwargs: vformat(obj, args, kwargs)
+            return lambda mapping: vformat(obj, (), mapping)
+        if name == "format":
+            return lambda self_, *args, **kwargs: vformat(self_, args, kwargs)
+        return lambda self_, mapping: vformat(self_, (), mapping)
+
+    # --------------------------------------------------------------- namespace
+
+    def builtins(self, extra: dict[str, Any]) -> dict[str, Any]:
+        """The `__builtins__` of the sandboxed code."""
+        from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
+
+        table: dict[str, Any] = {
+            name: value
+            for name, value in vars(builtins).items()
+            if not name.startswith("_") and name not in self.banned
+        }
+        table.update(
+            getattr=self.getattr,
+            hasattr=self.hasattr,
+            setattr=self.setattr,
+            delattr=self.delattr,
+            __build_class__=builtins.__build_class__,
+            __import__=self.guarded_import,
+            __name__="__main__",
+        )
+        table.update(extra)
+        guards: dict[str, Any] = {
+            "_getattr_": self.getattr,
+            "_getitem_": self.getitem,
+            "_getiter_": iter,
+            "_write_": self.write,
+            "_apply_": lambda function, *args, **kwargs: function(*args, **kwargs),
+            "_inplacevar_": _inplace,
+            "_unpack_sequence_": guarded_unpack_sequence,
+            "_iter_unpack_sequence_": guarded_iter_unpack_sequence,
+        }
+        table.update(guards)
+        return table
+
+    def compile(self, source: str, filename: str, mode: str = "exec") -> types.CodeType:
+        """Compile through RestrictedPython with our transformer; SyntaxError lists every problem."""
+        from RestrictedPython import compile_restricted_exec, compile_restricted_eval
+
+        compiler = compile_restricted_eval if mode == "eval" else compile_restricted_exec
+        result = compiler(source, filename=filename, policy=self.transformer)
+        if result.errors:
+            raise PolicyViolation("; ".join(_clean_error(e) for e in result.errors))
+        code: types.CodeType = result.code
+        return code
+
+
+class _GuardedFormatter(string.Formatter):
+    """`str.format` whose `{0.attr}` and `{0[key]}` fields go through the guard."""
+
+    def __init__(self, guard: Guard) -> None:
+        self.guard = guard
+
+    def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
+        import _string  # the parser str.format itself uses
+
+        first, rest = _string.formatter_field_name_split(field_name)
+        obj = self.get_value(first, args, kwargs)
+        for is_attribute, key in rest:
+            obj = self.guard.getattr(obj, key) if is_attribute else self.guard.getitem(obj, key)
+        return obj, first
+
+
+_INPLACE = {
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "<<=": operator.ilshift,
+    ">>=": operator.irshift, "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor,
+    "@=": operator.imatmul,
+}  # fmt: skip
+
+
+def _inplace(op: str, target: Any, value: Any) -> Any:
+    return _INPLACE[op](target, value)
+
+
+def _clean_error(message: str) -> str:
+    # RestrictedPython says "Line 3: ..." — keep that, drop its internal jargon.
+    return message.replace(" in RestrictedPython", "")

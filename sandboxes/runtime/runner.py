@@ -1,0 +1,427 @@
+"""The program that runs inside every sandbox (host process, container, microVM).
+
+It is started as ``python3 -I runner.py [--sys-path DIR]... [--uid N --gid N]`` and talks to the
+parent over its original stdin (requests) and stdout (replies), one JSON object per line. Before any
+user code runs it moves that channel to private descriptors and points fd 0 at /dev/null and fd 1/2
+at in-memory files, so everything the code (or a C extension, or a child process) writes is captured
+and nothing it writes can reach the channel.
+
+Requests and replies::
+
+    {"op": "init", "policy": {...}, "env": {...}, "tools": [...], "stateless": b, "output_limit": n}
+    {"op": "run", "code": "..."}           -> {"op": "reply", "stdout", "stderr", "error", ...}
+    {"op": "reset"}                        -> {"op": "reply"}
+    during a run:  {"op": "tool_call", "id", "name", "args", "kwargs"}  <- {"op": "tool_result", ...}
+    on a startup failure: {"op": "fatal", "message": "..."}, then exit
+
+Values cross as JSON, never pickle. Only the stdlib and RestrictedPython are needed.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import io
+import json
+import linecache
+import os
+import sys
+import traceback
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_ARTIFACT_SCAN = 5000
+
+
+def _load_sibling(name: str) -> Any:
+    # Loaded by path under a private name: the runtime directory is never put on sys.path.
+    spec = importlib.util.spec_from_file_location(f"_kodeagent_{name}", os.path.join(HERE, f"{name}.py"))
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class Channel:
+    """JSON lines over the two descriptors the runner keeps private."""
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.reader = io.open(read_fd, "rb", buffering=1 << 16, closefd=True)
+        self.write_fd = write_fd
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = memoryview(json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
+        while data:
+            data = data[os.write(self.write_fd, data) :]
+
+    def receive(self) -> dict[str, Any] | None:
+        line = self.reader.readline()
+        if not line:
+            return None
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+
+class Capture:
+    """One output stream (fd 1 or 2) captured into an in-memory file; head and tail kept when long."""
+
+    def __init__(self, target_fd: int, name: str) -> None:
+        self.target_fd = target_fd
+        if hasattr(os, "memfd_create"):
+            self.fd = os.memfd_create(f"kodeagent-{name}")
+        else:  # not Linux: an unlinked temporary file does the same job
+            import tempfile
+
+            self.fd = os.dup(tempfile.TemporaryFile().fileno())
+        self.attach()
+
+    def attach(self) -> None:
+        """(Re)point the target descriptor at the capture file, even if the code closed or moved it."""
+        os.dup2(self.fd, self.target_fd)
+
+    def clear(self) -> None:
+        os.ftruncate(self.fd, 0)
+        os.lseek(self.fd, 0, os.SEEK_SET)
+
+    def collect(self, limit: int) -> tuple[str, bool]:
+        size = os.fstat(self.fd).st_size
+        if size <= limit:
+            return os.pread(self.fd, size, 0).decode("utf-8", "replace"), False
+        half = limit // 2
+        head = os.pread(self.fd, half, 0).decode("utf-8", "replace")
+        tail = os.pread(self.fd, half, size - half).decode("utf-8", "replace")
+        omitted = size - 2 * half
+        return f"{head}\n... [{omitted:,} bytes of output omitted] ...\n{tail}", True
+
+
+class FinalAnswerSignal(BaseException):
+    """Raised by `final_answer()`. A BaseException, so `except Exception:` in user code cannot catch it."""
+
+
+class ToolError(Exception):
+    """A tool raised an exception in the parent; the message says which and why."""
+
+
+class Runner:
+    def __init__(self, channel: Channel, guard_module: Any, audit_module: Any) -> None:
+        self.channel = channel
+        self.guard_module = guard_module
+        self.system = audit_module.SystemGuard()
+        self.system.install()
+        self.stdout = Capture(1, "stdout")
+        self.stderr = Capture(2, "stderr")
+        sys.stdout = sys.__stdout__ = _text_stream(1)
+        sys.stderr = sys.__stderr__ = _text_stream(2)
+        self.guard: Any = None
+        self.builtins: dict[str, Any] = {}
+        self.namespace: dict[str, Any] = {}
+        self.stateless = False
+        self.output_limit = 64_000
+        self.cell = 0
+        self.tool_call_id = 0
+        self.final: Any = None
+        self.has_final = False
+        self.workdir = os.path.realpath(os.getcwd())
+
+    # ------------------------------------------------------------------ requests
+
+    def serve(self) -> None:
+        while True:
+            message = self.channel.receive()
+            if message is None:
+                return
+            op = message.get("op")
+            if op == "init":
+                self.init(message)
+                self.channel.send({"op": "reply", "pid": os.getpid(), "uid": os.getuid()})
+            elif op == "run":
+                self.channel.send(self.run(message.get("code", "")))
+            elif op == "reset":
+                self.namespace = self.fresh_namespace()
+                self.channel.send({"op": "reply"})
+            else:
+                self.channel.send({"op": "fatal", "message": f"unknown request {op!r}"})
+
+    def init(self, message: dict[str, Any]) -> None:
+        policy = message["policy"]
+        os.environ.clear()
+        os.environ.update(message.get("env", {}))
+        _apply_limits(policy.get("limits", {}))
+        self.guard = self.guard_module.Guard(
+            policy["allowed_imports"], policy["banned_builtins"], policy["allowed_dunders"], self.import_module
+        )
+        extra: dict[str, Any] = {name: self.make_tool(name) for name in message.get("tools", [])}
+        extra["final_answer"] = self.final_answer
+        extra["ToolError"] = ToolError
+        extra["PolicyViolation"] = self.guard_module.PolicyViolation
+        if "eval" not in policy["banned_builtins"]:
+            extra["eval"] = self.guarded_eval
+        if "exec" not in policy["banned_builtins"]:
+            extra["exec"] = self.guarded_exec
+        if "compile" not in policy["banned_builtins"]:
+            extra["compile"] = self.guarded_compile
+        if "open" in policy["banned_builtins"] or policy.get("files") == "none":
+            extra.pop("open", None)
+        self.builtins = self.guard.builtins(extra)
+        self.stateless = bool(message.get("stateless"))
+        self.output_limit = int(message.get("output_limit", 64_000))
+        self.namespace = self.fresh_namespace()
+        self.system.configure(
+            files=policy.get("files", "workdir"),
+            network=bool(policy.get("network")),
+            subprocess=bool(policy.get("subprocess")),
+            readable_roots=_library_roots(),
+            protected_fds=(self.channel.reader.fileno(), self.channel.write_fd, self.stdout.fd, self.stderr.fd),
+        )
+
+    def fresh_namespace(self) -> dict[str, Any]:
+        return {"__builtins__": self.builtins, "__name__": "__main__", "__doc__": None}
+
+    # ------------------------------------------------------------------ running code
+
+    def run(self, source: str) -> dict[str, Any]:
+        self.cell += 1
+        filename = f"<cell {self.cell}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        if self.stateless:
+            self.namespace = self.fresh_namespace()
+        self.final, self.has_final = None, False
+        for capture in (self.stdout, self.stderr):
+            capture.attach()
+            capture.clear()
+        before = _snapshot(self.workdir)
+        error: dict[str, Any] | None = None
+        oom = False
+        try:
+            code = self.guard.compile(source, filename)
+            os.chdir(self.workdir)
+            self.system.active = True
+            try:
+                exec(code, self.namespace)
+            finally:
+                self.system.active = False
+        except FinalAnswerSignal:
+            pass
+        except BaseException as exc:  # everything the code raises becomes the result's error
+            oom = isinstance(exc, MemoryError)
+            error = self.describe(exc, filename)
+        finally:
+            self.system.active = False
+        _flush_streams()
+        stdout, cut_out = self.stdout.collect(self.output_limit)
+        stderr, cut_err = self.stderr.collect(self.output_limit)
+        return {
+            "op": "reply",
+            "stdout": stdout,
+            "stderr": stderr,
+            "truncated": cut_out or cut_err,
+            "error": error,
+            "oom": oom,
+            "final_answer": self.final,
+            "has_final_answer": self.has_final,
+            "artifacts": _changed_files(before, _snapshot(self.workdir)),
+        }
+
+    def describe(self, exc: BaseException, filename: str) -> dict[str, Any]:
+        kind = type(exc).__name__
+        if isinstance(exc, self.guard_module.PolicyViolation):
+            kind = "PolicyViolation"
+        message = str(exc)
+        if isinstance(exc, SystemExit):
+            message = f"the code called exit({exc.code!r}); the session goes on"
+        elif isinstance(exc, KeyboardInterrupt):
+            message = "KeyboardInterrupt raised by the code; the session goes on"
+        try:
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<cell ")]
+            lines = traceback.format_exception_only(type(exc), exc)
+            if kind == "PolicyViolation":
+                lines = [f"PolicyViolation: {message}\n"]
+            text = "".join(
+                (["Traceback (most recent call last):\n"] + traceback.format_list(frames) if frames else []) + lines
+            )
+            line = frames[-1].lineno if frames else getattr(exc, "lineno", None)
+        except Exception:  # a hostile __str__ or __repr__ must not break the runner
+            text, line = f"{kind}: <unprintable exception>\n", None
+        return {"type": kind, "message": message, "traceback": text, "line": line}
+
+    # ------------------------------------------------------------------ what the code can call
+
+    def import_module(self, name: str, fromlist: Any) -> Any:
+        self.system.trusted_depth += 1
+        try:
+            return builtins.__import__(name, None, None, fromlist, 0)
+        finally:
+            self.system.trusted_depth -= 1
+
+    def final_answer(self, value: Any = None) -> None:
+        """End this run and hand `value` to the caller as the final answer."""
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            value = str(value)
+        self.final, self.has_final = value, True
+        raise FinalAnswerSignal
+
+    def make_tool(self, name: str) -> Any:
+        def call_tool(*args: Any, **kwargs: Any) -> Any:
+            self.tool_call_id += 1
+            call_id = self.tool_call_id
+            try:
+                self.channel.send({"op": "tool_call", "id": call_id, "name": name, "args": args, "kwargs": kwargs})
+            except (TypeError, ValueError) as exc:
+                raise TypeError(f"arguments of tool {name!r} must be JSON values: {exc}") from None
+            reply = self.channel.receive()
+            if reply is None:
+                raise SystemExit(0)
+            if reply.get("error"):
+                error = reply["error"]
+                raise ToolError(f"tool {name!r} failed: {error.get('type')}: {error.get('message')}")
+            return reply.get("value")
+
+        call_tool.__name__ = call_tool.__qualname__ = name
+        return call_tool
+
+    def _compile_text(self, source: Any, mode: str) -> Any:
+        if not isinstance(source, str):
+            raise TypeError(f"{mode}() in the sandbox takes source text, not {type(source).__name__}")
+        self.system.trusted_depth += 1
+        try:
+            return self.guard.compile(source, "<string>", mode)
+        finally:
+            self.system.trusted_depth -= 1
+
+    def _globals(self, scope: Any) -> dict[str, Any]:
+        if scope is None:
+            return self.namespace
+        if not isinstance(scope, dict):
+            raise TypeError("globals must be a dict")
+        scope["__builtins__"] = self.builtins  # never the real builtins
+        return scope
+
+    def guarded_eval(self, source: Any, globals: Any = None, locals: Any = None) -> Any:
+        return eval(self._compile_text(source, "eval"), self._globals(globals), locals)
+
+    def guarded_exec(self, source: Any, globals: Any = None, locals: Any = None) -> None:
+        exec(self._compile_text(source, "exec"), self._globals(globals), locals)
+
+    def guarded_compile(self, source: Any, filename: Any = "<string>", mode: str = "exec", *args: Any) -> Any:
+        if mode not in ("exec", "eval"):
+            raise ValueError("compile() mode must be 'exec' or 'eval'")
+        return self._compile_text(source, mode)
+
+
+def _text_stream(fd: int) -> io.TextIOWrapper:
+    return io.TextIOWrapper(
+        io.open(fd, "wb", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+    )
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    # The code may have replaced or closed them (via an allowed module); start clean next time.
+    sys.stdout, sys.stderr = _text_stream(1), _text_stream(2)
+
+
+def _apply_limits(limits: dict[str, Any]) -> None:
+    import resource
+
+    wanted = {
+        "RLIMIT_AS": limits.get("memory_mb", 0) * 1024 * 1024,
+        "RLIMIT_CPU": limits.get("cpu_seconds", 0),
+        "RLIMIT_NPROC": limits.get("max_processes", 0),
+        "RLIMIT_FSIZE": limits.get("max_file_mb", 0) * 1024 * 1024,
+        "RLIMIT_NOFILE": limits.get("max_open_files", 0),
+        "RLIMIT_CORE": 0,
+    }
+    for name, value in wanted.items():
+        kind = getattr(resource, name, None)
+        if kind is None or (value == 0 and name != "RLIMIT_CORE"):
+            continue
+        soft, hard = resource.getrlimit(kind)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        try:
+            resource.setrlimit(kind, (value, value))
+        except (ValueError, OSError):
+            pass
+
+
+def _library_roots() -> list[str]:
+    """Directories the code may read (not write): where the interpreter loads its modules from."""
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, HERE}
+    roots.update(p for p in sys.path if p and os.path.isabs(p))
+    return sorted(roots)
+
+
+def _snapshot(root: str) -> dict[str, tuple[int, int]]:
+    """Regular files under `root` (symlinks are never followed): path -> (size, mtime)."""
+    found: dict[str, tuple[int, int]] = {}
+    stack = [root]
+    while stack and len(found) < MAX_ARTIFACT_SCAN:
+        directory = stack.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif entry.is_file(follow_symlinks=False):
+                    info = entry.stat(follow_symlinks=False)
+                    found[os.path.relpath(entry.path, root)] = (info.st_size, info.st_mtime_ns)
+            except OSError:
+                continue
+    return found
+
+
+def _changed_files(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
+    return [{"path": path, "size": stat[0]} for path, stat in sorted(after.items()) if before.get(path) != stat]
+
+
+def _drop_privileges(uid: int, gid: int) -> None:
+    if os.getuid() == 0 and uid:
+        os.setgroups([])
+        os.setgid(gid)
+        os.setuid(uid)
+
+
+def _take_channel() -> Channel:
+    """Move stdin/stdout to private descriptors; fd 0 becomes /dev/null."""
+    read_fd, write_fd = os.dup(0), os.dup(1)  # dup() makes them non-inheritable
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return Channel(read_fd, write_fd)
+
+
+def main(argv: list[str]) -> None:
+    uid = gid = 0
+    args = iter(argv)
+    for flag in args:
+        if flag == "--sys-path":
+            sys.path.append(next(args))
+        elif flag == "--uid":
+            uid = int(next(args))
+        elif flag == "--gid":
+            gid = int(next(args))
+    channel = _take_channel()
+    try:
+        _drop_privileges(uid, gid or uid)
+        guard_module = _load_sibling("guard")
+        audit_module = _load_sibling("audit")
+        guard_module.make_transformer(frozenset(), frozenset())  # import RestrictedPython before the first run
+        runner = Runner(channel, guard_module, audit_module)
+    except BaseException as exc:
+        channel.send({"op": "fatal", "message": f"{type(exc).__name__}: {exc}"})
+        raise SystemExit(3) from None
+    runner.serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
