@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on a fresh Debian/Ubuntu machine, then runs it.
+# As root it also installs bubblewrap (namespace isolation) and Docker, starts dockerd and builds the
+# sandbox images; without root those parts are skipped and the Docker tests skip with a reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export LITELLM_LOCAL_MODEL_COST_MAP=True
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    if ! command -v bwrap >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+    fi
+fi
+
+python3 -m pip install -q -e '.[dev]'
+
+if [ "$(id -u)" = 0 ] && [ -f .ci/docker.sh ]; then
+    bash .ci/docker.sh
+fi
+
+python3 -m pytest -q "$@"
