@@ -179,7 +179,12 @@ class Executor(ABC):
         self._check_usable()
         async with self._lock:
             started = time.perf_counter()
-            result = await self._run_locked(code)
+            try:
+                result = await self._run_locked(code)
+            except BaseException:
+                # Cancelled (or failed) mid-conversation: the worker's state is unknown, so replace it.
+                await self._discard_worker()
+                raise
             result.duration = time.perf_counter() - started
             result.backend = self.backend
             return result
@@ -189,6 +194,8 @@ class Executor(ABC):
         if problem is not None:
             return ExecutionResult(error=problem)
         assert text is not None
+        if self._worker is not None and not await self._worker.alive():
+            await self._discard_worker()
         if self._worker is None:
             await self._ensure_worker()
         state_lost, self._state_lost_pending = self._state_lost_pending, False
@@ -197,6 +204,13 @@ class Executor(ABC):
         try:
             with anyio.fail_after(self.timeout):
                 reply = await self._request(worker, {"op": "run", "code": text})
+        except ProtocolError as exc:
+            await self._discard_worker()
+            self._state_lost_pending = False
+            return ExecutionResult(
+                state_lost=True,
+                error=ExecutionError(type="WorkerCrashed", message=f"{exc}; the sandbox was replaced"),
+            )
         except TimeoutError:
             await self._discard_worker()
             self._state_lost_pending = False

@@ -56,6 +56,8 @@ LABEL = "org.kodeagent"
 LABEL_IMAGE = f"{LABEL}.image"
 LABEL_INPUTS = f"{LABEL}.inputs"
 LABEL_VARIANT = f"{LABEL}.variant"
+LABEL_RUNTIME = f"{LABEL}.runtime"
+"""Hash of the runner files baked into an image: `image_is_current` compares it with this checkout's."""
 LABEL_SANDBOX = f"{LABEL}.sandbox"
 """Every sandbox container carries `org.kodeagent.sandbox=1`; cleanup finds them by it."""
 LABEL_OWNER = f"{LABEL}.owner"
@@ -161,6 +163,36 @@ def inputs_hash(context: Path, base_id: str, variant: str) -> str:
     for path in sorted(p for p in context.rglob("*") if p.is_file()):
         digest.update(f"{path.relative_to(context).as_posix()}={_sha256_file(path)}\n".encode())
     return digest.hexdigest()
+
+
+def runtime_hash() -> str:
+    """A hash of this checkout's runner files (what `sandboxes/runtime/` would put into an image)."""
+    digest = hashlib.sha256()
+    for path in sorted(RUNTIME_DIR.rglob("*.py")):
+        if "__pycache__" not in path.parts:
+            digest.update(f"{path.relative_to(RUNTIME_DIR).as_posix()}={_sha256_file(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def image_problem(image: str = DEFAULT_IMAGE) -> str | None:
+    """None if `image` is on the daemon with this checkout's runner; else what is wrong and how to fix it.
+
+    A sandbox image carries its runner's hash as a label; an image built before the runner changed
+    would test (or run) old code, so it counts as stale.
+    """
+    import docker.errors
+
+    try:
+        found = docker_client().images.get(image)
+    except docker.errors.ImageNotFound:
+        return image_missing_message(image)
+    baked = (found.labels or {}).get(LABEL_RUNTIME)
+    if baked is not None and baked != runtime_hash():
+        return (
+            f"the image {image!r} holds an older runner than sandboxes/runtime/; rebuild it with "
+            "`python -m sandboxes.images build` (add --offline without Docker Hub)"
+        )
+    return None
 
 
 # --------------------------------------------------------------------------- wheelhouse
@@ -409,7 +441,8 @@ def build_image(
                 dockerfile=f"images/{spec.dockerfile}",
                 tag=tag,
                 buildargs={"BASE": base_ref},
-                labels={LABEL_IMAGE: "sandbox", LABEL_VARIANT: variant, LABEL_INPUTS: inputs},
+                labels={LABEL_IMAGE: "sandbox", LABEL_VARIANT: variant, LABEL_INPUTS: inputs,
+                        LABEL_RUNTIME: runtime_hash()},  # fmt: skip
                 network_mode="none",
                 rm=True,
                 forcerm=True,

@@ -45,6 +45,12 @@ class Worker(ABC):
     async def receive_line(self) -> bytes:
         """Return the next line the runner wrote on its channel; raise `WorkerExited` at end-of-file."""
 
+    async def alive(self) -> bool:
+        """Cheap liveness check before a run, so a worker that died while idle is replaced *before*
+        the next snippet is sent (the snippet then runs normally, with `state_lost`). Backends that
+        cannot tell cheaply keep this default; their dead workers are noticed by `receive_line`."""
+        return True
+
     @abstractmethod
     async def kill(self) -> None:
         """Kill the runner and everything it started. Idempotent; never raises for a dead worker."""

@@ -208,3 +208,25 @@ async def test_misuse_raises(executor_factory):
     await ex.close()
     with pytest.raises(ExecutorClosed):
         await ex.run("print(1)")
+
+
+async def test_a_worker_killed_while_idle_is_replaced_before_the_next_run(executor_factory):
+    policy = Policy(allowed_imports=["os", "signal", "time"], subprocess=True)
+    async with executor_factory(policy=policy, timeout=10) as ex:
+        await ex.run("x = 1")
+        # The worker kills itself shortly after the run returned, i.e. while it is idle.
+        await ex.run(
+            "import os, signal\n"
+            "if os.fork() == 0:\n"
+            "    import time\n"
+            "    time.sleep(0.3)\n"
+            "    os.kill(os.getppid(), signal.SIGKILL)\n"
+            "    os._exit(0)"
+        )
+        import anyio
+
+        await anyio.sleep(1.5)
+        after = await ex.run("print('fresh')")
+        gone = await ex.run("print(x)")
+    assert after.ok and after.stdout == "fresh\n" and after.state_lost
+    assert gone.error is not None and gone.error.type == "NameError"

@@ -77,6 +77,9 @@ class HostWorker(Worker):
     async def receive_line(self) -> bytes:
         return await self.channel.receive_line()
 
+    async def alive(self) -> bool:
+        return self.process.poll() is None
+
     def kill_now(self) -> None:
         """Synchronous kill, for `atexit` and `kill()`."""
         if not self._killed:
@@ -104,12 +107,12 @@ class HostWorker(Worker):
             code = await anyio.to_thread.run_sync(functools.partial(self.process.wait, timeout=2))
         except subprocess.TimeoutExpired:
             return WorkerExit(detail="the worker closed its channel but is still running")
+        # Memory is bounded by RLIMIT_AS, so exhaustion shows up as MemoryError inside the runner
+        # (reported as `oom` there), not as a kernel OOM kill: a signal here is not evidence of OOM.
         if code < 0:
-            name = signal.Signals(-code).name
-            return WorkerExit(detail=f"killed by {name}", oom=-code == signal.SIGKILL and not self._killed)
+            return WorkerExit(detail=f"killed by {_signal_name(-code)}")
         if self.isolation == "namespaces" and code > 128:  # bwrap reports the child's signal as 128+N
-            name = signal.Signals(code - 128).name if code - 128 in signal.Signals._value2member_map_ else code
-            return WorkerExit(detail=f"killed by {name}", oom=code - 128 == signal.SIGKILL)
+            return WorkerExit(detail=f"killed by {_signal_name(code - 128)}")
         return WorkerExit(detail=f"exit code {code}")
 
     def _resolve(self, path: str) -> str:
@@ -143,6 +146,13 @@ class HostWorker(Worker):
 
 
 _LIVE_WORKERS: set[HostWorker] = set()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 @atexit.register

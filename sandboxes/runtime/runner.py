@@ -49,8 +49,22 @@ class Channel:
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.reader = io.open(read_fd, "rb", buffering=1 << 16, closefd=True)
         self.write_fd = write_fd
+        self.forked_child = False
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._close_in_child)
+
+    def _close_in_child(self) -> None:
+        # A process the code forked must never speak on (or read from) the parent's channel.
+        self.forked_child = True
+        for fd in (self.reader.fileno(), self.write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def send(self, message: dict[str, Any]) -> None:
+        if self.forked_child:
+            raise RuntimeError("a forked process cannot use the sandbox channel")
         data = memoryview(json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
         while data:
             data = data[os.write(self.write_fd, data) :]
@@ -209,6 +223,8 @@ class Runner:
         finally:
             self.system.active = False
         _flush_streams()
+        if self.channel.forked_child:
+            os._exit(1 if error else 0)  # a fork of the code finished its copy of the snippet
         stdout, cut_out = self.stdout.collect(self.output_limit)
         stderr, cut_err = self.stderr.collect(self.output_limit)
         return {
