@@ -1,1 +1,90 @@
-"""kodeagent: ReAct and CodeAct agents whose code runs in `sandboxes`."""
+"""kodeagent: ReAct and CodeAct agents on litellm, whose code runs in `sandboxes`.
+
+    from kodeagent import CodeActAgent, tool, print_response
+
+    @tool
+    def get_price(symbol: str) -> float:
+        \"\"\"Latest price of a stock. Args: symbol: ticker, e.g. AAPL.\"\"\"
+
+    agent = CodeActAgent(model_name="gemini/gemini-2.5-flash", tools=[get_price])
+    async for response in agent.run("Average of AAPL and MSFT prices?"):
+        print_response(response, only_final=False)
+
+Importing kodeagent is cheap: litellm is imported on the first model call, the sandbox backend when
+a CodeAct run opens it.
+"""
+
+from .agent import Agent, select_tools, validate_openai_history
+from .codeact import CodeActAgent, format_observation
+from .errors import (
+    ConfigurationError,
+    KodeAgentError,
+    LLMError,
+    MissingDependency,
+    ResponseParseError,
+    RetryError,
+    ToolArgumentError,
+    ToolDefinitionError,
+    ToolError,
+    ToolExecutionError,
+    ToolNotFound,
+    TracingUnavailable,
+)
+from .llm import call_llm, llm_vision_support
+from .models import (
+    AgentResponse,
+    ChatMessage,
+    CodeActChatMessage,
+    ReActChatMessage,
+    StepRecord,
+    Task,
+    ToolCallRecord,
+    UsageRecord,
+)
+from .observer import Observer
+from .planner import Planner
+from .printing import print_response
+from .react import ReActAgent
+from .text import neutralize_control
+from .tools import Tool, as_tool, mcp_stdio_tools, tool
+from .usage import UsageTracker
+
+__all__ = [
+    "Agent",
+    "AgentResponse",
+    "ChatMessage",
+    "CodeActAgent",
+    "CodeActChatMessage",
+    "ConfigurationError",
+    "KodeAgentError",
+    "LLMError",
+    "MissingDependency",
+    "Observer",
+    "Planner",
+    "ReActAgent",
+    "ReActChatMessage",
+    "ResponseParseError",
+    "RetryError",
+    "StepRecord",
+    "Task",
+    "Tool",
+    "ToolArgumentError",
+    "ToolCallRecord",
+    "ToolDefinitionError",
+    "ToolError",
+    "ToolExecutionError",
+    "ToolNotFound",
+    "TracingUnavailable",
+    "UsageRecord",
+    "UsageTracker",
+    "as_tool",
+    "call_llm",
+    "format_observation",
+    "llm_vision_support",
+    "mcp_stdio_tools",
+    "neutralize_control",
+    "print_response",
+    "select_tools",
+    "tool",
+    "validate_openai_history",
+]

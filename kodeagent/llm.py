@@ -7,6 +7,7 @@ or prints responses should not pay.
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from functools import cache
@@ -24,6 +25,9 @@ from .usage import UsageTracker
 @cache
 def litellm_module() -> ModuleType:
     """Import litellm once, on demand."""
+    # Without this, importing litellm fetches its price list from the network: slow, and it fails
+    # offline. The bundled list is used instead unless the caller has chosen otherwise.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:
         import litellm
     except ImportError as exc:  # pragma: no cover - depends on the environment

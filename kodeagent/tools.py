@@ -116,9 +116,8 @@ class Tool:
             raise ToolDefinitionError(
                 f"tool name {self.name!r} must be a Python identifier that does not start with '_'"
             )
-        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(
-            getattr(func, "__call__", None)
-        )
+        call_method = getattr(type(func), "__call__", None)  # noqa: B004 - async callable objects
+        self.is_async = inspect.iscoroutinefunction(func) or inspect.iscoroutinefunction(call_method)
         if args_model is None or parameters is None:
             derived_model, derived_schema, summary = self._derive(func)
             args_model = args_model or derived_model

@@ -1,0 +1,285 @@
+"""`CodeActAgent`: thought and code, or a final answer. The code runs in a `sandboxes` executor.
+
+One executor is opened per run (in `pre_run`) and closed when the run ends, however it ends; its
+session keeps state between steps. Tools are handed to the executor as functions that run here, in
+the agent's process, with their arguments validated. The observation the model gets is built from
+the `ExecutionResult`: output neutralised (no terminal escapes) and capped head and tail, the error
+and its trimmed traceback, a hint when nothing was printed, and a plain notice when state was lost.
+Nothing the code prints is ever parsed as the model's reply: only `final_answer()` called by the code
+(which the sandbox reports out of band) or the model's own JSON can end the run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any, ClassVar, Literal
+
+import anyio
+
+from . import prompts
+from .errors import ConfigurationError, ResponseParseError
+from .models import AgentResponse, ChatMessage, CodeActChatMessage, StepRecord
+from .parsing import parse_codeact_reply
+from .react import ReActAgent, render_template
+from .text import cap_text, neutralize_control
+
+RunEnv = Literal["host", "docker", "e2b"]
+
+
+def format_observation(result: Any, *, limit: int = 8000, timeout: float | None = None) -> str:
+    """What the model is told about one run of its code (an `ExecutionResult`)."""
+    parts: list[str] = []
+    if result.state_lost and not result.timed_out and not (result.error and result.error.type == "WorkerCrashed"):
+        parts.append(
+            "Notice: the Python session was restarted before this code ran. Variables, functions and "
+            "imports from earlier steps are gone; define again what you need."
+        )
+    stdout = neutralize_control(result.stdout or "")
+    stderr = neutralize_control(result.stderr or "")
+    if stdout.strip():
+        parts.append("Output:\n" + cap_text(stdout.rstrip("\n"), limit))
+    if stderr.strip():
+        parts.append("Standard error:\n" + cap_text(stderr.rstrip("\n"), limit // 2))
+    if result.truncated:
+        parts.append("(The output was longer than the sandbox keeps; only its beginning and end are shown.)")
+    error = result.error
+    if result.timed_out:
+        limit_text = f" of {timeout:g} s" if timeout else ""
+        parts.append(
+            f"Error: the code was stopped because it ran past the time limit{limit_text}. The session was "
+            "restarted, so every variable from earlier steps is lost. Make the code faster or split the "
+            "work, and define again what you need."
+        )
+    elif error is not None:
+        if error.type == "WorkerCrashed":
+            cause = "it ran out of memory" if result.oom else "the sandbox process ended"
+            parts.append(
+                f"Error: the code did not finish ({cause}). The session was restarted, so every variable "
+                "from earlier steps is lost."
+            )
+        else:
+            detail = neutralize_control(error.traceback or f"{error.type}: {error.message}")
+            parts.append("Error:\n" + cap_text(detail.rstrip("\n"), 3000))
+    if getattr(result, "has_final_answer", False):
+        parts.append("final_answer() was called.")
+    artifacts = getattr(result, "artifacts", None) or []
+    if artifacts:
+        listing = ", ".join(f"{a.path} ({a.size} bytes)" for a in artifacts[:20])
+        parts.append(f"Files created or changed: {listing}")
+    if not stdout.strip() and not stderr.strip() and error is None and not result.timed_out and not result.has_final_answer:
+        parts.append(
+            "The code ran without errors and printed nothing. Print the values you need to see, "
+            "e.g. print(result)."
+        )
+    return "\n".join(parts)
+
+
+class CodeActAgent(ReActAgent):
+    """Thought, code, observation: the model writes Python that runs in a sandbox with the tools.
+
+    Extra args (beyond `Agent`'s):
+        run_env: where the code runs: ``"host"``, ``"docker"`` or ``"e2b"``.
+        allowed_imports: modules the code may import (``"pkg.*"`` for a package and its submodules);
+            None means the sandbox's default pure-computation set.
+        pip_packages: extra packages installed in the sandbox (E2B only), space- or comma-separated.
+        timeout: wall-clock seconds each code run may take.
+        env_vars_to_set: the environment the code sees (nothing else of the host's leaks in).
+        executor_options: further options for `sandboxes.open_executor` (e.g. ``policy``).
+    """
+
+    response_format_class: ClassVar[type[ChatMessage]] = CodeActChatMessage
+    channel_name: ClassVar[str] = "codeact"
+    OUTPUT_LIMIT: ClassVar[int] = 8000
+
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        run_env: RunEnv = "host",
+        allowed_imports: list[str] | None = None,
+        pip_packages: str | None = None,
+        timeout: int = 30,
+        env_vars_to_set: dict[str, str] | None = None,
+        executor_options: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(model_name, **kwargs)
+        if run_env not in ("host", "docker", "e2b"):
+            raise ConfigurationError(f"run_env must be 'host', 'docker' or 'e2b', got {run_env!r}")
+        if not timeout or timeout <= 0:
+            raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout!r}")
+        if pip_packages and run_env != "e2b":
+            raise ConfigurationError(
+                "pip_packages can only be installed in an E2B sandbox (run_env='e2b'); for host and docker, "
+                "install packages in the environment or image and list them in allowed_imports"
+            )
+        self.run_env: RunEnv = run_env
+        self.allowed_imports = list(allowed_imports) if allowed_imports is not None else None
+        self.pip_packages = pip_packages
+        self.timeout = timeout
+        self.env_vars_to_set = dict(env_vars_to_set) if env_vars_to_set else None
+        self.executor_options = dict(executor_options or {})
+        self._executor: Any = None
+
+    # ------------------------------------------------------------------ prompts and parsing
+
+    def reply_mode(self) -> Any:
+        """CodeAct never uses native tool calls: tools are functions inside the code."""
+        mode = super().reply_mode() if self.tool_calling != "native" else "json"
+        if mode == "native":
+            from .llm import supports
+
+            return "json" if supports(self.model_name, "response_schema") else "text"
+        return mode
+
+    def _imports(self) -> list[str]:
+        if self.allowed_imports is not None:
+            return self.allowed_imports
+        from sandboxes import DEFAULT_ALLOWED_IMPORTS
+
+        return list(DEFAULT_ALLOWED_IMPORTS)
+
+    def get_system_prompt_content(self) -> str:
+        imports = ", ".join(self._imports()) or "(none)"
+        return render_template(
+            self.system_prompt or prompts.CODEACT_SYSTEM_PROMPT,
+            persona=self.persona or "",
+            tools=self.get_tools_description(),
+            authorized_imports=imports,
+        )
+
+    def parse_text_response(self, text: str) -> ChatMessage:
+        """Parse a free-text CodeAct reply: fenced code, ``Code:`` or ``Final Answer:`` sections."""
+        return parse_codeact_reply(text)
+
+    def parse_reply(self, text: str) -> ChatMessage:
+        return parse_codeact_reply(text)
+
+    def _inputs_suffix(self) -> str:
+        return "\n" + prompts.CODEACT_INPUTS_NOTE
+
+    def _local_files(self) -> list[str]:
+        return [f for f in (self.task.files if self.task else []) if os.path.isfile(f)]
+
+    def _file_labels(self) -> list[str]:
+        local = set(self._local_files())
+        return [
+            f"{os.path.basename(f)} (copied into the working directory of your code)" if f in local else f
+            for f in (self.task.files if self.task else [])
+        ]
+
+    # ------------------------------------------------------------------ executor lifecycle
+
+    def _make_executor(self) -> Any:
+        from sandboxes import Policy, open_executor
+
+        options: dict[str, Any] = {
+            "timeout": self.timeout,
+            "env": self.env_vars_to_set or {},
+            "tools": {name: tool.call_from_sandbox for name, tool in self._run_tools.items()},
+        }
+        if "policy" not in self.executor_options:
+            options["policy"] = Policy(allowed_imports=self._imports())
+        if self.pip_packages:
+            options["pip_packages"] = self.pip_packages
+        options.update(self.executor_options)
+        return open_executor(self.run_env, **options)
+
+    async def pre_run(self) -> AsyncIterator[AgentResponse]:
+        """Open the sandbox session, copy the task's files in, and define `inputs` as variables."""
+        executor = self._make_executor()
+        self._executor = executor
+        await executor.open()
+        yield self.response(
+            "log", f"sandbox ready ({self.run_env}, isolation: {executor.isolation})",
+            channel="sandbox", metadata={"event": "sandbox_open", "run_env": self.run_env},
+        )  # fmt: skip
+        for path in self._local_files():
+            with open(path, "rb") as fh:
+                await executor.upload(os.path.basename(path), fh.read())
+        if self._inputs:
+            code = "\n".join(f"{name} = {_jsonable_repr(value)}" for name, value in self._inputs.items())
+            result = await executor.run(code)
+            if not result.ok:
+                yield self.response(
+                    "log", f"could not define inputs in the sandbox: {result.error}", channel="sandbox",
+                    metadata={"event": "inputs_failed"},
+                )  # fmt: skip
+
+    async def _release_resources(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            with anyio.CancelScope(shield=True):
+                await executor.close()
+
+    async def post_run(self) -> AsyncIterator[AgentResponse]:
+        """Close the sandbox (if still open) and report usage."""
+        await self._release_resources()
+        yield self.response(
+            "log", self.get_usage_report(include_breakdown=False), channel="usage", metadata={"event": "usage"}
+        )
+
+    # ------------------------------------------------------------------ one step
+
+    async def _step(self, iteration: int) -> AsyncIterator[AgentResponse]:
+        started = time.perf_counter()
+        record = StepRecord(index=iteration)
+        reply = await self._request_step()
+        text = reply.content or ""
+        self.add_to_history({"role": "assistant", "content": text})
+        try:
+            message = self.parse_reply(text)
+        except ResponseParseError as exc:
+            async for item in self._format_error(record, str(exc), started):
+                yield item
+            return
+        assert isinstance(message, CodeActChatMessage)
+        record.thought = message.thought
+        if message.is_final:
+            async for item in self._finish(record, message.final_answer, message.task_successful, started):
+                yield item
+            return
+        code = message.code or ""
+        if not code.strip():
+            async for item in self._format_error(record, "it has neither `code` nor `final_answer`", started):
+                yield item
+            return
+        record.code = code
+        result = await self._executor.run(code)
+        await self._collect_artifacts(result)
+        record.observation = format_observation(result, limit=self.OUTPUT_LIMIT, timeout=self.timeout)
+        if not result.ok:
+            record.error = str(result.error) if result.error else "the code did not finish"
+        self.add_to_history({"role": "user", "content": f"Observation:\n{record.observation}"})
+        if result.has_final_answer and result.ok:
+            async for item in self._finish(record, result.final_answer, True, started):
+                yield item
+            return
+        record.duration = time.perf_counter() - started
+        yield self.response("step", record, metadata={"step": iteration, "mode": self._mode})
+        await self._notify_step(record)
+
+    async def _collect_artifacts(self, result: Any) -> None:
+        """Copy files the code wrote out of the sandbox into `work_dir` (when one is set)."""
+        if not self.work_dir or not result.artifacts or self._executor is None:
+            return
+        root = os.path.abspath(self.work_dir)
+        for artifact in result.artifacts:
+            target = os.path.abspath(os.path.join(root, artifact.path))
+            if not target.startswith(root + os.sep):
+                continue
+            try:
+                data = await self._executor.download(artifact.path)
+            except Exception:  # a file that vanished again is not worth failing the step for
+                continue
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as fh:
+                fh.write(data)
+            self.add_output_file(target)
+
+
+def _jsonable_repr(value: Any) -> str:  # kept small and separate: inputs are JSON, their repr is a literal
+    return repr(json.loads(json.dumps(value)))

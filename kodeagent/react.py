@@ -1,0 +1,407 @@
+"""`ReActAgent`: thought, action, observation, until the model says FINISH.
+
+How the model's step arrives depends on what litellm says the model supports:
+
+* ``native``: the provider's function calling; several tool calls in one step run concurrently, and a
+  reply without tool calls is the answer.
+* ``json``: a JSON response format (schema-constrained where the provider supports it).
+* ``text``: no constraint; the reply is parsed from JSON if it contains some, else from
+  ``Thought:/Action:/Args:`` prose.
+
+`run()` (shared with CodeAct) is the step loop: setup, plan, steps, observer notes, and the final
+answer, with the executor and traces released in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, ClassVar, Literal
+
+import anyio
+from pydantic import BaseModel
+
+from . import prompts
+from .agent import Agent, ToolCallingMode, select_tools, validate_openai_history
+from .errors import KodeAgentError, ResponseParseError, ToolArgumentError
+from .llm import supports
+from .models import AgentResponse, ChatMessage, ReActChatMessage, StepRecord, Task, ToolCallRecord
+from .parsing import parse_react_reply, parse_react_text
+from .text import cap_text, neutralize_control
+from .tools import to_jsonable
+
+Mode = Literal["native", "json", "text"]
+
+
+class _KeepMissing(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def render_template(template: str, **values: Any) -> str:
+    """`str.format` that leaves unknown placeholders as they are (for user-supplied templates)."""
+    return template.format_map(_KeepMissing(values))
+
+
+class ReActAgent(Agent):
+    """Reasoning and acting with tools: thought, action, observation, until FINISH.
+
+    Extra args (beyond `Agent`'s):
+        tool_calling: ``"auto"`` (ask litellm what the model supports), or force ``"native"``,
+            ``"json"`` or ``"text"``.
+    """
+
+    response_format_class: ClassVar[type[ChatMessage]] = ReActChatMessage
+    channel_name: ClassVar[str] = "react"
+    TOOL_OUTPUT_LIMIT: ClassVar[int] = 8000
+
+    def __init__(self, model_name: str, *, tool_calling: ToolCallingMode = "auto", **kwargs: Any) -> None:
+        super().__init__(model_name, **kwargs)
+        if tool_calling not in ("auto", "native", "json", "text"):
+            raise ValueError(f"tool_calling must be auto, native, json or text; got {tool_calling!r}")
+        self.tool_calling: ToolCallingMode = tool_calling
+        self._mode: Mode = "text"
+        self._final: AgentResponse | None = None
+        self._trouble = False
+
+    # ------------------------------------------------------------------ modes and prompts
+
+    def reply_mode(self) -> Mode:
+        """How this run's replies are requested: native tool calls, a JSON format, or free text."""
+        if self.tool_calling != "auto":
+            mode: Mode = self.tool_calling  # type: ignore[assignment]
+        elif supports(self.model_name, "function_calling"):
+            mode = "native"
+        elif supports(self.model_name, "response_schema"):
+            mode = "json"
+        else:
+            mode = "text"
+        if mode == "native" and not self._run_tools:
+            mode = "json" if supports(self.model_name, "response_schema") else "text"
+        return mode
+
+    def _default_template(self) -> str:
+        return prompts.REACT_NATIVE_SYSTEM_PROMPT if self._mode == "native" else prompts.REACT_SYSTEM_PROMPT
+
+    def get_system_prompt_content(self) -> str:
+        return render_template(
+            self.system_prompt or self._default_template(),
+            persona=self.persona or "",
+            tools=self.get_tools_description(),
+        )
+
+    def _json_format(self) -> dict[str, Any]:
+        return {
+            "type": "json_schema",
+            "json_schema": {"name": f"{self.channel_name}_step", "schema": self.response_format_class.reply_schema()},
+        }
+
+    def parse_text_response(self, text: str) -> ChatMessage:
+        """The prose fallback: ``Thought:/Action:/Args:`` or ``Thought:/Answer:/Successful:``."""
+        return parse_react_text(text)
+
+    def parse_reply(self, text: str) -> ChatMessage:
+        """A reply in any accepted form: JSON (bare, fenced, embedded, slightly broken), then prose."""
+        return parse_react_reply(text)
+
+    # ------------------------------------------------------------------ run
+
+    async def run(  # type: ignore[override]
+        self,
+        task: str,
+        files: list[str] | None = None,
+        task_id: str | None = None,
+        max_iterations: int | None = None,
+        recurrent_mode: bool = False,
+        summarize_progress_on_failure: bool = True,
+        chat_history: list[dict[str, Any]] | None = None,
+        *,
+        history: Sequence[Any] | None = None,
+        inputs: dict[str, Any] | None = None,
+        response_model: type[BaseModel] | None = None,
+        allowed_tools: Sequence[str] | None = None,
+    ) -> AsyncIterator[AgentResponse]:
+        """Solve `task` step by step, yielding each step, logs, and finally the answer.
+
+        Args:
+            task: what to do.
+            files: paths (or URLs) belonging to the task; CodeAct copies local files into the sandbox.
+            task_id: an id for the task (a UUID if not given).
+            max_iterations: steps for this run (default: the agent's `max_iterations`).
+            recurrent_mode: prefix the task with the previous task and its result.
+            summarize_progress_on_failure: when steps run out, ask the model to sum up what it found.
+            chat_history: an OpenAI-format conversation to continue (its system message, if any, is
+                replaced by this agent's).
+            history: earlier turns (`ChatMessage`s or dicts, no system message) sent with every step.
+            inputs: context variables shown to the model (and, in CodeAct, defined in the session).
+            response_model: a pydantic model the final answer must validate into; a mismatch is told
+                to the model, which then tries again.
+            allowed_tools: names or patterns of tools allowed in this run (overrides the agent's).
+
+        Raises:
+            ValueError: empty task, too many files, recurrent_mode together with chat_history (or
+                history), or a history that is not valid OpenAI chat format.
+            RetryError: a model call kept failing after `max_retries` retries.
+        """
+        self._check_run_arguments(
+            task, files, max_iterations, recurrent_mode, chat_history, history, inputs, response_model
+        )
+        previous = self.task
+        limit = max_iterations or self.max_iterations
+        self._start_task(task, files, task_id, inputs, response_model, allowed_tools)
+        self.current_trace = self.tracer_manager.start_trace(
+            name=self.name or type(self).__name__, input=task, metadata={"task_id": self.task.id if self.task else None}
+        )
+        completed = False
+        final: AgentResponse | None = None
+        try:
+            if self.filter_tools_for_task:
+                await self._filter_tools(task)
+            self._mode = self.reply_mode()
+            self._build_conversation(task, previous, recurrent_mode, chat_history, history)
+            async for item in self.pre_run():
+                yield item
+            if self.planner is not None:
+                plan = await self.planner.create_plan(task, self.get_tools_description())
+                if plan:
+                    self.add_to_history({"role": "user", "content": prompts.PLAN_MESSAGE.format(plan=plan)})
+                    yield self.response("log", plan, channel="planner", metadata={"event": "plan"})
+            async for item in self._loop(limit):
+                yield item
+            if self._final is not None:
+                final = self._final
+            else:
+                final = await self._give_up(limit, summarize_progress_on_failure)
+            completed = True
+        finally:
+            await self._release_resources()
+            if self.current_trace is not None:
+                self.current_trace.end(output=final.value if final else None, error=None if completed else "run failed")
+            self.tracer_manager.flush()
+            if not completed:
+                with anyio.CancelScope(shield=True):
+                    async for _ in self.post_run():
+                        pass
+        async for item in self.post_run():
+            yield item
+        yield final
+
+    def _start_task(
+        self,
+        task: str,
+        files: list[str] | None,
+        task_id: str | None,
+        inputs: dict[str, Any] | None,
+        response_model: type[BaseModel] | None,
+        allowed_tools: Sequence[str] | None,
+    ) -> None:
+        self.task = Task(id=task_id or Task.model_fields["id"].default_factory(), description=task,  # type: ignore[misc]
+                         files=list(files or []))  # fmt: skip
+        self.usage_tracker.reset()
+        self.observer.reset()
+        if self.planner is not None:
+            self.planner.plan = None
+            self.planner.retry_base_delay = self.retry_base_delay
+        self.steps = []
+        self.task_output_files = []
+        self.final_answer_found = False
+        self._final = None
+        self._trouble = False
+        self._inputs = dict(inputs or {})
+        self._response_model = response_model
+        allowed = list(allowed_tools) if allowed_tools is not None else self.allowed_tools
+        self._run_tools = select_tools(self.tools, allowed)
+
+    def _build_conversation(
+        self,
+        task: str,
+        previous: Task | None,
+        recurrent_mode: bool,
+        chat_history: list[dict[str, Any]] | None,
+        history: Sequence[Any] | None,
+    ) -> None:
+        self.init_history()
+        if chat_history is not None:
+            messages = validate_openai_history(chat_history)
+            if messages and messages[0]["role"] == "system":
+                messages = messages[1:]
+            self.chat_history.extend(messages)
+        if history is not None:
+            self.chat_history.extend(validate_openai_history(history, what="history"))
+        self.msg_idx_of_new_task = len(self.chat_history)
+        self.add_to_history(self._task_message(self._task_text(task, previous, recurrent_mode)))
+
+    async def _release_resources(self) -> None:
+        """Release what the run opened. Called from `finally`; must be idempotent."""
+
+    async def _give_up(self, limit: int, summarize: bool) -> AgentResponse:
+        summary = ""
+        if summarize:
+            try:
+                summary = await self.salvage_response()
+            except KodeAgentError as exc:
+                summary = f"(no summary: {exc})"
+        text = f"The task was not finished within {limit} steps."
+        if summary:
+            text += f" What was found so far:\n{summary}"
+        return self.response(
+            "final", text, metadata={"task_successful": False, "final_answer_found": False, "steps": limit}
+        )
+
+    async def _loop(self, limit: int) -> AsyncIterator[AgentResponse]:
+        assert self.task is not None
+        for iteration in range(1, limit + 1):
+            self.task.steps_taken = iteration
+            if self.planner is not None and iteration > 1 and self.planner.should_update(iteration - 1, self._trouble):
+                plan = await self.planner.update_plan(self.task.description, self._recent_progress())
+                self._trouble = False
+                if plan:
+                    self.add_to_history({"role": "user", "content": prompts.PLAN_MESSAGE.format(plan=plan)})
+                    yield self.response("log", plan, channel="planner", metadata={"event": "plan_update"})
+            async for item in self._step(iteration):
+                yield item
+            if self.final_answer_found:
+                return
+            if self.steps:
+                note = self.observer.observe(self.steps[-1], limit - iteration)
+                if note:
+                    self._trouble = True
+                    self.add_to_history({"role": "user", "content": prompts.OBSERVER_NOTE.format(note=note)})
+                    yield self.response("log", note, channel="observer", metadata={"event": "observer_note"})
+
+    def _recent_progress(self, last: int = 3) -> str:
+        lines = []
+        for step in self.steps[-last:]:
+            what = step.code or step.action or ", ".join(c.name for c in step.tool_calls) or "(no action)"
+            lines.append(f"Step {step.index}: {what[:300]}\n  -> {(step.error or step.observation or '')[:500]}")
+        return "\n".join(lines) or "(nothing yet)"
+
+    # ------------------------------------------------------------------ one step
+
+    async def _request_step(self) -> Any:
+        if self._mode == "native":
+            return await self._call_model(tools=[t.openai_schema() for t in self._run_tools.values()])
+        if self._mode == "json":
+            return await self._call_model(response_format=self._json_format())
+        return await self._call_model()
+
+    async def _step(self, iteration: int) -> AsyncIterator[AgentResponse]:
+        started = time.perf_counter()
+        record = StepRecord(index=iteration)
+        reply = await self._request_step()
+        if self._mode == "native" and reply.tool_calls:
+            self.add_to_history({"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls})
+            record.thought = reply.content or ""
+            calls = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in reply.tool_calls]
+            record.tool_calls = await self.execute_tool_calls(calls)
+            texts = []
+            for call in record.tool_calls:
+                text = self._tool_observation(call)
+                texts.append(f"{call.name}: {text}")
+                self.add_to_history({"role": "tool", "tool_call_id": call.id, "content": text})
+            record.observation = "\n".join(texts)
+            record.error = "; ".join(c.error for c in record.tool_calls if c.error) or None
+        else:
+            text = reply.content or ""
+            self.add_to_history({"role": "assistant", "content": text})
+            try:
+                message = self.parse_reply(text)
+            except ResponseParseError as exc:
+                if self._mode == "native" and text.strip():
+                    message = ReActChatMessage(action="FINISH", final_answer=text.strip(), task_successful=True)
+                else:
+                    async for item in self._format_error(record, str(exc), started):
+                        yield item
+                    return
+            assert isinstance(message, ReActChatMessage)
+            record.thought = message.thought
+            if message.is_final:
+                async for item in self._finish(record, message.final_answer, message.task_successful, started):
+                    yield item
+                return
+            record.action = message.action
+            [call] = await self.execute_tool_calls([(None, message.action or "", message.args)])
+            record.tool_calls = [call]
+            record.observation = self._tool_observation(call)
+            record.error = call.error
+            self.add_to_history({"role": "user", "content": f"Observation: {record.observation}"})
+        record.duration = time.perf_counter() - started
+        yield self.response("step", record, metadata={"step": iteration, "mode": self._mode})
+        await self._notify_step(record)
+
+    async def _format_error(self, record: StepRecord, problem: str, started: float) -> AsyncIterator[AgentResponse]:
+        record.error = f"unusable reply: {problem}"
+        record.observation = prompts.FORMAT_ERROR.format(error=problem)
+        self.add_to_history({"role": "user", "content": record.observation})
+        record.duration = time.perf_counter() - started
+        yield self.response("step", record, metadata={"step": record.index, "mode": self._mode, "parse_error": True})
+        await self._notify_step(record)
+
+    async def _finish(
+        self, record: StepRecord, answer: Any, successful: bool, started: float
+    ) -> AsyncIterator[AgentResponse]:
+        value, problem = self._accept_final(answer)
+        if problem is not None:
+            record.error = f"final answer rejected: {problem}"
+            record.observation = prompts.RESPONSE_MODEL_ERROR.format(error=problem)
+            self.add_to_history({"role": "user", "content": record.observation})
+            record.duration = time.perf_counter() - started
+            yield self.response("step", record, metadata={"step": record.index, "response_model_error": True})
+            await self._notify_step(record)
+            return
+        record.is_final = True
+        record.output = value
+        record.duration = time.perf_counter() - started
+        self.final_answer_found = True
+        yield self.response("step", record, metadata={"step": record.index, "mode": self._mode})
+        await self._notify_step(record)
+        self._final = self.response(
+            "final",
+            value,
+            metadata={"task_successful": bool(successful), "final_answer_found": True, "steps": record.index},
+        )
+
+    # ------------------------------------------------------------------ tools
+
+    async def execute_tool_calls(self, calls: list[tuple[str | None, str, Any]]) -> list[ToolCallRecord]:
+        """Run tool calls concurrently; each failure is recorded on its call, never raised."""
+        results: list[ToolCallRecord] = [ToolCallRecord(id=c[0], name=c[1] or "") for c in calls]
+
+        async def one(index: int, arguments: Any) -> None:
+            record = results[index]
+            started = time.perf_counter()
+            tool = self._run_tools.get(record.name)
+            if isinstance(arguments, str):
+                try:
+                    parsed = json.loads(arguments) if arguments.strip() else {}
+                    record.args = parsed if isinstance(parsed, dict) else {"value": parsed}
+                except ValueError:
+                    record.args = {"raw": arguments}
+            elif isinstance(arguments, dict):
+                record.args = arguments
+            if tool is None:
+                available = ", ".join(sorted(self._run_tools)) or "none"
+                record.error = f"there is no tool named {record.name!r}; the tools are: {available}"
+            else:
+                try:
+                    record.result = to_jsonable(await tool.ainvoke(arguments))
+                except ToolArgumentError as exc:
+                    record.error = str(exc)
+                except Exception as exc:  # the tool's failure is the model's observation
+                    record.error = f"{type(exc).__name__}: {exc}"
+            record.duration = time.perf_counter() - started
+
+        async with anyio.create_task_group() as group:
+            for i, call in enumerate(calls):
+                group.start_soon(one, i, call[2])
+        return results
+
+    def _tool_observation(self, call: ToolCallRecord) -> str:
+        if call.error:
+            text = f"Error calling tool {call.name!r}: {call.error}"
+        elif isinstance(call.result, str):
+            text = call.result
+        else:
+            text = json.dumps(call.result, ensure_ascii=False)
+        return cap_text(neutralize_control(text), self.TOOL_OUTPUT_LIMIT)
