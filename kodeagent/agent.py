@@ -54,7 +54,9 @@ def validate_openai_history(messages: Sequence[Any], *, what: str = "chat_histor
     for i, raw in enumerate(messages):
         message = raw.to_openai() if isinstance(raw, ChatMessage) else raw
         if not isinstance(message, dict):
-            raise ValueError(f"{what}[{i}] must be a dict with 'role' and 'content', got {type(raw).__name__}")
+            raise ValueError(
+                f"{what}[{i}] must be a dict with 'role' and 'content', got {type(raw).__name__}"
+            )
         role = message.get("role")
         if role not in _ROLES:
             raise ValueError(f"{what}[{i}] has role {role!r}; expected one of {sorted(_ROLES)}")
@@ -328,7 +330,10 @@ class Agent(ABC):
             self.task.result = value
             self.task.is_finished = True
         return AgentResponse(
-            type=rtype, value=value, channel=channel or self.name or self.channel_name, metadata=metadata or {}
+            type=rtype,
+            value=value,
+            channel=channel or self.name or self.channel_name,
+            metadata=metadata or {},
         )
 
     # ------------------------------------------------------------------ model calls
@@ -364,7 +369,12 @@ class Agent(ABC):
         """When the steps run out: ask the model to sum up what was found and what is missing."""
         task = self.task.description if self.task else ""
         reply = await self._call_model(
-            [{"role": "user", "content": prompts.SALVAGE_PROMPT.format(task=task, history=self.get_history())}],
+            [
+                {
+                    "role": "user",
+                    "content": prompts.SALVAGE_PROMPT.format(task=task, history=self.get_history()),
+                }
+            ],
             component="salvage",
         )
         return (reply.content or "").strip()
@@ -459,7 +469,8 @@ class Agent(ABC):
         parts.append(prompts.TASK_TEMPLATE.format(task=task.strip()))
         if self._inputs:
             rendered = "\n".join(
-                f"- {k} = {truncate(json.dumps(v, ensure_ascii=False), 2000)}" for k, v in self._inputs.items()
+                f"- {k} = {truncate(json.dumps(v, ensure_ascii=False), 2000)}"
+                for k, v in self._inputs.items()
             )
             parts.append(prompts.INPUTS_NOTE.format(inputs=rendered + self._inputs_suffix()))
         if self.task and self.task.files:
@@ -506,7 +517,8 @@ class Agent(ABC):
             return model.model_validate(data), None
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in e.get('loc', ())) or 'value'}: {e.get('msg')}" for e in exc.errors()
+                f"{'.'.join(str(p) for p in e.get('loc', ())) or 'value'}: {e.get('msg')}"
+                for e in exc.errors()
             )
             return answer, problems
 

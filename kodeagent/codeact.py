@@ -32,7 +32,11 @@ RunEnv = Literal["host", "docker", "e2b"]
 def format_observation(result: Any, *, limit: int = 8000, timeout: float | None = None) -> str:
     """What the model is told about one run of its code (an `ExecutionResult`)."""
     parts: list[str] = []
-    if result.state_lost and not result.timed_out and not (result.error and result.error.type == "WorkerCrashed"):
+    if (
+        result.state_lost
+        and not result.timed_out
+        and not (result.error and result.error.type == "WorkerCrashed")
+    ):
         parts.append(
             "Notice: the Python session was restarted before this code ran. Variables, functions and "
             "imports from earlier steps are gone; define again what you need."
@@ -69,7 +73,13 @@ def format_observation(result: Any, *, limit: int = 8000, timeout: float | None 
     if artifacts:
         listing = ", ".join(f"{a.path} ({a.size} bytes)" for a in artifacts[:20])
         parts.append(f"Files created or changed: {listing}")
-    if not stdout.strip() and not stderr.strip() and error is None and not result.timed_out and not result.has_final_answer:
+    if (
+        not stdout.strip()
+        and not stderr.strip()
+        and error is None
+        and not result.timed_out
+        and not result.has_final_answer
+    ):
         parts.append(
             "The code ran without errors and printed nothing. Print the values you need to see, "
             "e.g. print(result)."
@@ -219,7 +229,10 @@ class CodeActAgent(ReActAgent):
         """Close the sandbox (if still open) and report usage."""
         await self._release_resources()
         yield self.response(
-            "log", self.get_usage_report(include_breakdown=False), channel="usage", metadata={"event": "usage"}
+            "log",
+            self.get_usage_report(include_breakdown=False),
+            channel="usage",
+            metadata={"event": "usage"},
         )
 
     # ------------------------------------------------------------------ one step

@@ -88,7 +88,9 @@ def parse_react_reply(text: str) -> ReActChatMessage:
             action=(str(data["action"]).strip() if data.get("action") is not None else None),
             args=args if isinstance(args, str | dict) or args is None else json.dumps(args),
             final_answer=data.get("final_answer"),
-            task_successful=_as_bool(data.get("task_successful"), default=data.get("final_answer") is not None),
+            task_successful=_as_bool(
+                data.get("task_successful"), default=data.get("final_answer") is not None
+            ),
         )
     action = _string_field(text, "action")
     if action:

@@ -46,7 +46,9 @@ def _step_text(step: StepRecord) -> Any:
         text.append(neutralize_control(step.code) + "\n", style="magenta")
     for call in step.tool_calls:
         text.append("Action: ", style="bold yellow")
-        text.append(f"{call.name}({neutralize_control(json.dumps(call.args, ensure_ascii=False, default=str))})\n")
+        text.append(
+            f"{call.name}({neutralize_control(json.dumps(call.args, ensure_ascii=False, default=str))})\n"
+        )
     if step.observation:
         text.append("Observation:\n", style="bold green")
         text.append(neutralize_control(step.observation) + "\n")

@@ -94,7 +94,10 @@ class ReActAgent(Agent):
     def _json_format(self) -> dict[str, Any]:
         return {
             "type": "json_schema",
-            "json_schema": {"name": f"{self.channel_name}_step", "schema": self.response_format_class.reply_schema()},
+            "json_schema": {
+                "name": f"{self.channel_name}_step",
+                "schema": self.response_format_class.reply_schema(),
+            },
         }
 
     def parse_text_response(self, text: str) -> ChatMessage:
@@ -151,7 +154,9 @@ class ReActAgent(Agent):
         limit = max_iterations or self.max_iterations
         self._start_task(task, files, task_id, inputs, response_model, allowed_tools)
         self.current_trace = self.tracer_manager.start_trace(
-            name=self.name or type(self).__name__, input=task, metadata={"task_id": self.task.id if self.task else None}
+            name=self.name or type(self).__name__,
+            input=task,
+            metadata={"task_id": self.task.id if self.task else None},
         )
         completed = False
         final: AgentResponse | None = None
@@ -177,7 +182,9 @@ class ReActAgent(Agent):
         finally:
             await self._release_resources()
             if self.current_trace is not None:
-                self.current_trace.end(output=final.value if final else None, error=None if completed else "run failed")
+                self.current_trace.end(
+                    output=final.value if final else None, error=None if completed else "run failed"
+                )
             self.tracer_manager.flush()
             if not completed:
                 with anyio.CancelScope(shield=True):
@@ -253,7 +260,11 @@ class ReActAgent(Agent):
         assert self.task is not None
         for iteration in range(1, limit + 1):
             self.task.steps_taken = iteration
-            if self.planner is not None and iteration > 1 and self.planner.should_update(iteration - 1, self._trouble):
+            if (
+                self.planner is not None
+                and iteration > 1
+                and self.planner.should_update(iteration - 1, self._trouble)
+            ):
                 plan = await self.planner.update_plan(self.task.description, self._recent_progress())
                 self._trouble = False
                 if plan:
@@ -274,7 +285,9 @@ class ReActAgent(Agent):
         lines = []
         for step in self.steps[-last:]:
             what = step.code or step.action or ", ".join(c.name for c in step.tool_calls) or "(no action)"
-            lines.append(f"Step {step.index}: {what[:300]}\n  -> {(step.error or step.observation or '')[:500]}")
+            lines.append(
+                f"Step {step.index}: {what[:300]}\n  -> {(step.error or step.observation or '')[:500]}"
+            )
         return "\n".join(lines) or "(nothing yet)"
 
     # ------------------------------------------------------------------ one step
@@ -291,7 +304,9 @@ class ReActAgent(Agent):
         record = StepRecord(index=iteration)
         reply = await self._request_step()
         if self._mode == "native" and reply.tool_calls:
-            self.add_to_history({"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls})
+            self.add_to_history(
+                {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls}
+            )
             record.thought = reply.content or ""
             calls = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in reply.tool_calls]
             record.tool_calls = await self.execute_tool_calls(calls)
@@ -309,7 +324,9 @@ class ReActAgent(Agent):
                 message = self.parse_reply(text)
             except ResponseParseError as exc:
                 if self._mode == "native" and text.strip():
-                    message = ReActChatMessage(action="FINISH", final_answer=text.strip(), task_successful=True)
+                    message = ReActChatMessage(
+                        action="FINISH", final_answer=text.strip(), task_successful=True
+                    )
                 else:
                     async for item in self._format_error(record, str(exc), started):
                         yield item
@@ -317,7 +334,9 @@ class ReActAgent(Agent):
             assert isinstance(message, ReActChatMessage)
             record.thought = message.thought
             if message.is_final:
-                async for item in self._finish(record, message.final_answer, message.task_successful, started):
+                async for item in self._finish(
+                    record, message.final_answer, message.task_successful, started
+                ):
                     yield item
                 return
             record.action = message.action
@@ -330,12 +349,16 @@ class ReActAgent(Agent):
         yield self.response("step", record, metadata={"step": iteration, "mode": self._mode})
         await self._notify_step(record)
 
-    async def _format_error(self, record: StepRecord, problem: str, started: float) -> AsyncIterator[AgentResponse]:
+    async def _format_error(
+        self, record: StepRecord, problem: str, started: float
+    ) -> AsyncIterator[AgentResponse]:
         record.error = f"unusable reply: {problem}"
         record.observation = prompts.FORMAT_ERROR.format(error=problem)
         self.add_to_history({"role": "user", "content": record.observation})
         record.duration = time.perf_counter() - started
-        yield self.response("step", record, metadata={"step": record.index, "mode": self._mode, "parse_error": True})
+        yield self.response(
+            "step", record, metadata={"step": record.index, "mode": self._mode, "parse_error": True}
+        )
         await self._notify_step(record)
 
     async def _finish(

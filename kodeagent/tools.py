@@ -28,6 +28,7 @@ _SECTION = re.compile(
 )
 _ARG_SECTIONS = {"args", "arguments", "parameters", "params"}
 
+
 def parse_docstring(doc: str | None, param_names: Sequence[str]) -> tuple[str, dict[str, str]]:
     """Split a docstring into its summary and per-parameter descriptions.
 
@@ -62,6 +63,7 @@ def parse_docstring(doc: str | None, param_names: Sequence[str]) -> tuple[str, d
             descriptions.setdefault(hit.group(1), " ".join(body[hit.end() : end].split()))
     return summary, descriptions
 
+
 def _strip_titles(schema: Any) -> Any:
     """Remove pydantic's auto-generated `title` keys: noise for the model."""
     if isinstance(schema, dict):
@@ -69,6 +71,7 @@ def _strip_titles(schema: Any) -> Any:
     if isinstance(schema, list):
         return [_strip_titles(v) for v in schema]
     return schema
+
 
 def to_jsonable(value: Any) -> Any:
     """Turn a tool's result into JSON-compatible data (the sandbox channel carries JSON only)."""
@@ -79,12 +82,14 @@ def to_jsonable(value: Any) -> Any:
     except (TypeError, ValueError):
         return str(value)
 
+
 def _format_validation_error(tool_name: str, exc: ValidationError) -> str:
     problems = []
     for err in exc.errors():
         where = ".".join(str(p) for p in err.get("loc", ())) or "arguments"
         problems.append(f"{where}: {err.get('msg')}")
     return f"invalid arguments for tool {tool_name!r}: " + "; ".join(problems)
+
 
 class Tool:
     """A callable the model may use. Calling the `Tool` object calls the original function unchanged.
@@ -186,9 +191,11 @@ class Tool:
         if not properties:
             lines.append("    (no arguments)")
         for arg, spec in properties.items():
-            kind = spec.get("type") or " | ".join(
-                str(s.get("type", "any")) for s in spec.get("anyOf", []) if isinstance(s, dict)
-            ) or "any"
+            kind = (
+                spec.get("type")
+                or " | ".join(str(s.get("type", "any")) for s in spec.get("anyOf", []) if isinstance(s, dict))
+                or "any"
+            )
             flag = "required" if arg in required else f"optional, default {spec.get('default')!r}"
             text = f"    * {arg} ({kind}, {flag})"
             if spec.get("description"):
@@ -254,7 +261,10 @@ class Tool:
                 kwargs[name] = value
         return to_jsonable(await self.ainvoke(kwargs))
 
-def tool(func: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None) -> Any:
+
+def tool(
+    func: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None
+) -> Any:
     """Decorator: make a function a `Tool`. Usable bare (``@tool``) or with options (``@tool(name=...)``)."""
 
     def wrap(f: Callable[..., Any]) -> Tool:
@@ -262,9 +272,11 @@ def tool(func: Callable[..., Any] | None = None, *, name: str | None = None, des
 
     return wrap(func) if func is not None else wrap
 
+
 def as_tool(obj: Callable[..., Any] | Tool) -> Tool:
     """Accept a `Tool` or a plain function (which is described from its signature and docstring)."""
     return obj if isinstance(obj, Tool) else Tool(obj)
+
 
 # ---------------------------------------------------------------------- MCP
 
@@ -275,6 +287,7 @@ _JSON_TYPES: dict[str, Any] = {
     "boolean": bool,
     "null": type(None),
 }
+
 
 def _python_type(spec: dict[str, Any]) -> Any:
     """A Python annotation for a JSON-schema fragment (the common subset MCP servers use)."""
@@ -295,6 +308,7 @@ def _python_type(spec: dict[str, Any]) -> Any:
         return dict[str, Any]
     return _JSON_TYPES.get(kind or "", Any)
 
+
 def model_from_json_schema(name: str, schema: dict[str, Any]) -> type[BaseModel]:
     """A pydantic model that validates arguments described by a JSON schema (object with properties)."""
 
@@ -312,6 +326,7 @@ def model_from_json_schema(name: str, schema: dict[str, Any]) -> type[BaseModel]
         f"{name}_arguments", __config__=ConfigDict(extra=extra, protected_namespaces=()), **fields
     )
 
+
 def _mcp_result_value(result: Any) -> Any:
     structured = getattr(result, "structured_content", None) or getattr(result, "structuredContent", None)
     texts = [getattr(c, "text", None) for c in getattr(result, "content", []) or []]
@@ -321,6 +336,7 @@ def _mcp_result_value(result: Any) -> Any:
     if isinstance(structured, dict):
         return structured["result"] if set(structured) == {"result"} else structured
     return text
+
 
 def mcp_tool(session: Any, spec: Any, *, name_prefix: str = "") -> Tool:
     """Wrap one tool listed by an MCP `ClientSession` as a kodeagent `Tool`."""
@@ -340,6 +356,7 @@ def mcp_tool(session: Any, spec: Any, *, name_prefix: str = "") -> Tool:
         parameters=_strip_titles(schema),
         args_model=model_from_json_schema(local_name, schema),
     )
+
 
 @asynccontextmanager
 async def mcp_stdio_tools(

@@ -26,7 +26,9 @@ class AbstractObservation:
 class AbstractTracerManager:
     """Starts traces (one per run) and spans (one per step or model call)."""
 
-    def start_trace(self, name: str, input: Any = None, metadata: dict[str, Any] | None = None) -> AbstractObservation:
+    def start_trace(
+        self, name: str, input: Any = None, metadata: dict[str, Any] | None = None
+    ) -> AbstractObservation:
         return AbstractObservation()
 
     def start_span(
@@ -60,13 +62,17 @@ class LangfuseTracerManager(AbstractTracerManager):
     def __init__(self, module: Any) -> None:
         self._client = module.get_client() if hasattr(module, "get_client") else module.Langfuse()
 
-    def start_trace(self, name: str, input: Any = None, metadata: dict[str, Any] | None = None) -> AbstractObservation:
+    def start_trace(
+        self, name: str, input: Any = None, metadata: dict[str, Any] | None = None
+    ) -> AbstractObservation:
         try:
             return _LangfuseObservation(self._client.start_span(name=name, input=input, metadata=metadata))
         except Exception:
             return AbstractObservation()
 
-    def start_span(self, parent: AbstractObservation | None, name: str, input: Any = None) -> AbstractObservation:
+    def start_span(
+        self, parent: AbstractObservation | None, name: str, input: Any = None
+    ) -> AbstractObservation:
         try:
             if isinstance(parent, _LangfuseObservation):
                 return _LangfuseObservation(parent._span.start_span(name=name, input=input))
@@ -99,17 +105,25 @@ class LangSmithTracerManager(AbstractTracerManager):
     def __init__(self, module: Any) -> None:
         self._run_tree = importlib.import_module("langsmith.run_trees").RunTree
 
-    def start_trace(self, name: str, input: Any = None, metadata: dict[str, Any] | None = None) -> AbstractObservation:
+    def start_trace(
+        self, name: str, input: Any = None, metadata: dict[str, Any] | None = None
+    ) -> AbstractObservation:
         try:
-            run = self._run_tree(name=name, run_type="chain", inputs={"input": input}, extra={"metadata": metadata})
+            run = self._run_tree(
+                name=name, run_type="chain", inputs={"input": input}, extra={"metadata": metadata}
+            )
             return _LangSmithObservation(run)
         except Exception:
             return AbstractObservation()
 
-    def start_span(self, parent: AbstractObservation | None, name: str, input: Any = None) -> AbstractObservation:
+    def start_span(
+        self, parent: AbstractObservation | None, name: str, input: Any = None
+    ) -> AbstractObservation:
         try:
             if isinstance(parent, _LangSmithObservation):
-                return _LangSmithObservation(parent._run.create_child(name=name, run_type="llm", inputs={"input": input}))
+                return _LangSmithObservation(
+                    parent._run.create_child(name=name, run_type="llm", inputs={"input": input})
+                )
         except Exception:
             pass
         return AbstractObservation()
@@ -120,7 +134,9 @@ def make_tracer_manager(tracing_type: TracingType | None) -> AbstractTracerManag
     if tracing_type is None:
         return NoOpTracerManager()
     if tracing_type not in _PACKAGES:
-        raise TracingUnavailable(f"unknown tracing_type {tracing_type!r}; use 'langfuse', 'langsmith' or None")
+        raise TracingUnavailable(
+            f"unknown tracing_type {tracing_type!r}; use 'langfuse', 'langsmith' or None"
+        )
     package = _PACKAGES[tracing_type]
     try:
         module = importlib.import_module(package)

@@ -170,7 +170,11 @@ class StandinLLM:
             "choices": [
                 {"index": 0, "message": message, "finish_reason": "tool_calls" if r.tool_calls else "stop"}
             ],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+            "usage": {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            },
         }
 
     def _make_handler(self) -> type[BaseHTTPRequestHandler]:
@@ -202,11 +206,15 @@ class StandinLLM:
                 try:
                     body = json.loads(raw or b"{}")
                 except ValueError:
-                    self._send(400, {"error": {"message": "request body is not JSON", "type": "invalid_request"}})
+                    self._send(
+                        400, {"error": {"message": "request body is not JSON", "type": "invalid_request"}}
+                    )
                     return
                 r = standin._next(body)
                 if r is None:
-                    self._send(500, {"error": {"message": "stand-in script exhausted", "type": "server_error"}})
+                    self._send(
+                        500, {"error": {"message": "stand-in script exhausted", "type": "server_error"}}
+                    )
                     return
                 if r.delay:
                     time.sleep(r.delay)
