@@ -67,7 +67,9 @@ class StandInApp:
 
     # ------------------------------------------------------------------ control plane
 
-    async def _control_plane(self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send) -> None:
+    async def _control_plane(
+        self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send
+    ) -> None:
         method, path = scope["method"], scope["path"]
         body = await _read_body(receive)
         if headers.get("x-api-key") != self.api_key:
@@ -118,19 +120,27 @@ class StandInApp:
         if not isinstance(timeout, int) or timeout < 0 or not isinstance(envs, dict):
             return await _json(send, 400, {"code": 400, "message": "invalid timeout or envVars"})
         sandbox = await self.registry.create(
-            api_key, template, timeout, {str(k): str(v) for k, v in envs.items()}, request.get("metadata") or {}
+            api_key,
+            template,
+            timeout,
+            {str(k): str(v) for k, v in envs.items()},
+            request.get("metadata") or {},
         )
         await _json(send, 201, _sandbox_json(sandbox))
 
     # ------------------------------------------------------------------ sandbox proxy and envd
 
-    async def _sandbox_proxy(self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send) -> None:
+    async def _sandbox_proxy(
+        self, scope: Scope, headers: dict[str, str], receive: Receive, send: Send
+    ) -> None:
         sandbox_id = headers.get("e2b-sandbox-id") or _id_from_host(headers.get("host", ""))
         sandbox = self.registry.get_alive(sandbox_id or "")
         if sandbox is None:
             await _read_body(receive)
             return await _json(
-                send, 502, {"code": 502, "message": "The sandbox was not found", "sandboxId": sandbox_id or ""}
+                send,
+                502,
+                {"code": 502, "message": "The sandbox was not found", "sandboxId": sandbox_id or ""},
             )
         path = scope["path"]
         if path == "/health":
@@ -157,9 +167,13 @@ class StandInApp:
         if scope["method"] == "GET":
             local = _resolve(sandbox, query.get("path", ""))
             if local is None or not local.exists():
-                return await _json(send, 404, {"code": 404, "message": f"path '{query.get('path')}' does not exist"})
+                return await _json(
+                    send, 404, {"code": 404, "message": f"path '{query.get('path')}' does not exist"}
+                )
             if local.is_dir():
-                return await _json(send, 400, {"code": 400, "message": f"path '{query.get('path')}' is a directory"})
+                return await _json(
+                    send, 400, {"code": 400, "message": f"path '{query.get('path')}' is a directory"}
+                )
             data = await anyio.Path(local).read_bytes()
             return await _bytes(send, 200, data, "application/octet-stream")
         if scope["method"] != "POST":
@@ -362,7 +376,11 @@ def _parse_multipart(body: bytes, content_type: str) -> list[tuple[str, bytes]]:
         if not data.endswith(b"\r\n"):
             raise ValueError("multipart part does not end with CRLF")
         disposition = next(
-            (line for line in head.decode("utf-8", "replace").split("\r\n") if line.lower().startswith("content-disposition")),
+            (
+                line
+                for line in head.decode("utf-8", "replace").split("\r\n")
+                if line.lower().startswith("content-disposition")
+            ),
             "",
         )
         name = re.search(r'\bname="([^"]*)"', disposition)

@@ -114,7 +114,13 @@ class Registry:
         self.task_group = task_group
         self.max_sandboxes = max_sandboxes
         self.sandboxes: dict[str, Sandbox] = {}
-        self.stats: dict[str, int] = {"created": 0, "killed": 0, "expired": 0, "vanished": 0, "peak_running": 0}
+        self.stats: dict[str, int] = {
+            "created": 0,
+            "killed": 0,
+            "expired": 0,
+            "vanished": 0,
+            "peak_running": 0,
+        }
         self.requests: dict[str, int] = {}
 
     def running(self, api_key: str | None = None) -> list[Sandbox]:
@@ -229,7 +235,11 @@ class Registry:
                     await event.wait()
             tg.cancel_scope.cancel()
         if code < 0:
-            end = {"exitCode": -1, "exited": False, "status": f"signal: {signal.Signals(-code).name[3:].lower()}"}
+            end = {
+                "exitCode": -1,
+                "exited": False,
+                "status": f"signal: {signal.Signals(-code).name[3:].lower()}",
+            }
             if -code == signal.SIGKILL:
                 end["status"] = "signal: killed"
         else:
