@@ -202,8 +202,12 @@ class DockerWorker(Worker):
                 raise WorkerExited("the container's attach stream ended")
             self.demux.feed(chunk)
 
-    def alive(self) -> bool:
-        """Whether the attach socket is still open (no daemon call): for checking pooled containers."""
+    async def alive(self) -> bool:
+        return self.socket_open()
+
+    def socket_open(self) -> bool:
+        """Whether the attach stream is still open. No daemon call: the daemon ends the stream when the
+        container stops, is removed, or the daemon itself goes away, so this is cheap and sufficient."""
         try:
             return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
         except BlockingIOError:
@@ -369,7 +373,7 @@ def take_pooled(settings: ContainerSettings) -> DockerWorker | None:
             if not pool:
                 return None
             worker = pool.pop(0)
-        if worker.alive():
+        if worker.socket_open():
             return worker
         _BACKGROUND.submit(worker.remove_now)
 
