@@ -112,7 +112,9 @@ class Tool:
         description: str | None = None,
         parameters: dict[str, Any] | None = None,
         args_model: type[BaseModel] | None = None,
+        localns: Mapping[str, Any] | None = None,
     ) -> None:
+        self._localns = dict(localns or {})
         if not callable(func):
             raise ToolDefinitionError(f"a tool must be callable, got {type(func).__name__}")
         self.func = func
@@ -138,7 +140,7 @@ class Tool:
     def _derive(self, func: Callable[..., Any]) -> tuple[type[BaseModel], dict[str, Any], str]:
         signature = inspect.signature(func)
         try:
-            hints = get_type_hints(func)
+            hints = get_type_hints(func, localns=self._localns or None)
         except Exception:  # unresolvable forward references: fall back to raw annotations
             hints = {}
         params = [p for p in signature.parameters.values() if p.name not in ("self", "cls")]
@@ -267,8 +269,13 @@ def tool(
 ) -> Any:
     """Decorator: make a function a `Tool`. Usable bare (``@tool``) or with options (``@tool(name=...)``)."""
 
+    # Names local to the decorating scope (a pydantic model defined in a function, say) are needed to
+    # resolve string annotations under `from __future__ import annotations`.
+    caller = inspect.currentframe()
+    localns = dict(caller.f_back.f_locals) if caller and caller.f_back else {}
+
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, name=name, description=description)
+        return Tool(f, name=name, description=description, localns=localns)
 
     return wrap(func) if func is not None else wrap
 
