@@ -87,6 +87,7 @@ class Executor(ABC):
         self._closed = False
         self._state_lost_pending = False
         self._lock = anyio.Lock()
+        self._isolation = "not started"
 
     # ----------------------------------------------------------------- backend hooks
 
@@ -101,7 +102,7 @@ class Executor(ABC):
     @property
     def isolation(self) -> str:
         """Which isolation level is active for this session (see the docs of each backend)."""
-        return self._worker.isolation if self._worker else "not started"
+        return self._isolation
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -153,6 +154,7 @@ class Executor(ABC):
                     await worker.kill()
                 raise
             self._worker = worker
+            self._isolation = worker.isolation
         return self._worker
 
     def _init_message(self) -> dict[str, Any]:

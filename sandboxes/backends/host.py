@@ -184,13 +184,13 @@ def namespaces_available() -> bool:
     return probe.returncode == 0
 
 
-def _bind_with_parents(path: str) -> list[str]:
-    """bwrap arguments to bind `path` read-only, creating world-traversable parents (e.g. under /root)."""
+def _bind_with_parents(path: str, writable: bool = False) -> list[str]:
+    """bwrap arguments to bind `path`, creating world-traversable parents (e.g. under /root)."""
     args: list[str] = []
     parts = pathlib.PurePosixPath(path).parts
     for depth in range(2, len(parts)):
         args += ["--perms", "0755", "--dir", str(pathlib.PurePosixPath(*parts[:depth]))]
-    return args + ["--ro-bind", path, path]
+    return args + ["--bind" if writable else "--ro-bind", path, path]
 
 
 @functools.cache
@@ -254,7 +254,8 @@ def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWork
     directory = tempfile.mkdtemp(prefix="kodeagent-") if workdir is None else os.path.realpath(workdir)
     os.makedirs(directory, exist_ok=True)
     uid: int | None = None
-    if os.getuid() == 0 and (isolation == "namespaces" or _path_is_world_traversable(sys.executable)):
+    reachable = _path_is_world_traversable(sys.executable) and _path_is_world_traversable(os.path.dirname(directory))
+    if os.getuid() == 0 and (isolation == "namespaces" or reachable):
         uid = UID_BASE + next(_uid_counter) % 1000
         for root, dirs, files in os.walk(directory):
             for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
@@ -270,7 +271,7 @@ def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWork
             "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             *([] if network else ["--unshare-net"]),
             "--die-with-parent", "--new-session",
-            "--bind", directory, directory, "--chdir", directory,
+            *_bind_with_parents(directory, writable=True), "--chdir", directory,
             *runner_args,
         ]  # fmt: skip
     else:

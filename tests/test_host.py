@@ -1,0 +1,76 @@
+"""Host-backend specifics: isolation levels, the warm pool, the sync facade, option errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from sandboxes import HostExecutor, Policy, UnknownBackend, open_executor, open_executor_sync
+from sandboxes.backends.host import namespaces_available
+
+pytestmark = pytest.mark.anyio
+
+
+def test_sync_facade_runs_code_and_keeps_state():
+    with open_executor_sync("host", timeout=10) as ex:
+        ex.run("x = 20")
+        result = ex.run("print(x + 22)")
+        ex.upload("note.txt", "hello")
+        data = ex.download("note.txt")
+    assert result.stdout == "42\n"
+    assert data == b"hello"
+
+
+def test_unknown_backend_and_bad_options_raise():
+    with pytest.raises(UnknownBackend, match="host, docker, e2b"):
+        open_executor("vm")
+    with pytest.raises(TypeError, match="memroy_mb"):
+        HostExecutor(memroy_mb=5)
+    with pytest.raises(ValueError, match="timeout"):
+        HostExecutor(timeout=0)
+    with pytest.raises(ValueError, match="isolation"):
+        HostExecutor(isolation="vm")
+
+
+@pytest.mark.skipif(not namespaces_available(), reason="bubblewrap cannot create namespaces here")
+async def test_namespace_level_hides_the_host():
+    policy = Policy(allowed_imports=["os"])
+    async with HostExecutor(policy=policy, timeout=10) as ex:
+        assert ex.isolation == "namespaces"
+        result = await ex.run(
+            "import os\n"
+            "print(os.getpid() < 10)\n"           # its own PID namespace
+            "print(os.getuid() != 0)"             # an unprivileged user
+        )
+    assert result.ok, result.error
+    assert result.stdout.splitlines()[:2] == ["True", "True"]
+
+
+async def test_process_level_drops_root_when_the_interpreter_is_reachable():
+    import sys
+
+    from sandboxes.backends.host import _path_is_world_traversable
+
+    policy = Policy(allowed_imports=["os"])
+    async with HostExecutor(policy=policy, timeout=10, isolation="process") as ex:
+        result = await ex.run("import os\nprint(os.getuid())")
+    assert ex.isolation == "process"
+    expect_private_user = os.getuid() == 0 and _path_is_world_traversable(sys.executable)
+    assert (int(result.stdout) >= 200_000) == expect_private_user
+
+
+async def test_explicit_workdir_is_used_and_kept(tmp_path):
+    (tmp_path / "input.txt").write_text("5")
+    async with HostExecutor(timeout=10, workdir=str(tmp_path)) as ex:
+        result = await ex.run("n = int(open('input.txt').read())\nopen('double.txt', 'w').write(str(2 * n))")
+    assert result.ok, result.error
+    assert (tmp_path / "double.txt").read_text() == "10"
+
+
+async def test_close_leaves_no_worker_process():
+    async with HostExecutor(timeout=10, pool=False) as ex:
+        await ex.run("print(1)")
+        pid = ex._worker.process.pid
+    assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
