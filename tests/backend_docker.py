@@ -27,3 +27,16 @@ def make_executor(**options: Any) -> Any:
 
     options.setdefault("image", IMAGE)
     return DockerExecutor(**options)
+
+
+def require() -> None:
+    """For docker-only tests: skip with the reason here, fail under CI (where Docker must work)."""
+    import os
+
+    import pytest
+
+    reason = unavailable()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the docker backend must run in CI but is unavailable: {reason}")
+        pytest.skip(reason)

@@ -1,0 +1,169 @@
+"""The container boundary on its own: the Python-level guards are opened wide, so every effect seen
+here is the container's doing (read-only root, no network, no capabilities, limits...)."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import socket
+import threading
+
+import pytest
+
+import backend_docker
+from sandboxes import Limits, Policy
+
+pytestmark = pytest.mark.anyio
+
+# Everything the guards could refuse is allowed, so only the container can say no.
+OPEN = Policy(allowed_imports=("*",), files="any", network=True, subprocess=True, limits=Limits(memory_mb=8192))
+
+
+@pytest.fixture(autouse=True)
+def _docker() -> None:
+    backend_docker.require()
+
+
+async def run_json(ex, code: str):
+    result = await ex.run(code)
+    assert result.error is None, result.error
+    return json.loads(result.stdout)
+
+
+async def test_root_filesystem_is_read_only_and_nothing_lands_there():
+    async with backend_docker.make_executor(policy=OPEN, timeout=20, pool=False) as ex:
+        result = await ex.run("open('/evil.txt', 'w').write('x')")
+        assert result.error is not None and "Read-only file system" in result.error.message
+        result = await ex.run("open('/opt/kodeagent/runtime/runner.py', 'a').write('x')")
+        assert result.error is not None
+        seen = await run_json(ex, "import os, json; print(json.dumps(os.path.exists('/evil.txt')))")
+        assert seen is False
+        # the two writable places still work
+        ok = await run_json(
+            ex,
+            "import json\nopen('/tmp/t', 'w').write('t'); open('here.txt', 'w').write('w')\n"
+            "print(json.dumps([open('/tmp/t').read(), open('here.txt').read()]))",
+        )
+        assert ok == ["t", "w"]
+
+
+async def test_runs_as_unprivileged_user_without_capabilities_or_new_privileges():
+    async with backend_docker.make_executor(policy=OPEN, timeout=20, pool=False) as ex:
+        status = await run_json(
+            ex,
+            "import os, json\n"
+            "fields = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
+            "print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), 'cap': fields['CapEff'].strip(),\n"
+            "  'bound': fields['CapBnd'].strip(), 'nnp': fields['NoNewPrivs'].strip()}))",
+        )
+        assert status == {"uid": 1000, "gid": 1000, "cap": "0" * 16, "bound": "0" * 16, "nnp": "1"}
+        result = await ex.run("import os; os.chown('here', 0, 0)")  # needs CAP_CHOWN even on own files
+        assert result.error is not None
+
+
+def _gateway() -> str:
+    from sandboxes.backends.docker import client
+
+    config = client().networks.get("bridge").attrs["IPAM"]["Config"][0]
+    # the daemon fills in Gateway only when it was configured; by default it is the subnet's first address
+    return config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
+
+
+class Listener:
+    """A TCP listener on the host that records whether anything connected."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("0.0.0.0", 0))
+        self.sock.listen()
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._stop = False
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            conn.close()
+
+    def close(self) -> None:
+        self._stop = True
+        self._thread.join()
+        self.sock.close()
+
+
+# `_socket` (an extension module) rather than `socket`: the test is about the container, and must not
+# depend on which pure-Python modules the runner lets code import.
+CONNECT = (
+    "import _socket, json\n"
+    "s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)\n"
+    "s.settimeout(3)\n"
+    "try:\n"
+    "    s.connect(({host!r}, {port})); print(json.dumps('connected'))\n"
+    "except OSError as e:\n"
+    "    print(json.dumps(type(e).__name__))\n"
+    "finally:\n"
+    "    s.close()\n"
+)
+
+
+async def test_no_network_unless_asked_for():
+    listener = Listener()
+    try:
+        host = _gateway()
+        async with backend_docker.make_executor(policy=OPEN, timeout=20, pool=False) as ex:
+            outcome = await run_json(ex, CONNECT.format(host=host, port=listener.port))
+            assert outcome != "connected"
+            interfaces = await run_json(ex, "import os, json; print(json.dumps(sorted(os.listdir('/sys/class/net'))))")
+            assert interfaces == ["lo"]
+        assert listener.connections == 0
+        # the same code with network=True reaches the listener: the test above can fail
+        async with backend_docker.make_executor(policy=OPEN, timeout=20, pool=False, network=True) as ex:
+            assert await run_json(ex, CONNECT.format(host=host, port=listener.port)) == "connected"
+        assert listener.connections == 1
+    finally:
+        listener.close()
+
+
+async def test_process_limit_stops_a_thread_bomb():
+    async with backend_docker.make_executor(policy=OPEN, timeout=30, pool=False, pids_limit=24) as ex:
+        result = await ex.run(
+            "import threading, time\nstop = threading.Event()\nstarted = 0\n"
+            "try:\n"
+            "    for _ in range(200):\n"
+            "        threading.Thread(target=stop.wait, daemon=True).start(); started += 1\n"
+            "except RuntimeError as e:\n"
+            "    print('refused after', started)\n"
+            "stop.set()"
+        )
+        assert "refused after" in result.stdout, result
+        assert int(result.stdout.split()[-1]) < 24
+
+
+async def test_memory_limit_kills_with_oom_and_session_recovers():
+    async with backend_docker.make_executor(policy=OPEN, timeout=30, pool=False, memory_mb=96) as ex:
+        await ex.run("x = 1")
+        first = ex.container_id
+        result = await ex.run("blob = b'a' * (400 << 20)")
+        assert result.oom and result.state_lost, result
+        after = await ex.run("print(1 + 1)")
+        assert after.stdout == "2\n" and after.error is None
+        assert ex.container_id != first
+
+
+async def test_cgroup_limits_are_applied():
+    async with backend_docker.make_executor(policy=OPEN, timeout=20, pool=False, memory_mb=200, cpus=0.5) as ex:
+        limits = await run_json(
+            ex,
+            "import json\nread = lambda p: open(p).read().strip()\n"
+            "print(json.dumps([read('/sys/fs/cgroup/memory/memory.limit_in_bytes'),\n"
+            "  read('/sys/fs/cgroup/cpu/cpu.cfs_quota_us'), read('/sys/fs/cgroup/cpu/cpu.cfs_period_us')]))",
+        )
+        assert int(limits[0]) == 200 << 20
+        assert int(limits[1]) / int(limits[2]) == pytest.approx(0.5)
