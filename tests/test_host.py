@@ -74,3 +74,16 @@ async def test_close_leaves_no_worker_process():
         await ex.run("print(1)")
         pid = ex._worker.process.pid
     assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
+
+
+@pytest.mark.skipif(not namespaces_available(), reason="bubblewrap cannot create namespaces here")
+async def test_namespaces_alone_hide_host_files_from_native_code():
+    # files="any" switches the audit-hook file guard off, so only the namespace layer is tested.
+    pytest.importorskip("numpy")
+    assert os.path.exists("/etc/hostname")
+    policy = Policy(allowed_imports=["numpy", "numpy.*"], files="any")
+    code = "import numpy as np\ntry:\n    print(len(np.fromfile('/etc/hostname', dtype='uint8')))\nexcept OSError as exc:\n    print(type(exc).__name__)"
+    async with HostExecutor(policy=policy, timeout=20) as ex:
+        result = await ex.run(code)
+    assert result.ok, result.error
+    assert result.stdout == "FileNotFoundError\n"

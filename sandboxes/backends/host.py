@@ -202,6 +202,7 @@ def _bwrap_filesystem() -> tuple[str, ...]:
             args += ["--symlink", os.readlink(top), str(top)]
         elif top.is_dir():
             args += ["--ro-bind", str(top), str(top)]
+    args += ["--perms", "0755", "--dir", "/etc"]
     for etc in ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives"):
         if os.path.exists(etc):
             args += ["--ro-bind", etc, etc]
