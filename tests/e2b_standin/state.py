@@ -35,8 +35,12 @@ from .connect import RpcError
 
 ENVD_VERSION = "0.6.4"
 HOME = "/home/user"
-BASE_PATH = os.pathsep.join([os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"])
-"""`python3` in a stand-in sandbox is this interpreter, which has RestrictedPython (as a template would)."""
+PYTHON_DIR = os.path.dirname(sys.executable)
+BASE_PATH = os.pathsep.join([PYTHON_DIR, "/usr/local/bin", "/usr/bin", "/bin"])
+PROFILE = f'export PATH="{PYTHON_DIR}:$PATH"\n'
+"""The template's ``~/.profile``: the SDK runs commands with ``bash -l``, whose /etc/profile resets
+PATH, so (as a template's image would) the profile puts first the ``python3`` of this interpreter,
+which has RestrictedPython, like a template with the package preinstalled."""
 
 Event = tuple[str, Any]
 """("stdout" | "stderr", bytes), ("end", dict) or ("gone", message) sent to stream subscribers."""
@@ -135,8 +139,14 @@ class Registry:
     ) -> Sandbox:
         sandbox_id = "i" + secrets.token_hex(9)
         root = self.base_dir / sandbox_id
-        await anyio.to_thread.run_sync(lambda: (root / HOME.lstrip("/")).mkdir(parents=True))
-        (root / "tmp").mkdir()
+        home = root / HOME.lstrip("/")
+
+        def make_tree() -> None:
+            home.mkdir(parents=True)
+            (home / ".profile").write_text(PROFILE)
+            (root / "tmp").mkdir()
+
+        await anyio.to_thread.run_sync(make_tree)
         now = time.time()
         sandbox = Sandbox(
             sandbox_id=sandbox_id,

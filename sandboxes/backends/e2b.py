@@ -1,0 +1,517 @@
+"""The E2B backend: our runner inside an E2B microVM, driven through the `e2b` SDK (async).
+
+Transport (the choice the design asks us to state): a **long-lived runner process** started with the
+SDK's command API, not the code-interpreter's ``run_code``. The runtime directory is uploaded with the
+files API, ``python3 -I runner.py`` is started with ``commands.run(background=True, stdin=True,
+timeout=0)``; requests go in with ``send_stdin`` (one ``SendInput`` RPC each, awaited in order) and
+replies come back on the command's stdout stream, whose chunks we re-assemble into lines. Why:
+
+* the runner is the same file on every backend, so state, fd-level capture, the policy and its
+  runtime guard, tool calls back into the parent, ``final_answer``, artifacts and results mean the
+  same here as on the host and in Docker. ``run_code`` would run code in a Jupyter kernel: Python-level
+  capture only, no channel for tool calls during a run, a different template, and a timeout that
+  fires at about twice its value;
+* ``timeout=0`` because the SDK kills even a background command when its timeout (default 60 s)
+  ends; our own wall-clock timeout (the base class's) is what bounds a run.
+
+Lifetime and failure: a session owns one sandbox. Its timeout is set at create and extended while the
+session is used; it is killed on ``close()`` and on every error path. A run that times out kills the
+runner's whole process group in the sandbox (envd's kill signals only the process it started), so the
+code stops there too; the sandbox, its files and its installed packages stay, and a fresh runner is
+started in it. When the sandbox is gone ("not found", 502, a broken stream) the worker reports
+`WorkerExited`; the next run gets a new sandbox and ``state_lost`` — and if the loss was seen while
+idle, that next run executes normally in the new sandbox.
+
+Concurrency: sessions share one event loop; each sandbox holds a slot of a capacity limiter shared by
+all executors with the same API key (``max_concurrent_sandboxes``; the latest value set wins), since
+E2B limits concurrent sandboxes per account. The SDK itself is asyncio-only (its command handles
+are asyncio tasks), so this backend is too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import posixpath
+import shlex
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
+from ..executor import KILL_TIMEOUT, Executor
+from ..worker import MAX_MESSAGE_BYTES, Worker, WorkerExit, WorkerExited
+
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
+REMOTE_RUNTIME = ".kodeagent/runtime"
+"""Where the runtime goes in the sandbox, relative to the user's home (the files API's base)."""
+DEFAULT_WORKDIR = "work"
+RUNTIME_REQUIREMENT = "RestrictedPython>=8.0"
+SEND_CHUNK = 1 << 20
+STDERR_KEPT = 4000
+
+# Started by bash in the working directory: become the leader of a process group (a no-op when envd
+# already made us a session leader) so that a kill reaches everything the code started, then become
+# the runner without forking, keeping the pid envd knows.
+_LAUNCHER = (
+    "import os,sys\n"
+    "try:\n os.setpgid(0,0)\nexcept OSError:\n pass\n"
+    "runner=os.path.expanduser(sys.argv[1])\n"
+    "os.execv(sys.executable,[sys.executable,'-I',runner])\n"
+)
+
+_limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, anyio.CapacityLimiter]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _sdk() -> Any:
+    try:
+        import e2b
+    except ImportError as exc:
+        raise BackendUnavailable("the e2b backend needs the e2b SDK: pip install 'kodeagent[e2b]'") from exc
+    return e2b
+
+
+def _limiter(api_key: str, limit: int) -> anyio.CapacityLimiter:
+    per_loop = _limiters.setdefault(asyncio.get_running_loop(), {})
+    limiter = per_loop.get(api_key)
+    if limiter is None:
+        limiter = per_loop[api_key] = anyio.CapacityLimiter(limit)
+    elif limiter.total_tokens != limit:
+        limiter.total_tokens = limit
+    return limiter
+
+
+class _Session:
+    """One sandbox: the SDK object, its concurrency slot and its lifetime."""
+
+    def __init__(self, sandbox: Any, limiter: anyio.CapacityLimiter, lifetime: int) -> None:
+        self.sandbox = sandbox
+        self.limiter = limiter
+        self.lifetime = lifetime
+        self.extended_at = time.monotonic()
+        self.gone = False
+        self.killed = False
+
+    @property
+    def sandbox_id(self) -> str:
+        return str(self.sandbox.sandbox_id)
+
+    async def keep_alive(self) -> None:
+        """Push the sandbox's end back while the session is in use (at most every lifetime/2 s)."""
+        if time.monotonic() - self.extended_at < self.lifetime / 2:
+            return
+        self.extended_at = time.monotonic()
+        try:
+            await self.sandbox.set_timeout(self.lifetime)
+        except Exception:  # a gone sandbox shows up on the next send; keep-alive never fails a run
+            self.gone = True
+
+    async def kill(self) -> None:
+        """Kill the sandbox (best effort, bounded) and give its slot back. Idempotent."""
+        if self.killed:
+            return
+        self.killed = True
+        try:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
+                await self.sandbox.kill()
+        except Exception:
+            pass  # gone already, or unreachable: E2B ends it at its timeout
+        finally:
+            self.limiter.release_on_behalf_of(self)
+
+
+class E2BWorker(Worker):
+    """The runner process in a sandbox, reached through the SDK's command stdin and stdout."""
+
+    isolation = "e2b-microvm"
+
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+        self._line_in, self._lines = anyio.create_memory_object_stream[bytes](math.inf)
+        self._pending: list[str] = []
+        self._pending_size = 0
+        self._stderr = ""
+        self._detail = "the runner is still running"
+        self._killed = False
+        self.ended = False
+        self.handle: Any = None
+        self._watcher: asyncio.Task[None] | None = None
+        self.workdir = DEFAULT_WORKDIR
+
+    # SDK callbacks: they must never raise (an exception silently stops the handle's callbacks).
+    def _on_stdout(self, chunk: str) -> None:
+        try:
+            if "\n" not in chunk:
+                self._pending.append(chunk)
+                self._pending_size += len(chunk)
+                if self._pending_size > MAX_MESSAGE_BYTES:
+                    self._detail = "the runner sent a protocol line longer than 256 MiB"
+                    self._line_in.close()
+                return
+            head, *middle, tail = chunk.split("\n")
+            first = "".join(self._pending) + head
+            for line in (first, *middle):
+                self._line_in.send_nowait(line.encode() + b"\n")
+            self._pending = [tail] if tail else []
+            self._pending_size = len(tail)
+        except Exception:  # closed stream after a kill: nothing to deliver to
+            pass
+
+    def _on_stderr(self, chunk: str) -> None:
+        self._stderr = (self._stderr + chunk)[-STDERR_KEPT:]
+
+    async def start(self, command: str, envs: dict[str, str]) -> None:
+        self.handle = await self.session.sandbox.commands.run(
+            command,
+            background=True,
+            stdin=True,
+            timeout=0,
+            envs=envs,
+            on_stdout=self._on_stdout,
+            on_stderr=self._on_stderr,
+        )
+        self._watcher = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        e2b = _sdk()
+        try:
+            await self.handle.wait()
+            self._detail = "the runner exited"
+        except e2b.CommandExitException as exc:
+            self._detail = f"the runner exited with code {exc.exit_code}"
+        except e2b.SandboxNotRunningException as exc:
+            self.session.gone = True
+            self._detail = f"the E2B sandbox is gone ({exc})"
+        except Exception as exc:
+            self.session.gone = not await self._sandbox_running()
+            self._detail = f"lost the connection to the runner ({type(exc).__name__}: {exc})"
+        finally:
+            self.ended = True
+            if self._stderr.strip():
+                self._detail += f"; its stderr ended with: {self._stderr.strip()[-500:]}"
+            self._line_in.close()
+
+    async def send(self, data: bytes) -> None:
+        if self.ended or self._killed:
+            raise WorkerExited(self._detail)
+        await self.session.keep_alive()
+        try:
+            for start in range(0, len(data), SEND_CHUNK):
+                await self.session.sandbox.commands.send_stdin(
+                    self.handle.pid, data[start : start + SEND_CHUNK]
+                )
+        except Exception as exc:  # not found, 502, a broken connection: the runner is unreachable
+            self._detail = f"could not reach the runner in the E2B sandbox ({type(exc).__name__}: {exc})"
+            self.session.gone = self.session.gone or not await self._sandbox_running()
+            raise WorkerExited(self._detail) from exc
+
+    async def receive_line(self) -> bytes:
+        try:
+            return await self._lines.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            raise WorkerExited(self._detail) from None
+
+    async def _sandbox_running(self) -> bool:
+        try:
+            with anyio.move_on_after(10):
+                return bool(await self.session.sandbox.is_running())
+        except Exception:
+            pass
+        return False
+
+    async def kill(self) -> None:
+        """Kill the runner and its process group in the sandbox; the sandbox itself stays."""
+        if self._killed:
+            return
+        self._killed = True
+        with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
+            if self.handle is not None and not self.ended and not self.session.gone:
+                pid = int(self.handle.pid)
+                try:
+                    await self.session.sandbox.commands.run(
+                        f"kill -KILL -- -{pid} 2>/dev/null; kill -KILL {pid} 2>/dev/null; true",
+                        timeout=KILL_TIMEOUT,
+                        request_timeout=KILL_TIMEOUT,
+                    )
+                except Exception:
+                    self.session.gone = not await self._sandbox_running()
+            if self._watcher is not None and not self.session.gone:
+                with anyio.move_on_after(2):
+                    await asyncio.wait([self._watcher])
+        await self.detach()
+
+    async def detach(self) -> None:
+        """Stop listening to the runner without touching it (the sandbox is about to be killed)."""
+        self._killed = True
+        if self._watcher is not None and not self._watcher.done():
+            self._watcher.cancel()
+        if self.handle is not None and not self.ended:
+            try:
+                await self.handle.disconnect()
+            except Exception:
+                pass
+        if self._detail == "the runner is still running":
+            self._detail = "the runner was killed"
+        self._line_in.close()
+
+    async def exit_info(self) -> WorkerExit:
+        return WorkerExit(detail=self._detail)
+
+    def _remote(self, path: str) -> str:
+        return posixpath.join(self.workdir, path)
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        try:
+            await self.session.sandbox.files.write(self._remote(path), data)
+        except Exception as exc:
+            raise SandboxFileError(f"could not write {path!r} in the E2B sandbox: {exc}") from exc
+
+    async def read_file(self, path: str) -> bytes:
+        e2b = _sdk()
+        try:
+            return bytes(await self.session.sandbox.files.read(self._remote(path), format="bytes"))
+        except e2b.NotFoundException as exc:
+            raise SandboxFileError(f"{path!r} does not exist in the working directory") from exc
+        except Exception as exc:
+            raise SandboxFileError(f"could not read {path!r} from the E2B sandbox: {exc}") from exc
+
+
+class E2BExecutor(Executor):
+    """Runs code in an E2B sandbox (a Firecracker microVM in E2B's cloud), one sandbox per session.
+
+    Args (besides the common ones of `Executor`):
+        template: the E2B template to start; it needs ``python3`` (``"base"`` has it).
+        pip_packages: requirement specifiers (``"pandas>=2"``) installed once per sandbox with pip,
+            passed as separate, quoted arguments after ``--`` (never interpreted by a shell).
+        api_key: the E2B API key; defaults to the ``E2B_API_KEY`` environment variable.
+        sandbox_timeout: seconds the sandbox lives without use; extended while the session is used.
+        max_concurrent_sandboxes: sandboxes alive at once for this API key, across all executors in
+            this event loop; creating one more waits for a slot.
+        install_timeout: seconds allowed for installing packages.
+        api_url, sandbox_url, domain, request_timeout: passed to the SDK (e.g. a self-hosted E2B or
+            the test stand-in).
+        workdir: the code's working directory in the sandbox, relative to the user's home
+            (default ``"work"``).
+    """
+
+    backend = "e2b"
+
+    def __init__(
+        self,
+        *,
+        template: str = "base",
+        pip_packages: Sequence[str] = (),
+        api_key: str | None = None,
+        sandbox_timeout: int = 300,
+        max_concurrent_sandboxes: int = 20,
+        install_timeout: float = 600.0,
+        api_url: str | None = None,
+        sandbox_url: str | None = None,
+        domain: str | None = None,
+        request_timeout: float = 30.0,
+        **options: Any,
+    ) -> None:
+        super().__init__(**options)
+        _sdk()
+        key = api_key or os.environ.get("E2B_API_KEY")
+        if not key:
+            raise BackendUnavailable(
+                "the e2b backend needs an E2B API key: set E2B_API_KEY (create one at "
+                "https://e2b.dev/dashboard?tab=keys) or pass api_key=..."
+            )
+        self.api_key = key
+        self.template = template
+        self.pip_packages = _checked_packages(pip_packages)
+        if sandbox_timeout < 1 or max_concurrent_sandboxes < 1:
+            raise ValueError("sandbox_timeout and max_concurrent_sandboxes must be at least 1")
+        # The sandbox must outlive the longest run by a margin, or it could expire mid-run.
+        self.sandbox_timeout = max(int(sandbox_timeout), math.ceil(self.timeout) + 60)
+        self.max_concurrent_sandboxes = int(max_concurrent_sandboxes)
+        self.install_timeout = float(install_timeout)
+        self.remote_workdir = _checked_workdir(self.workdir or DEFAULT_WORKDIR)
+        self._connection: dict[str, Any] = {"api_key": key, "request_timeout": request_timeout}
+        for name, value in (("api_url", api_url), ("sandbox_url", sandbox_url), ("domain", domain)):
+            if value is not None:
+                self._connection[name] = value
+        self._session: _Session | None = None
+
+    @property
+    def sandbox_id(self) -> str | None:
+        """The id of the session's current sandbox (None before open or after it was lost)."""
+        return self._session.sandbox_id if self._session else None
+
+    # ----------------------------------------------------------------- lifecycle
+
+    async def open(self) -> E2BExecutor:
+        try:
+            return await super().open()
+        except BaseException:
+            await self._drop_session()
+            raise
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            await self._drop_session()
+
+    async def _drop_session(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.kill()
+
+    async def _release_worker(self, worker: Worker) -> None:
+        # close() kills the whole sandbox right after this, which stops the runner with it.
+        if isinstance(worker, E2BWorker):
+            await worker.detach()
+        else:
+            await worker.kill()
+
+    async def _run_locked(self, code: str | bytes) -> Any:
+        await self._discard_if_gone()
+        return await super()._run_locked(code)
+
+    async def _ensure_worker(self) -> Worker:
+        await self._discard_if_gone()
+        return await super()._ensure_worker()
+
+    async def _discard_if_gone(self) -> None:
+        """A runner that ended while idle (sandbox expired or vanished) is replaced before the next use."""
+        worker = self._worker
+        if isinstance(worker, E2BWorker) and worker.ended:
+            await self._discard_worker()
+
+    # ----------------------------------------------------------------- starting
+
+    async def _start_worker(self) -> Worker:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise BackendUnavailable(
+                "the e2b SDK runs only on asyncio; use anyio's asyncio backend"
+            ) from None
+        if self._session is not None and (self._session.gone or self._session.killed):
+            await self._drop_session()
+        for attempt in (1, 2):
+            if self._session is None:
+                self._session = await self._new_session()
+            worker = E2BWorker(self._session)
+            worker.workdir = self.remote_workdir
+            try:
+                await worker.start(self._runner_command(), self.env)
+                return worker
+            except Exception as exc:
+                await self._drop_session()  # the sandbox may be gone; a new one is tried once
+                if attempt == 2:
+                    raise WorkerStartError(f"could not start the runner in the E2B sandbox: {exc}") from exc
+        raise AssertionError("unreachable")
+
+    def _runner_command(self) -> str:
+        runner = f"~/{REMOTE_RUNTIME}/runner.py"
+        workdir = shlex.quote(self.remote_workdir)
+        return (
+            f"mkdir -p -- {workdir} && cd -- {workdir} && exec python3 -c {shlex.quote(_LAUNCHER)} {runner}"
+        )
+
+    async def _new_session(self) -> _Session:
+        e2b = _sdk()
+        limiter = _limiter(self.api_key, self.max_concurrent_sandboxes)
+        session = _Session(None, limiter, self.sandbox_timeout)
+        await limiter.acquire_on_behalf_of(session)
+        try:
+            session.sandbox = await e2b.AsyncSandbox.create(
+                self.template,
+                timeout=self.sandbox_timeout,
+                envs=self.env,
+                metadata={"created_by": "kodeagent"},
+                allow_internet_access=self.policy.network,
+                **self._connection,
+            )
+        except BaseException as exc:
+            limiter.release_on_behalf_of(session)
+            if isinstance(exc, e2b.AuthenticationException):
+                raise BackendUnavailable(f"E2B rejected the API key; check E2B_API_KEY ({exc})") from exc
+            if isinstance(exc, Exception):
+                raise WorkerStartError(
+                    f"could not create an E2B sandbox from {self.template!r}: {exc}"
+                ) from exc
+            raise
+        try:
+            await self._prepare(session.sandbox)
+        except BaseException:
+            await session.kill()
+            raise
+        return session
+
+    async def _prepare(self, sandbox: Any) -> None:
+        """Upload the runtime and install what it and the caller need (once per sandbox)."""
+        files = [{"path": f"{REMOTE_RUNTIME}/{name}", "data": data} for name, data in await _runtime_files()]
+        await sandbox.files.write_files(files)
+        check = "python3 -c 'import RestrictedPython' 2>/dev/null"
+        install = _pip_command([RUNTIME_REQUIREMENT, *self.pip_packages])
+        command = install if self.pip_packages else f"{check} || {install}"
+        e2b = _sdk()
+        try:
+            await sandbox.commands.run(
+                command,
+                user="root",
+                # The sandbox is ours alone: pip may install next to a distribution's Python (PEP 668).
+                envs={"PIP_BREAK_SYSTEM_PACKAGES": "1", "PIP_ROOT_USER_ACTION": "ignore"},
+                timeout=self.install_timeout,
+                request_timeout=self.install_timeout,
+            )
+        except e2b.CommandExitException as exc:
+            output = (exc.stderr or exc.stdout or "").strip()[-2000:]
+            raise WorkerStartError(
+                f"installing packages in the E2B sandbox failed (exit {exc.exit_code}); check the "
+                f"names in pip_packages {list(self.pip_packages)!r}. pip said:\n{output}"
+            ) from exc
+
+
+def _pip_command(requirements: Iterable[str]) -> str:
+    args = ["python3", "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-input", "--"]
+    return " ".join(shlex.quote(arg) for arg in [*args, *requirements])
+
+
+def _checked_packages(packages: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(packages, str):
+        raise TypeError("pip_packages must be a list of requirement strings, e.g. ['pandas>=2']")
+    checked = []
+    for package in packages:
+        if not isinstance(package, str) or not package.strip():
+            raise ValueError(f"pip_packages entries must be non-empty strings, got {package!r}")
+        if package.lstrip().startswith("-") or any(c in package for c in "\x00\n\r"):
+            raise ValueError(
+                f"pip_packages entry {package!r} is not a requirement specifier; give names like "
+                "'pandas' or 'pandas>=2' (pip options are not accepted)"
+            )
+        checked.append(package.strip())
+    return tuple(checked)
+
+
+def _checked_workdir(workdir: str) -> str:
+    if not workdir or any(c in workdir for c in "\x00\n\r"):
+        raise ValueError(f"invalid workdir {workdir!r}")
+    return workdir
+
+
+_runtime_cache: list[tuple[str, bytes]] | None = None
+
+
+async def _runtime_files() -> list[tuple[str, bytes]]:
+    """The runtime directory's Python files, read once per process (without blocking the loop)."""
+    global _runtime_cache
+    if _runtime_cache is None:
+
+        def read() -> list[tuple[str, bytes]]:
+            return [(p.name, p.read_bytes()) for p in sorted(RUNTIME_DIR.glob("*.py"))]
+
+        _runtime_cache = await anyio.to_thread.run_sync(read)
+    return _runtime_cache
