@@ -93,7 +93,7 @@ class Executor(ABC):
 
     @abstractmethod
     async def _start_worker(self) -> Worker:
-        """Start (or take from a pool) a runner that has printed its `ready` line."""
+        """Start (or take from a pool) a runner; the caller then sends `init` and waits for its reply."""
 
     async def _release_worker(self, worker: Worker) -> None:
         """Dispose of a worker at close. Default: kill it (a worker is never reused by another session)."""
