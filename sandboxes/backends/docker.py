@@ -182,6 +182,7 @@ class DockerWorker(Worker):
         self.demux = Demultiplexer()
         self._removed = False
         self._finalizer = weakref.finalize(self, _remove_later, container_id, raw)
+        self._finalizer.atexit = False  # at exit, `_remove_all_at_exit` removes it synchronously
         _LIVE[container_id] = self
 
     def __repr__(self) -> str:
@@ -304,8 +305,9 @@ class DockerWorker(Worker):
 
 # ---------------------------------------------------------------------- containers: start, remove, pool
 
-_LIVE: dict[str, DockerWorker] = {}
-"""Containers owned by sessions or pools of this process; removed at interpreter exit."""
+_LIVE: weakref.WeakValueDictionary[str, DockerWorker] = weakref.WeakValueDictionary()
+"""Containers of sessions and pools of this process, removed at interpreter exit. Weak, so that an
+executor nobody closed can still be garbage collected (its finalizer removes the container)."""
 
 
 def _remove(container_id: str, sock: socket.socket | None) -> None:
@@ -329,8 +331,8 @@ def _remove_later(container_id: str, sock: socket.socket) -> None:
         pass
     try:
         _BACKGROUND.submit(_remove, container_id, None)
-    except RuntimeError:  # interpreter shutting down: the atexit sweep or `cleanup` takes it
-        pass
+    except RuntimeError:  # interpreter shutting down: no more threads, remove it here
+        _remove(container_id, None)
 
 
 def start_container(settings: ContainerSettings) -> DockerWorker:
