@@ -226,3 +226,31 @@ class StandinLLM:
                     self._send(200, standin._completion(body, r))
 
         return Handler
+
+
+# ---------------------------------------------------------------------- scripted agent replies
+
+
+def react_call(action: str, args: dict[str, Any] | None = None, thought: str = "I will use a tool.") -> str:
+    """A ReAct step in the JSON format, with `args` as a JSON string (as the prompt asks)."""
+    return json.dumps({"thought": thought, "action": action, "args": json.dumps(args or {})})
+
+
+def react_finish(answer: Any, successful: bool = True, thought: str = "I can answer now.") -> str:
+    return json.dumps(
+        {"thought": thought, "action": "FINISH", "final_answer": answer, "task_successful": successful}
+    )
+
+
+def code_step(code: str, thought: str = "Let me compute this.") -> str:
+    """A CodeAct step in the JSON format."""
+    return json.dumps({"thought": thought, "code": code})
+
+
+def code_final(answer: Any, successful: bool = True, thought: str = "I can answer now.") -> str:
+    return json.dumps({"thought": thought, "final_answer": answer, "task_successful": successful})
+
+
+async def collect(responses: Any) -> list[Any]:
+    """Drain an agent's `run()` into a list."""
+    return [r async for r in responses]
