@@ -17,6 +17,7 @@ import ast
 import builtins
 import operator
 import string
+import sys
 import types
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -68,6 +69,10 @@ GUARD_NAMES = frozenset({
 })  # fmt: skip
 
 
+_STR_FORMAT = str.format
+_STR_FORMAT_MAP = str.format_map
+
+
 class PolicyViolation(Exception):
     """Raised inside the sandbox when the code does something the policy forbids."""
 
@@ -86,6 +91,16 @@ def module_allowed(name: str, patterns: Iterable[str]) -> bool:
 
 def _is_dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
+
+
+def plain_str(value: Any, what: str = "attribute name") -> str:
+    """`value` as an exact `str`. A `str` subclass can override `startswith`, `__eq__` and `__hash__`
+    to slip past every check while CPython uses its real characters; checks only ever see copies."""
+    if type(value) is str:
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    raise TypeError(f"{what} must be a string, not {type(value).__name__}")
 
 
 def make_transformer(allowed_dunders: frozenset[str], allowed_calls: frozenset[str]) -> type:
@@ -203,37 +218,61 @@ class Guard:
         return allowed
 
     def _note_unsafe_values(self, module: types.ModuleType) -> None:
+        """Record the unsafe values of every loaded module (whichever module was handed out: the
+        values are reachable through re-exports, `from x import y` and attributes of other modules)."""
         for module_name, attribute in UNSAFE_CALLABLES:
-            if module.__name__ == module_name and hasattr(module, attribute):
-                self._unsafe_ids.add(id(getattr(module, attribute)))
+            loaded = sys.modules.get(module_name)
+            if loaded is not None and hasattr(loaded, attribute):
+                self._unsafe_ids.add(id(getattr(loaded, attribute)))
 
     def guarded_import(
         self, name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0
     ) -> Any:
         if level:
             raise PolicyViolation("relative imports are not available in the sandbox")
-        if not isinstance(name, str) or not self.module_allowed(name):
+        name = plain_str(name, "module name")
+        if not self.module_allowed(name):
             allowed = ", ".join(self.allowed_imports) or "none"
             raise PolicyViolation(f"import of '{name}' is not allowed. Allowed imports: {allowed}")
-        module = self._import(name, fromlist)
-        for item in fromlist or ():
-            if item == "*":
-                raise PolicyViolation("'import *' is not allowed; import the names you need")
+        items = [plain_str(item, "imported name") for item in fromlist or ()]
+        if "*" in items:
+            raise PolicyViolation("'import *' is not allowed; import the names you need")
+        module = self._import(name, ())
+        self._note_unsafe_values(module)
+        target = sys.modules.get(name, module)
+        self._note_unsafe_values(target)
+        if not items:
+            return module
+        for item in items:
+            # `from pkg import sub` imports the submodule `pkg.sub`: only if the allowlist covers it.
+            if not hasattr(target, item) and not self.module_allowed(f"{name}.{item}"):
+                raise PolicyViolation(f"import of '{name}.{item}' is not allowed")
+        module = self._import(name, tuple(items))
+        for item in items:
+            # The names `from x import y` binds get the same checks as `x.y` (no `typing.sys`).
             self.check_attribute(module, item)
+            if hasattr(module, item):
+                self.check_value(getattr(module, item), f"{name}.{item}")
         return module
 
     # --------------------------------------------------------------- attributes
 
-    def check_attribute(self, obj: Any, name: str) -> None:
-        if not isinstance(name, str):
-            raise TypeError(f"attribute name must be a string, not {type(name).__name__}")
+    def check_attribute(self, obj: Any, name: str) -> str:
+        """Refuse what `obj.name` may not read; return the name as an exact `str`."""
+        name = plain_str(name)
         if name.startswith("__") and name.endswith("__"):
             if name not in self.dunders:
                 raise PolicyViolation(f"access to the attribute '{name}' is not allowed")
         elif name in FRAME_ATTRIBUTES:
             raise PolicyViolation(f"access to the attribute '{name}' (interpreter internals) is not allowed")
-        elif name.startswith("_") and isinstance(obj, types.ModuleType):
-            raise PolicyViolation(f"access to the private attribute '{obj.__name__}.{name}' is not allowed")
+        elif isinstance(obj, types.ModuleType):
+            if name.startswith("_"):
+                raise PolicyViolation(f"access to the private attribute '{obj.__name__}.{name}' is not allowed")
+            module_name = obj.__name__
+            if not self.module_allowed(module_name) and not self.module_allowed(f"{module_name}.{name}"):
+                # However the code came to hold a module outside the allowlist, it cannot use it.
+                raise PolicyViolation(f"the module '{module_name}' is not allowed")
+        return name
 
     def check_value(self, value: Any, path: str) -> Any:
         if isinstance(value, types.ModuleType):
@@ -244,14 +283,20 @@ class Guard:
             raise PolicyViolation(f"'{path}' leads to interpreter internals")
         elif id(value) in self._unsafe_ids:
             raise PolicyViolation(f"'{path}' is not available in the sandbox")
+        elif value is _STR_FORMAT or value is _STR_FORMAT_MAP:
+            return self._safe_format_method(None, value.__name__)
+        elif (
+            type(value) is types.BuiltinMethodType
+            and isinstance(value.__self__, str)
+            and value.__name__ in ("format", "format_map")
+        ):
+            # However the bound method was reached (`s.format`, `super(S, s).format`...), fields go
+            # through the guard.
+            return self._safe_format_method(value.__self__, value.__name__)
         return value
 
     def getattr(self, obj: Any, name: str, *default: Any) -> Any:
-        self.check_attribute(obj, name)
-        if name in ("format", "format_map") and (
-            isinstance(obj, str) or (isinstance(obj, type) and issubclass(obj, str))
-        ):
-            return self._safe_format_method(obj, name)
+        name = self.check_attribute(obj, name)
         try:
             value = getattr(obj, name)
         except AttributeError:
@@ -269,11 +314,11 @@ class Guard:
         return True
 
     def setattr(self, obj: Any, name: str, value: Any) -> None:
-        self.check_attribute(obj, name)
+        name = self.check_attribute(obj, name)
         builtins.setattr(self.write(obj), name, value)
 
     def delattr(self, obj: Any, name: str) -> None:
-        self.check_attribute(obj, name)
+        name = self.check_attribute(obj, name)
         builtins.delattr(self.write(obj), name)
 
     def write(self, obj: Any) -> Any:
@@ -288,14 +333,21 @@ class Guard:
         return value
 
     def _safe_format_method(self, obj: Any, name: str) -> Callable[..., str]:
+        """`str.format`/`format_map`, bound to `obj` (a str) or unbound (`obj` None), through the guard."""
         vformat = self._formatter.vformat
-        if isinstance(obj, str):
+
+        def text(value: Any) -> str:
+            if not isinstance(value, str):
+                raise TypeError(f"descriptor '{name}' requires a 'str' object but received a '{type(value).__name__}'")
+            return value
+
+        if obj is not None:
             if name == "format":
                 return lambda *args, **kwargs: vformat(obj, args, kwargs)
             return lambda mapping: vformat(obj, (), mapping)
         if name == "format":
-            return lambda self_, *args, **kwargs: vformat(self_, args, kwargs)
-        return lambda self_, mapping: vformat(self_, (), mapping)
+            return lambda self_, *args, **kwargs: vformat(text(self_), args, kwargs)
+        return lambda self_, mapping: vformat(text(self_), (), mapping)
 
     # --------------------------------------------------------------- namespace
 
