@@ -54,6 +54,8 @@ DEFAULT_WORKDIR = "work"
 RUNTIME_REQUIREMENT = "RestrictedPython>=8.0"
 SEND_CHUNK = 1 << 20
 STDERR_KEPT = 4000
+SANDBOX_MARGIN = 10
+"""Seconds the sandbox's lifetime exceeds the run timeout at least, so it cannot expire mid-run."""
 
 # Started by bash in the working directory: become the leader of a process group (a no-op when envd
 # already made us a session leader) so that a kill reaches everything the code started, then become
@@ -91,10 +93,15 @@ def _limiter(api_key: str, limit: int) -> anyio.CapacityLimiter:
 class _Session:
     """One sandbox: the SDK object, its concurrency slot and its lifetime."""
 
-    def __init__(self, sandbox: Any, limiter: anyio.CapacityLimiter, lifetime: int) -> None:
+    def __init__(
+        self, sandbox: Any, limiter: anyio.CapacityLimiter, lifetime: int, run_timeout: float
+    ) -> None:
         self.sandbox = sandbox
         self.limiter = limiter
         self.lifetime = lifetime
+        # Extend before what is left could be shorter than a run (plus a margin), and at the latest
+        # halfway through the lifetime; a run that starts therefore never meets the sandbox's end.
+        self.extend_after = min(lifetime / 2, lifetime - run_timeout - SANDBOX_MARGIN / 2)
         self.extended_at = time.monotonic()
         self.gone = False
         self.killed = False
@@ -104,8 +111,8 @@ class _Session:
         return str(self.sandbox.sandbox_id)
 
     async def keep_alive(self) -> None:
-        """Push the sandbox's end back while the session is in use (at most every lifetime/2 s)."""
-        if time.monotonic() - self.extended_at < self.lifetime / 2:
+        """Push the sandbox's end back while the session is in use (a no-op most of the time)."""
+        if time.monotonic() - self.extended_at < self.extend_after:
             return
         self.extended_at = time.monotonic()
         try:
@@ -211,6 +218,10 @@ class E2BWorker(Worker):
             self._detail = f"could not reach the runner in the E2B sandbox ({type(exc).__name__}: {exc})"
             self.session.gone = self.session.gone or not await self._sandbox_running()
             raise WorkerExited(self._detail) from exc
+
+    async def alive(self) -> bool:
+        """Known without a round trip: the output stream ends when the runner or the sandbox does."""
+        return not (self.ended or self._killed or self.session.gone)
 
     async def receive_line(self) -> bytes:
         try:
@@ -332,7 +343,7 @@ class E2BExecutor(Executor):
         if sandbox_timeout < 1 or max_concurrent_sandboxes < 1:
             raise ValueError("sandbox_timeout and max_concurrent_sandboxes must be at least 1")
         # The sandbox must outlive the longest run by a margin, or it could expire mid-run.
-        self.sandbox_timeout = max(int(sandbox_timeout), math.ceil(self.timeout) + 60)
+        self.sandbox_timeout = max(int(sandbox_timeout), math.ceil(self.timeout) + SANDBOX_MARGIN)
         self.max_concurrent_sandboxes = int(max_concurrent_sandboxes)
         self.install_timeout = float(install_timeout)
         self.remote_workdir = _checked_workdir(self.workdir or DEFAULT_WORKDIR)
@@ -374,19 +385,13 @@ class E2BExecutor(Executor):
         else:
             await worker.kill()
 
-    async def _run_locked(self, code: str | bytes) -> Any:
-        await self._discard_if_gone()
-        return await super()._run_locked(code)
-
     async def _ensure_worker(self) -> Worker:
-        await self._discard_if_gone()
-        return await super()._ensure_worker()
-
-    async def _discard_if_gone(self) -> None:
-        """A runner that ended while idle (sandbox expired or vanished) is replaced before the next use."""
+        # run() asks `alive()` itself; upload/download/reset come through here, so that a file sent
+        # after the sandbox expired while idle lands in the new sandbox (and the next run says so).
         worker = self._worker
-        if isinstance(worker, E2BWorker) and worker.ended:
+        if worker is not None and not await worker.alive():
             await self._discard_worker()
+        return await super()._ensure_worker()
 
     # ----------------------------------------------------------------- starting
 
@@ -423,8 +428,9 @@ class E2BExecutor(Executor):
     async def _new_session(self) -> _Session:
         e2b = _sdk()
         limiter = _limiter(self.api_key, self.max_concurrent_sandboxes)
-        session = _Session(None, limiter, self.sandbox_timeout)
+        session = _Session(None, limiter, self.sandbox_timeout, self.timeout)
         await limiter.acquire_on_behalf_of(session)
+        session.extended_at = time.monotonic()
         try:
             session.sandbox = await e2b.AsyncSandbox.create(
                 self.template,
