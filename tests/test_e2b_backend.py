@@ -1,0 +1,232 @@
+"""E2B-specific behaviour, on the loopback stand-in driven by the unmodified SDK over real HTTP.
+
+Each test proves an effect in the sandbox (files that do or do not appear, sandboxes the stand-in
+saw alive), not only what the client reports.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+from backend_e2b import connection, make_executor, standin, unavailable
+
+from sandboxes import BackendUnavailable, Policy, WorkerStartError
+from sandboxes.backends.e2b import E2BExecutor
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
+]
+
+SLOW_WRITER = "import time\ntime.sleep({delay})\nopen('late.txt', 'w').write('too late')\nprint('wrote')"
+
+
+async def _eventually(predicate: object, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if await anyio.to_thread.run_sync(predicate):  # type: ignore[arg-type]
+            return True
+        await anyio.sleep(0.05)
+    return False
+
+
+async def test_a_sandbox_that_vanishes_while_idle_is_replaced_with_state_lost():
+    async with make_executor(timeout=10) as ex:
+        first = ex.sandbox_id
+        await ex.run("x = 1")
+        await anyio.to_thread.run_sync(standin().vanish, first)
+        await anyio.sleep(0.3)  # the SDK's output stream reports the loss on its own
+        after = await ex.run("print('fresh')")
+        gone = await ex.run("print(x)")
+        second = ex.sandbox_id
+    assert after.ok and after.stdout == "fresh\n" and after.state_lost
+    assert gone.error is not None and gone.error.type == "NameError"
+    assert second is not None and second != first
+
+
+async def test_a_sandbox_that_vanishes_mid_run_gives_state_lost_and_the_session_recovers():
+    policy = Policy(allowed_imports=["time"])
+    async with make_executor(policy=policy, timeout=20) as ex:
+        await ex.run("x = 1")
+        sandbox_id = ex.sandbox_id
+        assert sandbox_id is not None
+
+        async def vanish_soon() -> None:
+            await anyio.sleep(0.5)
+            await anyio.to_thread.run_sync(standin().vanish, sandbox_id)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(vanish_soon)
+            lost = await ex.run("import time\ntime.sleep(10)\nprint('finished')")
+        after = await ex.run("print('again')")
+        gone = await ex.run("print(x)")
+    assert lost.state_lost and not lost.timed_out
+    assert lost.error is not None and lost.error.type == "WorkerCrashed"
+    assert lost.duration < 10
+    assert after.ok and after.stdout == "again\n"
+    assert gone.error is not None and gone.error.type == "NameError"
+
+
+async def test_a_timeout_stops_the_code_in_the_sandbox():
+    policy = Policy(allowed_imports=["time"])
+    async with make_executor(policy=policy, timeout=0.5) as ex:
+        sandbox_id = ex.sandbox_id
+        assert sandbox_id is not None
+        workdir = await anyio.to_thread.run_sync(standin().home_dir, sandbox_id) / "work"
+        result = await ex.run(SLOW_WRITER.format(delay=1.5))
+        await anyio.sleep(2.5)  # well past the moment the code would have written the file
+        late_file_exists = (workdir / "late.txt").exists()
+        after = await ex.run("print('still usable')")
+        same_sandbox = ex.sandbox_id == sandbox_id
+    assert result.timed_out and result.state_lost
+    assert not late_file_exists
+    assert after.ok and after.stdout == "still usable\n"
+    assert same_sandbox  # the runner was replaced; the sandbox and its files were kept
+
+
+async def test_the_slow_writer_does_write_when_given_time():
+    """The control for the timeout test: the same code, with time to finish, leaves the file."""
+    policy = Policy(allowed_imports=["time"])
+    async with make_executor(policy=policy, timeout=10) as ex:
+        result = await ex.run(SLOW_WRITER.format(delay=0.2))
+        data = await ex.download("late.txt")
+    assert result.ok and result.stdout == "wrote\n"
+    assert data == b"too late"
+
+
+async def test_a_timeout_also_kills_processes_the_code_started():
+    policy = Policy(allowed_imports=["os", "time"], subprocess=True)
+    code = (
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(1.5)\n"
+        "    open('child.txt', 'w').write('child outlived the timeout')\n"
+        "    os._exit(0)\n"
+        "time.sleep(30)"
+    )
+    async with make_executor(policy=policy, timeout=0.5) as ex:
+        sandbox_id = ex.sandbox_id
+        assert sandbox_id is not None
+        workdir = await anyio.to_thread.run_sync(standin().home_dir, sandbox_id) / "work"
+        result = await ex.run(code)
+        await anyio.sleep(2.5)
+        child_wrote = (workdir / "child.txt").exists()
+    assert result.timed_out
+    assert not child_wrote
+
+
+@pytest.mark.parametrize("template", ["x; touch {marker}", "$(touch {marker})", "`touch {marker}`"])
+async def test_pip_packages_are_never_interpreted_by_a_shell(tmp_path: Path, template: str):
+    marker = tmp_path / "pwned"
+    before = set(await anyio.to_thread.run_sync(standin().running_ids))
+    ex = make_executor(timeout=10, pip_packages=[template.format(marker=marker)])
+    with pytest.raises(WorkerStartError, match="pip"):
+        await ex.open()
+    assert not marker.exists()
+    # The failed open killed the sandbox it had created.
+    assert set(await anyio.to_thread.run_sync(standin().running_ids)) <= before
+
+
+async def test_pip_packages_are_installed_once_per_sandbox():
+    # `anyio` is installed where the stand-in's commands run, so pip succeeds without a network.
+    async with make_executor(timeout=10, pip_packages=["anyio"]) as ex:
+        result = await ex.run("print('ok')")
+    assert result.ok and result.stdout == "ok\n"
+
+
+def test_pip_options_are_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="requirement specifier"):
+        make_executor(pip_packages=["--index-url=http://example.invalid/simple", "pandas"])
+    with pytest.raises(TypeError):
+        make_executor(pip_packages="pandas")
+
+
+async def test_env_is_the_sandbox_environment():
+    policy = Policy(allowed_imports=["os"])
+    async with make_executor(policy=policy, timeout=10, env={"TZ": "UTC", "GREETING": "hi"}) as ex:
+        result = await ex.run("import os\nprint(os.environ.get('GREETING'), os.environ.get('TZ'))")
+    assert result.stdout == "hi UTC\n"
+
+
+async def test_the_sandbox_timeout_is_set_explicitly_and_extended_while_in_use():
+    # timeout 1 s and sandbox_timeout 2 s: the lifetime becomes 1 + 10 = 11 s; extended after 5.5 s of use.
+    async with make_executor(timeout=1, sandbox_timeout=2) as ex:
+        sandbox_id = ex.sandbox_id
+        assert sandbox_id is not None
+        end_at = await anyio.to_thread.run_sync(standin().end_at, sandbox_id)
+        assert 9 < end_at - time.time() <= 11.5
+        await anyio.sleep(6)
+        result = await ex.run("print('in use')")
+        extended = await anyio.to_thread.run_sync(standin().end_at, sandbox_id)
+    assert result.ok
+    assert extended - end_at > 5
+
+
+async def test_close_kills_the_sandbox():
+    ex = make_executor(timeout=10)
+    await ex.open()
+    sandbox_id = ex.sandbox_id
+    await ex.run("print(1)")
+    await ex.close()
+    assert sandbox_id not in await anyio.to_thread.run_sync(standin().running_ids)
+
+
+async def test_concurrent_sessions_are_bounded_per_api_key():
+    from e2b_standin import StandIn
+
+    # A stand-in of its own that refuses a third sandbox (HTTP 429, as E2B does at the account limit).
+    limited = StandIn(max_sandboxes=2)
+    await anyio.to_thread.run_sync(limited.start)
+    try:
+        options = {"api_key": limited.api_key, "api_url": limited.api_url, "sandbox_url": limited.sandbox_url}
+        policy = Policy(allowed_imports=["time"])
+        results = []
+
+        async def session(n: int) -> None:
+            async with E2BExecutor(policy=policy, timeout=10, max_concurrent_sandboxes=2, **options) as ex:
+                results.append(await ex.run(f"import time\ntime.sleep(0.3)\nprint({n})"))
+
+        async with anyio.create_task_group() as tg:
+            for n in range(5):
+                tg.start_soon(session, n)
+        stats = await anyio.to_thread.run_sync(limited.stats)
+    finally:
+        await anyio.to_thread.run_sync(limited.stop)
+    assert sorted(r.stdout for r in results) == [f"{n}\n" for n in range(5)]
+    assert stats["created"] == 5
+    assert stats["peak_running"] == 2  # parallel up to the bound, never beyond it
+
+
+def test_a_missing_api_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv("E2B_API_KEY", raising=False)
+    options = connection()
+    del options["api_key"]
+    with pytest.raises(BackendUnavailable, match="E2B_API_KEY"):
+        E2BExecutor(**options)
+
+
+async def test_a_rejected_api_key_is_a_clear_error():
+    ex = E2BExecutor(**connection(api_key="e2b_not_a_valid_key"))
+    with pytest.raises(BackendUnavailable, match="rejected the API key"):
+        await ex.open()
+
+
+def test_a_missing_sdk_is_a_clear_error():
+    # A real interpreter in which `import e2b` fails, as when the extra is not installed.
+    script = (
+        "import sys; sys.modules['e2b'] = None\n"
+        "from sandboxes import open_executor, BackendUnavailable\n"
+        "try:\n"
+        "    open_executor('e2b', api_key='k')\n"
+        "except BackendUnavailable as exc:\n"
+        "    print(exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert "pip install 'kodeagent[e2b]'" in out.stdout, out.stderr
