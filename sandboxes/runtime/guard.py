@@ -78,7 +78,11 @@ class PolicyViolation(Exception):
 
 
 def module_allowed(name: str, patterns: Iterable[str]) -> bool:
-    """True if module `name` matches a pattern: ``pkg`` exactly, ``pkg.*`` (pkg and below) or ``*``."""
+    """True if module `name` matches a pattern: ``pkg`` exactly, ``pkg.*`` (pkg and below) or ``*``.
+
+    `__future__` is always allowed: ``from __future__ import annotations`` is a compiler directive."""
+    if name == "__future__":
+        return True
     for pattern in patterns:
         if pattern == "*" or pattern == name:
             return True
@@ -166,6 +170,11 @@ def make_transformer(allowed_dunders: frozenset[str], allowed_calls: frozenset[s
             return node
 
         def visit_Nonlocal(self, node: ast.Nonlocal) -> ast.AST:
+            return self.node_contents_visit(node)
+
+        def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+            # `x: int = 1` (dataclass fields, typed variables): the target and the annotation are
+            # visited like any other store and expression.
             return self.node_contents_visit(node)
 
         def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
@@ -384,15 +393,22 @@ class Guard:
         return table
 
     def compile(self, source: str, filename: str, mode: str = "exec") -> types.CodeType:
-        """Compile through RestrictedPython with our transformer; SyntaxError lists every problem."""
-        from RestrictedPython import compile_restricted_exec, compile_restricted_eval
+        """Compile through our RestrictedPython transformer; the PolicyViolation lists every problem.
 
-        compiler = compile_restricted_eval if mode == "eval" else compile_restricted_exec
-        result = compiler(source, filename=filename, policy=self.transformer)
-        if result.errors:
-            raise PolicyViolation("; ".join(_clean_error(e) for e in result.errors))
-        code: types.CodeType = result.code
-        return code
+        Not `compile_restricted_exec`: that compiles inside a module with ``from __future__ import
+        annotations`` and inherits it, so every annotation of the code became a string (which breaks
+        `typing.NamedTuple`, `dataclasses.InitVar` and `get_type_hints`). Ours inherits nothing.
+        """
+        try:
+            tree = ast.parse(source, filename, mode)
+        except SyntaxError as exc:
+            text = exc.text.strip() if exc.text else None
+            raise PolicyViolation(f"Line {exc.lineno}: {type(exc).__name__}: {exc.msg} at statement: {text!r}") from None
+        errors: list[str] = []
+        self.transformer(errors, [], {}).visit(tree)
+        if errors:
+            raise PolicyViolation("; ".join(_clean_error(e) for e in errors))
+        return compile(tree, filename, mode, dont_inherit=True)
 
 
 class _GuardedFormatter(string.Formatter):
