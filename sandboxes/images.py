@@ -134,15 +134,20 @@ def docker_client() -> docker.DockerClient:
     return client
 
 
+def build_command(image: str) -> str | None:
+    """The command that builds `image`, if it is one of ours."""
+    variant = image.split(":", 1)[1].split("-", 1)[0] if image.startswith(f"{REPOSITORY}:") else None
+    if variant not in VARIANTS:
+        return None
+    flag = "" if variant == DEFAULT_VARIANT else f" --variant {variant}"
+    return f"`python -m sandboxes.images build{flag}` (add --offline without Docker Hub)"
+
+
 def image_missing_message(image: str) -> str:
     """The error text for an image that is not on the daemon, naming the command that builds it."""
-    variant = image.split(":", 1)[1].split("-", 1)[0] if image.startswith(f"{REPOSITORY}:") else None
-    if variant in VARIANTS:
-        flag = "" if variant == DEFAULT_VARIANT else f" --variant {variant}"
-        return (
-            f"the sandbox image {image!r} is not on this Docker daemon; build it with "
-            f"`python -m sandboxes.images build{flag}` (add --offline without Docker Hub)"
-        )
+    command = build_command(image)
+    if command:
+        return f"the sandbox image {image!r} is not on this Docker daemon; build it with {command}"
     return f"the image {image!r} is not on this Docker daemon; pull or build it first (`docker pull {image}`)"
 
 
@@ -188,10 +193,8 @@ def image_problem(image: str = DEFAULT_IMAGE) -> str | None:
         return image_missing_message(image)
     baked = (found.labels or {}).get(LABEL_RUNTIME)
     if baked is not None and baked != runtime_hash():
-        return (
-            f"the image {image!r} holds an older runner than sandboxes/runtime/; rebuild it with "
-            "`python -m sandboxes.images build` (add --offline without Docker Hub)"
-        )
+        command = build_command(image) or "the command that made it"
+        return f"the image {image!r} holds an older runner than sandboxes/runtime/; rebuild it with {command}"
     return None
 
 
