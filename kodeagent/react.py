@@ -77,8 +77,6 @@ class ReActAgent(Agent):
             mode = "json"
         else:
             mode = "text"
-        if mode == "native" and not self._run_tools:
-            mode = "json" if supports(self.model_name, "response_schema") else "text"
         return mode
 
     def _default_template(self) -> str:
@@ -294,7 +292,8 @@ class ReActAgent(Agent):
 
     async def _request_step(self) -> Any:
         if self._mode == "native":
-            return await self._call_model(tools=[t.openai_schema() for t in self._run_tools.values()])
+            schemas = [t.openai_schema() for t in self._run_tools.values()]
+            return await self._call_model(tools=schemas or None)
         if self._mode == "json":
             return await self._call_model(response_format=self._json_format())
         return await self._call_model()

@@ -195,12 +195,11 @@ async def test_unknown_and_excluded_tools(llm: StandinLLM) -> None:
 
 
 async def test_allowed_tools_per_run_and_empty_list(llm: StandinLLM) -> None:
-    llm.add(react_finish("nothing to call"))
+    llm.add(reply("nothing to call"))
     agent = make(llm, "native")
     responses = await collect(agent.run("hi", allowed_tools=[]))
     assert responses[-1].value == "nothing to call"
-    assert llm.requests[0]["response_format"]["type"] == "json_schema"
-    # with no tools allowed, no tools are sent and the reply format falls back to JSON
+    # with no tools allowed, none are sent, and a plain reply is still the answer
     assert "tools" not in llm.requests[0]
     assert "(no tools are available" in llm.requests[0]["messages"][0]["content"]
 

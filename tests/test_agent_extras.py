@@ -1,0 +1,157 @@
+"""The wider surface: MCP tools inside both agents, the Observer's rules, plan revision, images."""
+
+from __future__ import annotations
+
+import base64
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llm_standin import (
+    StandinLLM,
+    code_final,
+    code_step,
+    collect,
+    react_call,
+    react_finish,
+    register_standin_models,
+    reply,
+)
+
+from kodeagent import Agent, CodeActAgent, Observer, ReActAgent, StepRecord, ToolCallRecord, mcp_stdio_tools
+
+pytestmark = pytest.mark.anyio
+MCP_SERVER = str(Path(__file__).parent / "mcp_demo_server.py")
+
+
+@pytest.fixture
+def llm() -> Any:
+    register_standin_models()
+    with StandinLLM() as server:
+        yield server
+
+
+# ---------------------------------------------------------------------- MCP tools in agents
+
+
+async def test_react_agent_uses_an_mcp_tool(llm: StandinLLM) -> None:
+    llm.add(react_call("add", {"a": 20, "b": 22}), react_finish("42"))
+    async with mcp_stdio_tools(sys.executable, [MCP_SERVER]) as tools:
+        agent = ReActAgent(llm.model("json"), litellm_params=llm.params(), tools=tools, allowed_tools=["add"])
+        responses = await collect(agent.run("20 + 22?"))
+    assert responses[-1].value == "42"
+    assert llm.requests[1]["messages"][-1]["content"] == "Observation: 42"
+    system = llm.requests[0]["messages"][0]["content"]
+    assert "add" in system and "shout" not in system
+
+
+async def test_codeact_code_calls_an_mcp_tool(llm: StandinLLM) -> None:
+    llm.add(code_step("print(shout(text='quiet') + '!' * add(a=1, b=2))"), code_final("QUIET!!!"))
+    async with mcp_stdio_tools(sys.executable, [MCP_SERVER]) as tools:
+        agent = CodeActAgent(llm.model("json"), litellm_params=llm.params(), tools=tools)
+        responses = await collect(agent.run("Shout"))
+    assert responses[-1].value == "QUIET!!!"
+    assert llm.requests[1]["messages"][-1]["content"] == "Observation:\nOutput:\nQUIET!!!"
+
+
+# ---------------------------------------------------------------------- Observer rules
+
+
+def _step(i: int, *, action: str = "t", args: dict[str, Any] | None = None, error: str | None = None,
+          observation: str = "") -> StepRecord:  # fmt: skip
+    return StepRecord(
+        index=i,
+        action=action,
+        tool_calls=[ToolCallRecord(name=action, args=args or {})],
+        error=error,
+        observation=observation or f"obs {i}",
+    )
+
+
+def test_observer_loop_of_identical_successful_actions() -> None:
+    observer = Observer()
+    notes = [observer.observe(_step(i, observation="same"), steps_left=10) for i in range(3)]
+    assert notes[:2] == [None, None]
+    assert notes[2] and "repeated the same action 3 times" in notes[2]
+
+
+def test_observer_run_of_different_failures() -> None:
+    observer = Observer()
+    notes = [observer.observe(_step(i, action=f"t{i}", error="boom"), steps_left=10) for i in range(3)]
+    assert notes[2] and "last 3 steps all failed" in notes[2]
+
+
+def test_observer_stall_and_deadline() -> None:
+    observer = Observer(stall_threshold=2)
+    first = observer.observe(_step(0, action="a", observation="nothing"), steps_left=10)
+    second = observer.observe(_step(1, action="b", observation="nothing"), steps_left=10)
+    third = observer.observe(_step(2, action="c", observation="nothing"), steps_left=10)
+    assert first is None and second is None
+    assert third and "produced nothing new" in third
+    fresh = Observer()
+    assert fresh.observe(_step(0), steps_left=5) is None
+    reminder = fresh.observe(_step(1, action="other"), steps_left=2)
+    assert reminder and "2 step(s) remain" in reminder
+    assert fresh.observe(_step(2, action="third"), steps_left=1) is None  # said once
+
+
+def test_observer_ignores_healthy_progress() -> None:
+    observer = Observer()
+    assert all(observer.observe(_step(i, action=f"t{i}"), steps_left=10) is None for i in range(6))
+
+
+# ---------------------------------------------------------------------- planning
+
+
+async def test_plan_is_revised_as_steps_go(llm: StandinLLM) -> None:
+    llm.add(
+        reply("1. [ ] first\n2. [ ] second"),
+        code_step("print('one')"),
+        code_step("print('two')"),
+        reply("1. [x] first\n2. [x] second"),
+        code_final("done"),
+    )
+    agent = CodeActAgent(llm.model("json"), litellm_params=llm.params(), use_planner=True)
+    assert agent.planner is not None
+    agent.planner.update_every = 2
+    responses = await collect(agent.run("Two things"))
+    plans = [r.value for r in responses if r.channel == "planner"]
+    assert plans == ["1. [ ] first\n2. [ ] second", "1. [x] first\n2. [x] second"]
+    assert agent.current_plan == "1. [x] first\n2. [x] second"
+    update_request = llm.requests[3]["messages"]
+    assert update_request[0]["role"] == "system" and "plan" in update_request[0]["content"].lower()
+    assert "one" in update_request[1]["content"] and "two" in update_request[1]["content"]
+    # the revised plan reached the agent as a message, after the second step's observation
+    assert "[x] second" in llm.requests[4]["messages"][-1]["content"]
+    assert agent.get_usage_metrics()["by_component"]["planner"]["calls"] == 2
+
+
+# ---------------------------------------------------------------------- images and content
+
+
+async def test_images_are_attached_for_vision_models(llm: StandinLLM, tmp_path: Path) -> None:
+    image = tmp_path / "dot.png"
+    image.write_bytes(base64.b64decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    ))  # fmt: skip
+    llm.add(reply("A single dot."), react_finish("no image here"))  # native, then JSON mode
+    agent = ReActAgent(llm.model("native"), litellm_params=llm.params())
+    assert agent.is_visual_model
+    await collect(agent.run("What is in the image?", files=[str(image)]))
+    content = llm.requests[0]["messages"][1]["content"]
+    assert isinstance(content, list)
+    assert content[0]["type"] == "text" and "dot.png" in content[0]["text"]
+    assert content[1]["image_url"]["url"].startswith("data:image/png;base64,iVBOR")
+
+    plain = ReActAgent(llm.model("plain"), litellm_params=llm.params())
+    await collect(plain.run("What is in the image?", files=[str(image)]))
+    assert isinstance(llm.requests[1]["messages"][1]["content"], str)
+
+
+def test_normalize_content() -> None:
+    assert Agent.normalize_content(None) == ""
+    assert Agent.normalize_content("x") == "x"
+    parts = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:"}}]
+    assert Agent.normalize_content(parts) == "look\n[image_url]"
+    assert Agent.normalize_content({"a": 1}) == '{"a": 1}'
