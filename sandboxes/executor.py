@@ -267,6 +267,15 @@ class Executor(ABC):
                 reply = json.loads(line)
             except ValueError as exc:
                 raise ProtocolError(f"the runner sent a line that is not JSON: {line[:200]!r}") from exc
+            if not isinstance(reply, dict):
+                raise ProtocolError(f"the runner sent a line that is not a message: {line[:200]!r}")
+            token = reply.pop("token", None)
+            known = getattr(worker, "channel_token", None)
+            if known is None and message.get("op") == "init" and isinstance(token, str):
+                worker.channel_token = token  # type: ignore[attr-defined]  # learnt before any code runs
+            elif known is None or token != known:
+                raise ProtocolError("a message on the sandbox channel did not come from the runner "
+                                    "(the code wrote to the channel's descriptor)")  # fmt: skip
             op = reply.get("op")
             if op == "tool_call":
                 await worker.send(_encode(await self._call_tool(reply)))

@@ -49,6 +49,10 @@ class Channel:
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.reader = io.open(read_fd, "rb", buffering=1 << 16, closefd=True)
         self.write_fd = write_fd
+        # Every message carries this token; the parent learns it from the init reply, before any
+        # user code runs, and refuses lines without it: the code can write to the channel's
+        # descriptor (with `os` allowed) but cannot forge a message.
+        self.token = os.urandom(16).hex()
         self.forked_child = False
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._close_in_child)
@@ -65,6 +69,7 @@ class Channel:
     def send(self, message: dict[str, Any]) -> None:
         if self.forked_child:
             raise RuntimeError("a forked process cannot use the sandbox channel")
+        message = {**message, "token": self.token}
         data = memoryview(json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
         while data:
             data = data[os.write(self.write_fd, data) :]
