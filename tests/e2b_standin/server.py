@@ -80,6 +80,9 @@ class StandIn:
             await self._server.serve(sockets=sockets)
             for sandbox in self._registry.running():
                 await self._registry.destroy(sandbox, reason="the stand-in stopped")
+            with anyio.move_on_after(3):  # let the killed processes be reaped before the loop ends
+                while any(s.processes for s in self._registry.sandboxes.values()):
+                    await anyio.sleep(0.02)
             tg.cancel_scope.cancel()
 
     def stop(self) -> None:

@@ -257,8 +257,8 @@ class Registry:
         if code != 0:
             end["error"] = end["status"]
         process.end = end
-        if process.proc.stdin is not None:
-            await process.proc.stdin.aclose()
+        with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+            await process.proc.aclose()  # closes the pipes' transports while the loop still runs
         if sandbox.alive:
             process.publish(("end", end))
         sandbox.processes.pop(process.pid, None)
