@@ -128,6 +128,7 @@ class Agent(ABC):
             described to the model nor callable. None allows all, [] allows none.
         on_step: called (sync or async) with each step's `StepRecord` once the step is done.
         use_planner: make a plan before the first step and revise it as the run goes.
+        observer: a configured `Observer` (e.g. with a `model_name` for advice); rules-only by default.
     """
 
     HISTORY_TRUNCATE_CHARS: ClassVar[int] = 1000
@@ -153,6 +154,7 @@ class Agent(ABC):
         allowed_tools: Sequence[str] | None = None,
         on_step: OnStep | None = None,
         use_planner: bool = False,
+        observer: Observer | None = None,
     ) -> None:
         if not model_name or not isinstance(model_name, str):
             raise ConfigurationError("model_name must be a non-empty litellm model string")
@@ -184,7 +186,7 @@ class Agent(ABC):
         self.tracer_manager: AbstractTracerManager = make_tracer_manager(tracing_type)
         self.current_trace: AbstractObservation | None = None
         self.usage_tracker = UsageTracker()
-        self.observer = Observer()
+        self.observer = observer if observer is not None else Observer()
         self.planner: Planner | None = (
             Planner(model_name, litellm_params=self.litellm_params, usage_tracker=self.usage_tracker,
                     max_retries=max_retries)

@@ -1,17 +1,24 @@
 """The Observer watches the steps of a run and speaks up when the agent is going nowhere.
 
-It is deliberately rule-based and free: no model call. It notices the same action repeated with the
-same result (a loop), the same action failing again and again, a run of steps that all fail, and
-steps that produce nothing new (a stall); and it reminds the model when few steps are left. The note
-is added to the conversation as a message, so the model can change course.
+Its rules are free (no model call): it notices the same action repeated with the same result (a
+loop), the same action failing again and again, a run of steps that all fail, and steps that produce
+nothing new (a stall); and it reminds the model when few steps are left. The note is added to the
+conversation as a message, so the model can change course.
+
+Optionally (`model_name` set), when a rule fires, a model reviews the recent steps and turns the note
+into concrete advice. That call is made only on trouble, so it stays cheap, and its usage is recorded
+under the component ``"observer"``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
+from . import prompts
 from .models import StepRecord
+from .usage import UsageTracker
 
 
 def _digest(value: object) -> str:
@@ -27,6 +34,7 @@ class Observer:
         failure_threshold: failing steps in a row that count as stuck.
         stall_threshold: steps in a row with an observation already seen before.
         warn_remaining: remind the model to conclude when this many steps remain.
+        model_name: a model that turns a rule's note into concrete advice (None: rules only).
     """
 
     def __init__(
@@ -35,7 +43,9 @@ class Observer:
         failure_threshold: int = 3,
         stall_threshold: int = 4,
         warn_remaining: int = 2,
+        model_name: str | None = None,
     ) -> None:
+        self.model_name = model_name
         self.repeat_threshold = repeat_threshold
         self.failure_threshold = failure_threshold
         self.stall_threshold = stall_threshold
@@ -108,3 +118,36 @@ class Observer:
                 "clear statement of what is missing."
             )
         return None
+
+    async def review(
+        self,
+        note: str,
+        task: str,
+        recent_steps: str,
+        *,
+        litellm_params: dict[str, Any] | None = None,
+        usage_tracker: UsageTracker | None = None,
+        max_retries: int = 3,
+        retry_base_delay: float = 1.0,
+    ) -> str:
+        """Ask `model_name` for advice on the problem `note` describes; the note itself if no model is set."""
+        if not self.model_name:
+            return note
+        from .llm import call_llm
+
+        reply = await call_llm(
+            self.model_name,
+            [
+                {
+                    "role": "user",
+                    "content": prompts.OBSERVER_REVIEW.format(task=task, steps=recent_steps, note=note),
+                }
+            ],
+            component="observer",
+            usage_tracker=usage_tracker,
+            litellm_params=litellm_params,
+            max_retries=max_retries,
+            retry_base_delay=retry_base_delay,
+        )
+        advice = (reply.content or "").strip()
+        return f"{note} {advice}" if advice else note

@@ -276,6 +276,15 @@ class ReActAgent(Agent):
                 note = self.observer.observe(self.steps[-1], limit - iteration)
                 if note:
                     self._trouble = True
+                    note = await self.observer.review(
+                        note,
+                        self.task.description,
+                        self._recent_progress(),
+                        litellm_params=self.litellm_params,
+                        usage_tracker=self.usage_tracker,
+                        max_retries=self.max_retries,
+                        retry_base_delay=self.retry_base_delay,
+                    )
                     self.add_to_history({"role": "user", "content": prompts.OBSERVER_NOTE.format(note=note)})
                     yield self.response("log", note, channel="observer", metadata={"event": "observer_note"})
 

@@ -155,3 +155,18 @@ def test_normalize_content() -> None:
     parts = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:"}}]
     assert Agent.normalize_content(parts) == "look\n[image_url]"
     assert Agent.normalize_content({"a": 1}) == '{"a": 1}'
+
+
+async def test_observer_with_a_model_gives_advice(llm: StandinLLM) -> None:
+    bad = code_step("print(undefined_name)")
+    llm.add(bad, bad, bad, reply("Define the variable first.", usage=(30, 5)), code_final("gave up", False))
+    agent = CodeActAgent(
+        llm.model("json"), litellm_params=llm.params(), observer=Observer(model_name=llm.model("plain"))
+    )
+    responses = await collect(agent.run("Print it"))
+    [note] = [r.value for r in responses if r.channel == "observer"]
+    assert "failed 3 times" in note and "Define the variable first." in note
+    assert llm.requests[3]["model"] == "standin-plain"  # the observer's own model
+    assert "undefined_name" in llm.requests[3]["messages"][0]["content"]
+    assert agent.get_usage_metrics()["by_component"]["observer"]["prompt_tokens"] == 30
+    assert "Define the variable first." in llm.requests[4]["messages"][-1]["content"]
