@@ -230,3 +230,35 @@ def test_a_missing_sdk_is_a_clear_error():
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert "pip install 'kodeagent[e2b]'" in out.stdout, out.stderr
+
+
+async def test_many_sessions_share_one_event_loop_without_cross_talk():
+    async def session(n: int, results: dict[int, list[str]]) -> None:
+        async with make_executor(timeout=10) as ex:
+            await ex.run(f"mine = {n}")
+            outputs = []
+            for step in range(5):
+                outputs.append((await ex.run(f"mine = mine * 10 + {step}\nprint(mine)")).stdout)
+            results[n] = outputs
+
+    results: dict[int, list[str]] = {}
+    async with anyio.create_task_group() as tg:
+        for n in range(1, 7):
+            tg.start_soon(session, n, results)
+    for n, outputs in results.items():
+        expected, value = [], n
+        for step in range(5):
+            value = value * 10 + step
+            expected.append(f"{value}\n")
+        assert outputs == expected
+    assert len(results) == 6
+
+
+async def test_messages_larger_than_one_stdin_chunk_cross_intact():
+    # A tool result of 3 MB travels as several SendInput calls; its reply is many output chunks.
+    blob = "é" * 1_500_000
+    async with make_executor(timeout=30, tools={"blob": lambda: blob}) as ex:
+        result = await ex.run("value = blob()\nprint(len(value), value[:3], value[-3:])\nfinal_answer(value)")
+    assert result.ok, result.error
+    assert result.stdout == "1500000 ééé ééé\n"
+    assert result.final_answer == blob
