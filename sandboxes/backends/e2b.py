@@ -114,11 +114,15 @@ class _Session:
         """Push the sandbox's end back while the session is in use (a no-op most of the time)."""
         if time.monotonic() - self.extended_at < self.extend_after:
             return
-        self.extended_at = time.monotonic()
+        asked_at = time.monotonic()
         try:
             await self.sandbox.set_timeout(self.lifetime)
-        except Exception:  # a gone sandbox shows up on the next send; keep-alive never fails a run
-            self.gone = True
+        except _sdk().NotFoundException:
+            self.gone = True  # the API no longer knows the sandbox: the send that follows fails too
+        except Exception:
+            pass  # transient (rate limit, network): tried again on the next send; never fails a run
+        else:
+            self.extended_at = asked_at
 
     async def kill(self) -> None:
         """Kill the sandbox (best effort, bounded) and give its slot back. Idempotent."""
