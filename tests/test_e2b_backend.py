@@ -262,3 +262,15 @@ async def test_messages_larger_than_one_stdin_chunk_cross_intact():
     assert result.ok, result.error
     assert result.stdout == "1500000 ééé ééé\n"
     assert result.final_answer == blob
+
+
+@pytest.mark.parametrize("network", [False, True])
+async def test_egress_is_closed_after_setup_unless_the_policy_allows_network(network: bool):
+    async with make_executor(timeout=10, policy=Policy(network=network)) as ex:
+        sandbox_id = ex.sandbox_id
+        assert sandbox_id is not None
+        settings = await anyio.to_thread.run_sync(standin().network, sandbox_id)
+    if network:
+        assert settings == {"allow_internet_access": True}
+    else:
+        assert settings.get("denyOut") == ["0.0.0.0/0"]

@@ -441,7 +441,9 @@ class E2BExecutor(Executor):
                 timeout=self.sandbox_timeout,
                 envs=self.env,
                 metadata={"created_by": "kodeagent"},
-                allow_internet_access=self.policy.network,
+                # Open while we install the runtime's and the caller's packages; closed right after
+                # unless the policy allows network (see `_prepare`).
+                allow_internet_access=True,
                 **self._connection,
             )
         except BaseException as exc:
@@ -483,6 +485,14 @@ class E2BExecutor(Executor):
                 f"installing packages in the E2B sandbox failed (exit {exc.exit_code}); check the "
                 f"names in pip_packages {list(self.pip_packages)!r}. pip said:\n{output}"
             ) from exc
+        if not self.policy.network:
+            try:
+                await sandbox.update_network({"deny_out": ["0.0.0.0/0"]})
+            except Exception as exc:  # fail closed: the policy says no network
+                raise WorkerStartError(
+                    f"could not close the E2B sandbox's network as the policy requires ({exc}); "
+                    "use Policy(network=True) only if the code may reach the internet"
+                ) from exc
 
 
 def _pip_command(requirements: Iterable[str]) -> str:

@@ -40,7 +40,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 DEFAULT_SANDBOX_TIMEOUT = 15
 """Seconds a sandbox lives when create does not say (the E2B API's default)."""
 
-_SANDBOX_ROUTE = re.compile(r"^/sandboxes/(?P<id>[^/]+)(?P<rest>/timeout)?$")
+_SANDBOX_ROUTE = re.compile(r"^/sandboxes/(?P<id>[^/]+)(?P<rest>/timeout|/network)?$")
 _CONNECT_ROUTE = re.compile(r"^/v2/sandboxes/(?P<id>[^/]+)/connect$")
 
 
@@ -91,7 +91,10 @@ class StandInApp:
             sandbox = self.registry.get_alive(match["id"])
             if sandbox is None:
                 return await _not_found(send, match["id"])
-            if match["rest"] and method == "POST":
+            if match["rest"] == "/network" and method == "PUT":
+                sandbox.network = request  # replaces all egress rules, as the API does
+                return await _empty(send, 204)
+            if match["rest"] == "/timeout" and method == "POST":
                 timeout = request.get("timeout")
                 if not isinstance(timeout, int) or timeout < 0:
                     return await _json(send, 400, {"code": 400, "message": "timeout must be an integer >= 0"})
@@ -126,6 +129,8 @@ class StandInApp:
             {str(k): str(v) for k, v in envs.items()},
             request.get("metadata") or {},
         )
+        if "allow_internet_access" in request:
+            sandbox.network = {"allow_internet_access": request["allow_internet_access"]}
         await _json(send, 201, _sandbox_json(sandbox))
 
     # ------------------------------------------------------------------ sandbox proxy and envd

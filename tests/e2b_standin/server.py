@@ -132,6 +132,11 @@ class StandIn:
         registry = self._need_registry()
         return self._call(lambda: registry.sandboxes[sandbox_id].root / HOME.lstrip("/"))
 
+    def network(self, sandbox_id: str) -> dict[str, Any]:
+        """The egress settings the client last sent for a sandbox."""
+        registry = self._need_registry()
+        return self._call(lambda: dict(registry.sandboxes[sandbox_id].network))
+
     def end_at(self, sandbox_id: str) -> float:
         """The sandbox's expiry as a Unix time."""
         registry = self._need_registry()

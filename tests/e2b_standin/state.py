@@ -82,6 +82,9 @@ class Sandbox:
     end_at: float
     processes: dict[int, Process] = field(default_factory=dict)
     alive: bool = True
+    network: dict[str, Any] = field(default_factory=dict)
+    """Egress settings as last sent (create's ``allow_internet_access``, ``PUT .../network``); recorded,
+    not enforced: the stand-in's processes are local ones."""
 
     @property
     def home(self) -> Path:
