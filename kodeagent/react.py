@@ -201,8 +201,7 @@ class ReActAgent(Agent):
         response_model: type[BaseModel] | None,
         allowed_tools: Sequence[str] | None,
     ) -> None:
-        self.task = Task(id=task_id or Task.model_fields["id"].default_factory(), description=task,  # type: ignore[misc]
-                         files=list(files or []))  # fmt: skip
+        self.task = Task(description=task, files=list(files or []), **({"id": task_id} if task_id else {}))
         self.usage_tracker.reset()
         self.observer.reset()
         if self.planner is not None:

@@ -472,3 +472,17 @@ async def test_response_helper_stores_final_result(llm: StandinLLM) -> None:
     await collect(agent.run("q"))
     r = agent.response("final", "direct")
     assert r.rtype == "final" and agent.task is not None and agent.task.result == "direct"
+
+
+async def test_task_record_and_reference_module_path(llm: StandinLLM) -> None:
+    from kodeagent.kodeagent import Agent as RefAgent
+    from kodeagent.kodeagent import ReActAgent as RefReAct
+
+    assert RefReAct is ReActAgent and issubclass(RefReAct, RefAgent)
+    llm.add(react_call("get_price", {"symbol": "AAPL"}), react_finish("200"))
+    agent = make(llm, "json")
+    await collect(agent.run("AAPL?", task_id="task-7"))
+    assert agent.task is not None
+    assert agent.task.id == "task-7" and agent.task.is_finished and agent.task.steps_taken == 2
+    assert agent.response_format_class.__name__ == "ReActChatMessage"
+    assert [s.index for s in agent.steps] == [1, 2]
