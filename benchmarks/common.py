@@ -18,7 +18,6 @@ import json
 import math
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -104,7 +103,12 @@ def write_result(name: str, data: dict[str, Any], path: str | Path | None = None
     path = Path(path)
     if path.parent and not path.parent.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-    document = {"benchmark": name, "created": now.isoformat(timespec="seconds"), "machine": machine_info(), **data}
+    document = {
+        "benchmark": name,
+        "created": now.isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        **data,
+    }
     path.write_text(json.dumps(document, indent=2, default=_json_default, allow_nan=True) + "\n")
     return path
 
@@ -157,7 +161,9 @@ def print_table(console: Console, title: str, columns: Sequence[str], rows: Sequ
     widths = [max([len(columns[i]), *(len(r[i]) for r in cells)]) for i in range(len(columns))]
 
     def line(values: Sequence[str]) -> str:
-        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths)))
+        return "  ".join(
+            v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True))
+        )
 
     out = [title, line(columns), "  ".join("-" * w for w in widths), *(line(r) for r in cells)]
     if note:
@@ -169,8 +175,14 @@ def print_table(console: Console, title: str, columns: Sequence[str], rows: Sequ
 def progress(console: Console, description: str, total: int) -> Iterator[Callable[[int], None]]:
     """Yield `advance(n=1)`. A rich progress bar on a terminal; on a pipe, a line at start and end."""
     if console.is_terminal:
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn, TimeRemainingColumn)  # fmt: skip
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,  # fmt: skip
+            TimeRemainingColumn,
+        )
 
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TimeRemainingColumn(), console=console,

