@@ -22,6 +22,11 @@ started in it. When the sandbox is gone ("not found", 502, a broken stream) the 
 `WorkerExited`; the next run gets a new sandbox and ``state_lost`` — and if the loss was seen while
 idle, that next run executes normally in the new sandbox.
 
+Network: the sandbox is created with egress open so that the runtime's dependency and ``pip_packages``
+can be installed (once per sandbox, as root, arguments quoted after ``--``); unless the policy allows
+network, egress is then closed (``deny_out 0.0.0.0/0``) before any user code runs, and a failure to
+close it fails the open rather than running the code with a network the policy forbids.
+
 Concurrency: sessions share one event loop; each sandbox holds a slot of a capacity limiter shared by
 all executors with the same API key (``max_concurrent_sandboxes``; the latest value set wins), since
 E2B limits concurrent sandboxes per account. The SDK itself is asyncio-only (its command handles
