@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, Literal
@@ -194,7 +195,7 @@ class CodeActAgent(ReActAgent):
         if "policy" not in self.executor_options:
             options["policy"] = Policy(allowed_imports=self._imports())
         if self.pip_packages:
-            options["pip_packages"] = self.pip_packages
+            options["pip_packages"] = split_packages(self.pip_packages)
         options.update(self.executor_options)
         return open_executor(self.run_env, **options)
 
@@ -292,6 +293,11 @@ class CodeActAgent(ReActAgent):
             with open(target, "wb") as fh:
                 fh.write(data)
             self.add_output_file(target)
+
+
+def split_packages(spec: str) -> list[str]:
+    """``"pandas>=2, numpy matplotlib"`` -> ``["pandas>=2", "numpy", "matplotlib"]`` (the E2B option's form)."""
+    return [part for part in re.split(r"[\s,]+", spec) if part]
 
 
 def _jsonable_repr(value: Any) -> str:  # kept small and separate: inputs are JSON, their repr is a literal

@@ -1,7 +1,8 @@
 """CodeActAgent end to end: the model is the LLM stand-in, the code really runs in a sandbox.
 
-Every test runs on the host backend; the Docker backend is added where its daemon and image are
-available (see backend_docker.py).
+Every test runs on the host backend; the tests marked by the `run_env` fixture also run on Docker
+where its daemon and image are available (see backend_docker.py), and on E2B through the loopback
+E2B stand-in (see backend_e2b.py).
 """
 
 from __future__ import annotations
@@ -36,12 +37,17 @@ def _docker_reason() -> str | None:
     return backend_docker.unavailable()
 
 
-@pytest.fixture(params=["host", "docker"])
+def _e2b_reason() -> str | None:
+    import backend_e2b
+
+    return backend_e2b.unavailable()
+
+
+@pytest.fixture(params=["host", "docker", "e2b"])
 def run_env(request: pytest.FixtureRequest) -> str:
-    if request.param == "docker":
-        reason = _docker_reason()
-        if reason:
-            pytest.skip(reason)
+    reason = {"host": lambda: None, "docker": _docker_reason, "e2b": _e2b_reason}[request.param]()
+    if reason:
+        pytest.skip(reason)
     return str(request.param)
 
 
@@ -56,6 +62,10 @@ def make(llm: StandinLLM, run_env: str = "host", kind: str = "json", **kwargs: A
     options: dict[str, Any] = {}
     if run_env == "docker":
         options["executor_options"] = {"image": "kodeagent-sandbox:py"}
+    elif run_env == "e2b":  # the loopback E2B stand-in, driven by the unmodified SDK
+        import backend_e2b
+
+        options["executor_options"] = backend_e2b.connection()
     agent = CodeActAgent(
         llm.model(kind),
         litellm_params=llm.params(),
