@@ -214,6 +214,7 @@ class Guard:
         self._import = importer
         self._module_cache: dict[str, bool] = {}
         self._unsafe_ids: set[int] = set()
+        self._granted_modules: set[int] = set()  # modules handed out under an allowed name (os.path)
         allowed_calls = frozenset({"exec", "eval"} - self.banned)
         self.transformer = make_transformer(self.dunders, allowed_calls)
         self._formatter = _GuardedFormatter(self)
@@ -250,6 +251,8 @@ class Guard:
         self._note_unsafe_values(module)
         target = sys.modules.get(name, module)
         self._note_unsafe_values(target)
+        if isinstance(target, types.ModuleType):
+            self._granted_modules.add(id(target))
         if not items:
             return module
         for item in items:
@@ -278,7 +281,11 @@ class Guard:
             if name.startswith("_"):
                 raise PolicyViolation(f"access to the private attribute '{obj.__name__}.{name}' is not allowed")
             module_name = obj.__name__
-            if not self.module_allowed(module_name) and not self.module_allowed(f"{module_name}.{name}"):
+            if not (
+                id(obj) in self._granted_modules
+                or self.module_allowed(module_name)
+                or self.module_allowed(f"{module_name}.{name}")
+            ):
                 # However the code came to hold a module outside the allowlist, it cannot use it.
                 raise PolicyViolation(f"the module '{module_name}' is not allowed")
         return name
@@ -287,6 +294,7 @@ class Guard:
         if isinstance(value, types.ModuleType):
             if not (self.module_allowed(value.__name__) or self.module_allowed(path)):
                 raise PolicyViolation(f"'{path}' is the module '{value.__name__}', which is not allowed")
+            self._granted_modules.add(id(value))
             self._note_unsafe_values(value)
         elif isinstance(value, types.FrameType | types.CodeType | types.TracebackType):
             raise PolicyViolation(f"'{path}' leads to interpreter internals")
