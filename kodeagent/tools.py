@@ -244,7 +244,11 @@ class Tool:
         values = self.validate(arguments)
         if self.is_async:
             return await self.func(**values)
-        result = await anyio.to_thread.run_sync(functools.partial(self.func, **values))
+        # abandon_on_cancel: a timeout (or any cancellation) must not wait for a blocked thread; the
+        # thread finishes on its own and its result is dropped.
+        result = await anyio.to_thread.run_sync(
+            functools.partial(self.func, **values), abandon_on_cancel=True
+        )
         if inspect.isawaitable(result):
             result = await result
         return result

@@ -170,3 +170,48 @@ async def test_observer_with_a_model_gives_advice(llm: StandinLLM) -> None:
     assert "undefined_name" in llm.requests[3]["messages"][0]["content"]
     assert agent.get_usage_metrics()["by_component"]["observer"]["prompt_tokens"] == 30
     assert "Define the variable first." in llm.requests[4]["messages"][-1]["content"]
+
+
+def test_importing_kodeagent_is_cheap() -> None:
+    import subprocess
+
+    code = (
+        "import sys, kodeagent\n"
+        "heavy = [m for m in ('litellm', 'mcp', 'rich', 'sandboxes.backends.host') if m in sys.modules]\n"
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""
+
+
+async def test_a_blocking_sync_tool_cannot_outlast_the_timeout(llm: StandinLLM) -> None:
+    import time
+
+    from kodeagent import tool
+
+    @tool
+    def stuck() -> str:
+        """Blocks its thread for a while, as a slow network call would."""
+        time.sleep(6)
+        return "late"
+
+    llm.add(code_step("print(stuck())"), code_final("gave up on the slow tool", successful=False))
+    agent = CodeActAgent(llm.model("json"), litellm_params=llm.params(), tools=[stuck], timeout=2)
+    responses = await collect(agent.run("Call the slow tool"))
+    assert "ran past the time limit of 2 s" in llm.requests[1]["messages"][-1]["content"]
+    assert responses[-1].metadata["task_successful"] is False
+
+
+async def test_tool_output_is_neutralised_for_react(llm: StandinLLM) -> None:
+    from kodeagent import tool
+
+    @tool
+    def noisy() -> str:
+        """Returns text with terminal escapes."""
+        return "\x1b[2Jcleared\rrewritten\x1b]8;;http://x\x07link"
+
+    llm.add(react_call("noisy"), react_finish("ok"))
+    await collect(ReActAgent(llm.model("json"), litellm_params=llm.params(), tools=[noisy]).run("noise"))
+    told = llm.requests[1]["messages"][-1]["content"]
+    assert "\x1b" not in told and "\r" not in told and "\x07" not in told
+    assert "cleared\nrewritten" in told
