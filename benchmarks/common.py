@@ -145,15 +145,18 @@ def make_console(json_mode: bool = False) -> Console:
 
 
 def print_table(console: Console, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
-                note: str | None = None) -> None:  # fmt: skip
-    """A rich table on a terminal; plain aligned columns otherwise (logs, pipes, CI)."""
+                note: str | None = None, left: Sequence[int] = (0,)) -> None:  # fmt: skip
+    """A rich table on a terminal; plain aligned columns otherwise (logs, pipes, CI).
+
+    Columns whose index is in `left` are left-aligned (text); the others right-aligned (numbers).
+    """
     cells = [[str(c) for c in row] for row in rows]
     if console.is_terminal:
         from rich.table import Table
 
         table = Table(title=title, title_justify="left", caption=note, caption_justify="left")
         for index, column in enumerate(columns):
-            table.add_column(column, justify="left" if index == 0 else "right")
+            table.add_column(column, justify="left" if index in left else "right")
         for row in cells:
             table.add_row(*row)
         console.print(table)
@@ -162,10 +165,11 @@ def print_table(console: Console, title: str, columns: Sequence[str], rows: Sequ
 
     def line(values: Sequence[str]) -> str:
         return "  ".join(
-            v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True))
+            v.ljust(w) if i in left else v.rjust(w)
+            for i, (v, w) in enumerate(zip(values, widths, strict=True))
         )
 
-    out = [title, line(columns), "  ".join("-" * w for w in widths), *(line(r) for r in cells)]
+    out = [title, line(columns).rstrip(), "  ".join("-" * w for w in widths), *(line(r).rstrip() for r in cells)]
     if note:
         out.append(note)
     console.print("\n".join(out), markup=False, highlight=False)
