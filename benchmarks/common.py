@@ -169,7 +169,12 @@ def print_table(console: Console, title: str, columns: Sequence[str], rows: Sequ
             for i, (v, w) in enumerate(zip(values, widths, strict=True))
         )
 
-    out = [title, line(columns).rstrip(), "  ".join("-" * w for w in widths), *(line(r).rstrip() for r in cells)]
+    out = [
+        title,
+        line(columns).rstrip(),
+        "  ".join("-" * w for w in widths),
+        *(line(r).rstrip() for r in cells),
+    ]
     if note:
         out.append(note)
     console.print("\n".join(out), markup=False, highlight=False)
