@@ -240,7 +240,9 @@ class Agent(ABC):
     def get_system_prompt_content(self) -> str:
         """The system prompt of this agent, rendered. Subclasses add their own placeholders."""
         template = self.system_prompt or "{persona}\n\nTools:\n{tools}"
-        return template.format(persona=self.persona or "", tools=self.get_tools_description())
+        return prompts.render_template(
+            template, persona=self.persona or "", tools=self.get_tools_description()
+        )
 
     def init_history(self) -> None:
         """Start a fresh conversation: the system prompt alone."""

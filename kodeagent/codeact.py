@@ -24,7 +24,8 @@ from . import prompts
 from .errors import ConfigurationError, ResponseParseError
 from .models import AgentResponse, ChatMessage, CodeActChatMessage, StepRecord
 from .parsing import parse_codeact_reply
-from .react import ReActAgent, render_template
+from .prompts import render_template
+from .react import ReActAgent
 from .text import cap_text, neutralize_control
 
 RunEnv = Literal["host", "docker", "e2b"]
@@ -193,7 +194,7 @@ class CodeActAgent(ReActAgent):
             "tools": {name: tool.call_from_sandbox for name, tool in self._run_tools.items()},
         }
         if "policy" not in self.executor_options:
-            options["policy"] = Policy(allowed_imports=self._imports())
+            options["policy"] = Policy(allowed_imports=tuple(self._imports()))
         if self.pip_packages:
             options["pip_packages"] = split_packages(self.pip_packages)
         options.update(self.executor_options)

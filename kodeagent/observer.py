@@ -65,7 +65,7 @@ class Observer:
     def action_signature(step: StepRecord) -> str:
         if step.code is not None:
             return "code:" + _digest(step.code)
-        calls = [(c.name, c.args) for c in step.tool_calls]
+        calls: list[Any] = [(c.name, c.args) for c in step.tool_calls]
         return "tools:" + _digest(calls or [step.action or "", step.error or ""])
 
     def observe(self, step: StepRecord, steps_left: int) -> str | None:

@@ -101,7 +101,7 @@ def parse_react_reply(text: str) -> ReActChatMessage:
             action=action,
             args=_string_field(text, "args"),
             final_answer=final,
-            task_successful=_bool_field(text, "task_successful") if final is not None else False,
+            task_successful=bool(_bool_field(text, "task_successful")) if final is not None else False,
         )
     return parse_react_text(text)
 

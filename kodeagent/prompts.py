@@ -8,6 +8,19 @@ prefix that providers cache identical from step to step.
 
 from __future__ import annotations
 
+from typing import Any
+
+
+class _KeepMissing(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+def render_template(template: str, **values: Any) -> str:
+    """`str.format` that leaves unknown placeholders as they are (user templates need not use them all)."""
+    return template.format_map(_KeepMissing(values))
+
+
 REACT_SYSTEM_PROMPT = """\
 You are a careful problem solver who works by thinking, then acting with tools, then reading what \
 the tools returned.

@@ -28,20 +28,11 @@ from .errors import KodeAgentError, ResponseParseError, ToolArgumentError
 from .llm import supports
 from .models import AgentResponse, ChatMessage, ReActChatMessage, StepRecord, Task, ToolCallRecord
 from .parsing import parse_react_reply, parse_react_text
+from .prompts import render_template
 from .text import cap_text, neutralize_control
 from .tools import to_jsonable
 
 Mode = Literal["native", "json", "text"]
-
-
-class _KeepMissing(dict[str, Any]):
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
-
-
-def render_template(template: str, **values: Any) -> str:
-    """`str.format` that leaves unknown placeholders as they are (for user-supplied templates)."""
-    return template.format_map(_KeepMissing(values))
 
 
 class ReActAgent(Agent):
@@ -201,7 +192,9 @@ class ReActAgent(Agent):
         response_model: type[BaseModel] | None,
         allowed_tools: Sequence[str] | None,
     ) -> None:
-        self.task = Task(description=task, files=list(files or []), **({"id": task_id} if task_id else {}))
+        self.task = Task(description=task, files=list(files or []))
+        if task_id:
+            self.task.id = task_id
         self.usage_tracker.reset()
         self.observer.reset()
         if self.planner is not None:

@@ -118,7 +118,7 @@ class Tool:
         if not callable(func):
             raise ToolDefinitionError(f"a tool must be callable, got {type(func).__name__}")
         self.func = func
-        self.name = name or getattr(func, "__name__", "")
+        self.name: str = name or str(getattr(func, "__name__", ""))
         if not self.name.isidentifier() or self.name.startswith("_"):
             raise ToolDefinitionError(
                 f"tool name {self.name!r} must be a Python identifier that does not start with '_'"
@@ -222,7 +222,7 @@ class Tool:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)
-            except ValueError as exc:
+            except json.JSONDecodeError as exc:
                 raise ToolArgumentError(
                     f"arguments for tool {self.name!r} are not valid JSON ({exc.msg}); "
                     'give a JSON object such as {"name": "value"}'
