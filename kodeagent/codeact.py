@@ -154,6 +154,13 @@ class CodeActAgent(ReActAgent):
 
         return list(DEFAULT_ALLOWED_IMPORTS)
 
+    def get_tools_description(self, tools: list[Any] | None = None) -> str:
+        """Tools as the Python functions the code calls: signature, purpose, arguments."""
+        from .tools import as_tool
+
+        chosen = [as_tool(t) for t in tools] if tools is not None else list(self._run_tools.values())
+        return "\n".join(t.describe(style="python") for t in chosen) if chosen else prompts.NO_TOOLS
+
     def get_system_prompt_content(self) -> str:
         imports = ", ".join(self._imports()) or "(none)"
         return render_template(

@@ -185,9 +185,32 @@ class Tool:
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
 
-    def describe(self) -> str:
-        """A plain-text description for prompts: signature-like, with required arguments marked."""
-        lines = [f"- {self.name}: {self.description}"]
+    def python_signature(self) -> str:
+        """How CodeAct code calls the tool, e.g. ``get_price(symbol: str, days: int = 1) -> float``."""
+        properties: dict[str, Any] = self.parameters.get("properties", {})
+        required = set(self.required)
+        parts = []
+        for arg, spec in properties.items():
+            text = f"{arg}: {_py_type_name(spec)}"
+            if arg not in required:
+                text += f" = {spec.get('default')!r}"
+            parts.append(text)
+        returns = "Any"
+        try:
+            annotation = get_type_hints(self.func, localns=self._localns or None).get("return")
+        except Exception:
+            annotation = None
+        if annotation is not None:
+            returns = getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+        return f"{self.name}({', '.join(parts)}) -> {returns}"
+
+    def describe(self, style: Literal["plain", "python"] = "plain") -> str:
+        """A plain-text description for prompts, with required arguments marked.
+
+        ``style="python"`` heads it with the Python signature (for CodeAct, where tools are functions).
+        """
+        head = f"`{self.python_signature()}`" if style == "python" else self.name
+        lines = [f"- {head}: {self.description}"]
         properties: dict[str, Any] = self.parameters.get("properties", {})
         required = set(self.required)
         if not properties:
@@ -336,6 +359,22 @@ def model_from_json_schema(name: str, schema: dict[str, Any]) -> type[BaseModel]
     return create_model(  # type: ignore[call-overload]
         f"{name}_arguments", __config__=ConfigDict(extra=extra, protected_namespaces=()), **fields
     )
+
+
+def _py_type_name(spec: dict[str, Any]) -> str:
+    """A readable Python type for a JSON-schema fragment, for signatures shown to the model."""
+    if spec.get("enum"):
+        return "Literal[" + ", ".join(map(repr, spec["enum"])) + "]"
+    options = spec.get("anyOf") or spec.get("oneOf")
+    if options:
+        return " | ".join(_py_type_name(s) for s in options if isinstance(s, dict))
+    kind = spec.get("type")
+    if kind == "array":
+        items = spec.get("items")
+        return f"list[{_py_type_name(items)}]" if isinstance(items, dict) else "list"
+    names = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "object": "dict",
+             "null": "None"}  # fmt: skip
+    return names.get(kind or "", "Any")
 
 
 def _mcp_result_value(result: Any) -> Any:

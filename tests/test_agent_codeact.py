@@ -113,7 +113,7 @@ async def test_tools_called_back_from_the_sandbox(llm: StandinLLM, run_env: str)
     # the tool ran here, in the agent's process, not in the sandbox
     assert TOOL_THREADS == [str(os.getpid())] * 2
     system = llm.requests[0]["messages"][0]["content"]
-    assert "get_price" in system and "statistics" in system
+    assert "`get_price(symbol: str) -> float`" in system and "statistics" in system
     assert agent._executor is None  # closed
 
 

@@ -171,3 +171,12 @@ async def test_mcp_stdio_tools() -> None:
         assert await shout.ainvoke({"text": "hi"}) == "HI"
         with pytest.raises(ToolExecutionError, match="shout"):
             await shout.ainvoke({"text": "hi", "fail": True})
+
+
+def test_python_signature_for_codeact() -> None:
+    assert get_price.python_signature() == "get_price(symbol: str, days: int = 1) -> float"
+    t = as_tool(convert)
+    assert t.python_signature() == (
+        "convert(amount: float, unit: Literal['m', 'km'] = 'm', tags: list[str] | None = None) -> dict"
+    )
+    assert get_price.describe(style="python").startswith("- `get_price(symbol: str, days: int = 1) -> float`")
