@@ -84,6 +84,8 @@ class HostWorker(Worker):
         """Synchronous kill, for `atexit` and `kill()`."""
         if not self._killed:
             self._killed = True
+            if self.isolation == "process":
+                _kill_process_tree(self.process.pid)
             try:
                 os.killpg(self.process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
@@ -232,6 +234,64 @@ def _path_is_world_traversable(path: str) -> bool:
     return True
 
 
+def _kill_process_tree(root: int) -> None:
+    """SIGKILL every descendant of the runner `root`, which is a subreaper (``--subreaper``): `setsid`
+    children and double forks stay in its tree even when there is no private user to kill by.
+    A fork bomb races each pass, so the tree is first frozen (SIGSTOP until no new process appears:
+    a stopped process cannot fork), then killed; zombies are already dead."""
+    if not os.path.isdir("/proc"):
+        return
+    try:
+        os.killpg(root, signal.SIGSTOP)  # most of a fork bomb is still in the runner's group: freeze it at once
+    except (ProcessLookupError, PermissionError):
+        pass
+    stopped: set[int] = set()
+    for _ in range(200):
+        found = _descendants(root)
+        fresh = found - stopped
+        if not fresh:
+            break
+        for pid in fresh:
+            _signal(pid, signal.SIGSTOP)
+        stopped |= fresh
+    for _ in range(20):
+        found = _descendants(root)
+        if not found:
+            return
+        for pid in found:
+            _signal(pid, signal.SIGKILL)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _descendants(root: int) -> set[int]:
+    """Live (non-zombie) descendants of `root`, from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields and fields[0] != b"Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found: set[int] = set()
+    stack = list(children.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        if pid not in found:
+            found.add(pid)
+            stack.extend(children.get(pid, ()))
+    return found
+
+
 def _kill_user_processes(uid: int) -> None:
     """Kill every process of a worker's private user: catches `setsid` children that left the group."""
     for _ in range(3):
@@ -266,6 +326,8 @@ def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWork
         runner_args += ["--sys-path", path]
     if uid is not None:
         runner_args += ["--uid", str(uid), "--gid", str(uid)]
+    if isolation != "namespaces":
+        runner_args.append("--subreaper")  # see _kill_process_tree
     if isolation == "namespaces":
         command = [
             shutil.which("bwrap") or "bwrap", *_bwrap_filesystem(),
