@@ -235,14 +235,10 @@ class CodeActAgent(ReActAgent):
                 await executor.close()
 
     async def post_run(self) -> AsyncIterator[AgentResponse]:
-        """Close the sandbox (if still open) and report usage."""
+        """Close the sandbox (if still open, before anything else), then report usage."""
         await self._release_resources()
-        yield self.response(
-            "log",
-            self.get_usage_report(include_breakdown=False),
-            channel="usage",
-            metadata={"event": "usage"},
-        )
+        async for item in super().post_run():
+            yield item
 
     # ------------------------------------------------------------------ one step
 

@@ -229,6 +229,15 @@ class ReActAgent(Agent):
         self.msg_idx_of_new_task = len(self.chat_history)
         self.add_to_history(self._task_message(self._task_text(task, previous, recurrent_mode)))
 
+    async def post_run(self) -> AsyncIterator[AgentResponse]:
+        """After the loop: report the run's model usage as a log response."""
+        yield self.response(
+            "log",
+            self.get_usage_report(include_breakdown=False),
+            channel="usage",
+            metadata={"event": "usage", **self.get_usage_metrics()["total"]},
+        )
+
     async def _release_resources(self) -> None:
         """Release what the run opened. Called from `finally`; must be idempotent."""
 

@@ -486,3 +486,15 @@ async def test_task_record_and_reference_module_path(llm: StandinLLM) -> None:
     assert agent.task.id == "task-7" and agent.task.is_finished and agent.task.steps_taken == 2
     assert agent.response_format_class.__name__ == "ReActChatMessage"
     assert [s.index for s in agent.steps] == [1, 2]
+
+
+async def test_order_of_responses(llm: StandinLLM) -> None:
+    llm.add(react_call("get_price", {"symbol": "AAPL"}), react_finish("200"))
+    responses = await collect(make(llm, "json").run("AAPL?"))
+    assert [(r.type, r.channel) for r in responses] == [
+        ("step", "react"),
+        ("step", "react"),
+        ("log", "usage"),
+        ("final", "react"),
+    ]
+    assert responses[2].metadata["calls"] == 2
