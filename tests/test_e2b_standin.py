@@ -162,3 +162,19 @@ async def test_wrong_credentials_are_refused():
             await stranger.commands.run("echo hi")
     finally:
         await sandbox.kill()
+
+
+async def test_connect_by_id_reaches_the_same_sandbox():
+    from e2b import AsyncSandbox
+
+    sandbox = await _sandbox()
+    try:
+        await sandbox.files.write("note.txt", b"shared")
+        again = await AsyncSandbox.connect(sandbox.sandbox_id, timeout=120, **connection())
+        data = await again.files.read("note.txt")
+        info = await again.get_info()
+    finally:
+        await sandbox.kill()
+    assert data == "shared"
+    assert info.sandbox_id == sandbox.sandbox_id
+    assert (info.end_at.timestamp() - time.time()) > 100  # connect extended the timeout
