@@ -1,0 +1,153 @@
+"""Smoke tests of the benchmarks: small real runs that prove each one works end to end.
+
+No timing is asserted here (speed lives in the benchmarks' own output); only that the runs happen,
+that verdicts are right, and that result files and JSON have the documented shape.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from benchmarks import common, humaneval, latency, security
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO(), force_terminal=False, width=200)
+
+
+def test_percentiles_and_summary() -> None:
+    assert common.percentile([3, 1, 2], 50) == 2
+    assert common.percentile([1, 2, 3, 4], 50) == 2.5
+    assert common.percentile([float(i) for i in range(1, 101)], 95) == pytest.approx(95.05)
+    assert math.isnan(common.percentile([], 50))
+    stats = common.summarize([0.001, 0.002, 0.003])
+    assert stats["n"] == 3 and stats["p50_ms"] == pytest.approx(2.0)
+
+
+def test_plain_table_off_a_terminal() -> None:
+    out = io.StringIO()
+    common.print_table(
+        Console(file=out, force_terminal=False, width=200), "T", ["a", "n"], [["x", 1], ["yy", 22]]
+    )
+    assert out.getvalue().splitlines() == ["T", "a    n", "--  --", "x    1", "yy  22"]
+
+
+def test_result_file_has_machine_and_data(tmp_path: Path) -> None:
+    path = common.write_result("smoke", {"value": 1}, tmp_path / "r.json")
+    data = json.loads(path.read_text())
+    assert data["benchmark"] == "smoke" and data["value"] == 1 and data["machine"]["cpus"] >= 1
+
+
+def test_pass_at_k_estimator() -> None:
+    assert humaneval.pass_at_k(10, 0, 1) == 0.0
+    assert humaneval.pass_at_k(10, 10, 5) == 1.0
+    assert humaneval.pass_at_k(10, 5, 1) == pytest.approx(0.5)
+    assert humaneval.pass_at_k(4, 1, 2) == pytest.approx(0.5)
+
+
+def test_policy_comes_from_trusted_parts_only() -> None:
+    problems = humaneval.load_problems()
+    assert "eval" in humaneval.policy_for(problems["HumanEval/160"]).allow_builtins
+    assert humaneval.policy_for(problems["HumanEval/0"]).allow_builtins == ()
+    assert "os" not in humaneval.policy_for(problems["HumanEval/0"]).allowed_imports
+
+
+def test_humaneval_canonical_smoke() -> None:
+    result = humaneval.run(limit=5, concurrency=2, console=quiet())
+    assert result["programs"] == 5
+    assert result["sandbox"]["passed"] == 5, result["failures"]
+    assert result["baseline"]["passed"] == 5
+    assert "verified to execute" in result["baseline"]["method"]
+    assert result["speedup"] > 0 and result["disagreements"] == []
+    assert result["sandbox"]["pass_at_k"] == {"pass@1": 1.0}
+
+
+def test_humaneval_samples_scored_as_pass_at_k(tmp_path: Path) -> None:
+    problems = humaneval.load_problems()
+    samples = tmp_path / "samples.jsonl"
+    lines = []
+    for task_id in ("HumanEval/0", "HumanEval/1"):
+        lines.append({"task_id": task_id, "completion": problems[task_id]["canonical_solution"]})
+        lines.append({"task_id": task_id, "completion": "    return None\n"})
+    # a completion that imports os: the unsandboxed harness lets it pass, the sandbox refuses it
+    lines.append(
+        {
+            "task_id": "HumanEval/0",
+            "completion": "    import os\n" + problems["HumanEval/0"]["canonical_solution"],
+        }
+    )
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    result = humaneval.run(samples=str(samples), limit=2, concurrency=2, ks=(1, 2), console=quiet())
+    assert result["programs"] == 5
+    assert result["sandbox"]["passed"] == 2
+    assert result["baseline"]["passed"] == 3
+    assert [d["task_id"] for d in result["disagreements"]] == ["HumanEval/0"]
+    assert "PolicyViolation" in result["disagreements"][0]["sandbox"]
+    assert result["sandbox"]["pass_at_k"]["pass@1"] == pytest.approx((1 / 3 + 1 / 2) / 2)
+
+
+def test_faithful_harness_really_executes() -> None:
+    problem = humaneval.load_problems()["HumanEval/2"]
+    assert humaneval.faithful_check_correctness(problem, problem["canonical_solution"], 3.0)["passed"]
+    verdict = humaneval.faithful_check_correctness(problem, "    return -1\n", 3.0)
+    assert not verdict["passed"] and verdict["result"].startswith("failed")
+
+
+def test_latency_smoke() -> None:
+    result = latency.run(backends=("host",), n=5, sessions=2, baseline_n=2, console=quiet())
+    names = [row["name"] for row in result["rows"]]
+    assert names[:2] == ["warm run", "(a) python3 -I -S -c subprocess"]
+    assert {"session from the pool", "cold session", "(b) fork per snippet"} <= set(names)
+    assert all(row["n"] > 0 and row["p50_ms"] > 0 for row in result["rows"])
+    assert result["host_isolation"] in ("namespaces", "process")
+
+
+def test_latency_reports_a_missing_backend_module() -> None:
+    rows, reason = latency.other_backend_rows("nosuchbackend", 1)
+    assert rows == [] and reason and "latency_nosuchbackend" in reason
+
+
+def test_corpus_is_well_formed() -> None:
+    attacks, benign = security.load_corpus()
+    classes = {a.attack_class for a in attacks}
+    assert {
+        "imports",
+        "introspection",
+        "files",
+        "environment",
+        "network",
+        "processes",
+        "resources",
+        "forgery",
+    } <= classes
+    names = [(a.attack_class, a.name) for a in attacks]
+    assert len(names) == len(set(names))
+    assert len(benign) >= 10 and all(b.expected.endswith("\n") for b in benign)
+
+
+def test_security_smoke_files_on_process_isolation() -> None:
+    result = security.run(backends=("host:process",), classes=["files", "forgery"], console=quiet())
+    data = result["backends"]["host:process"]
+    assert data["attacks"] and all(o["contained"] for o in data["attacks"]), data["attacks"]
+    assert all(result["control"]["attacks_effective"].values()), result["control"]
+    assert all(result["control"]["benign_correct"].values())
+
+
+def test_bench_through_the_cli_prints_json(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kodeagent.cli", "bench", "latency", "--backend", "host", "--n", "3",
+         "--sessions", "1", "--baseline-n", "1", "--json", "--output", str(tmp_path / "l.json")],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["rows"][0]["name"] == "warm run"
+    assert json.loads((tmp_path / "l.json").read_text())["benchmark"] == "latency"
