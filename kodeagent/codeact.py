@@ -135,6 +135,7 @@ class CodeActAgent(ReActAgent):
         self.env_vars_to_set = dict(env_vars_to_set) if env_vars_to_set else None
         self.executor_options = dict(executor_options or {})
         self._executor: Any = None
+        self._executor_token: object | None = None
 
     # ------------------------------------------------------------------ prompts and parsing
 
@@ -209,8 +210,10 @@ class CodeActAgent(ReActAgent):
 
     async def pre_run(self) -> AsyncIterator[AgentResponse]:
         """Open the sandbox session, copy the task's files in, and define `inputs` as variables."""
+        await self._release_resources()  # the sandbox of an earlier run that was abandoned unfinished
         executor = self._make_executor()
         self._executor = executor
+        self._executor_token = self._run_token
         await executor.open()
         yield self.response(
             "log", f"sandbox ready ({self.run_env}, isolation: {executor.isolation})",
@@ -228,17 +231,19 @@ class CodeActAgent(ReActAgent):
                     metadata={"event": "inputs_failed"},
                 )  # fmt: skip
 
-    async def _release_resources(self) -> None:
+    async def _release_resources(self, token: object | None = None) -> None:
+        """Close the sandbox; with a `token`, only if it belongs to that run (not to a newer one).
+
+        The run's own ``finally`` calls this with its token: that is what guarantees the close. A run
+        abandoned unfinished is finalised later, perhaps while a newer run is using its own sandbox;
+        the token keeps the old run's cleanup from touching the new sandbox.
+        """
+        if token is not None and token is not self._executor_token:
+            return
         executor, self._executor = self._executor, None
         if executor is not None:
             with anyio.CancelScope(shield=True):
                 await executor.close()
-
-    async def post_run(self) -> AsyncIterator[AgentResponse]:
-        """Close the sandbox (if still open, before anything else), then report usage."""
-        await self._release_resources()
-        async for item in super().post_run():
-            yield item
 
     # ------------------------------------------------------------------ one step
 

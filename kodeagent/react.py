@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import Any, ClassVar, Literal
 
 import anyio
@@ -33,6 +34,13 @@ from .text import cap_text, neutralize_control
 from .tools import to_jsonable
 
 Mode = Literal["native", "json", "text"]
+
+
+class _Outcome:
+    """Carries the final response out of `_run_task` (kept apart from the responses it yields)."""
+
+    def __init__(self, response: AgentResponse) -> None:
+        self.response = response
 
 
 class ReActAgent(Agent):
@@ -55,6 +63,7 @@ class ReActAgent(Agent):
         self._mode: Mode = "text"
         self._final: AgentResponse | None = None
         self._trouble = False
+        self._run_token: object | None = None
 
     # ------------------------------------------------------------------ modes and prompts
 
@@ -139,37 +148,29 @@ class ReActAgent(Agent):
         self._check_run_arguments(
             task, files, max_iterations, recurrent_mode, chat_history, history, inputs, response_model
         )
+        # An agent holds one conversation at a time. A new run supersedes one that was abandoned
+        # unfinished; the token lets each run release only what it opened itself.
+        token = object()
+        self._run_token = token
         previous = self.task
         limit = max_iterations or self.max_iterations
         self._start_task(task, files, task_id, inputs, response_model, allowed_tools)
-        self.current_trace = self.tracer_manager.start_trace(
-            name=self.name or type(self).__name__,
-            input=task,
-            metadata={"task_id": self.task.id if self.task else None},
-        )
+        self._start_task_trace(task)
         completed = False
         final: AgentResponse | None = None
         try:
-            if self.filter_tools_for_task:
-                await self._filter_tools(task)
-            self._mode = self.reply_mode()
-            self._build_conversation(task, previous, recurrent_mode, chat_history, history)
-            async for item in self.pre_run():
-                yield item
-            if self.planner is not None:
-                plan = await self.planner.create_plan(task, self.get_tools_description())
-                if plan:
-                    self.add_to_history({"role": "user", "content": prompts.PLAN_MESSAGE.format(plan=plan)})
-                    yield self.response("log", plan, channel="planner", metadata={"event": "plan"})
-            async for item in self._loop(limit):
-                yield item
-            if self._final is not None:
-                final = self._final
-            else:
-                final = await self._give_up(limit, summarize_progress_on_failure)
+            steps = self._run_task(
+                task, previous, recurrent_mode, chat_history, history, limit, summarize_progress_on_failure
+            )
+            async with aclosing(steps):
+                async for item in steps:
+                    if isinstance(item, _Outcome):
+                        final = item.response
+                    else:
+                        yield item
             completed = True
         finally:
-            await self._release_resources()
+            await self._release_resources(token)
             if self.current_trace is not None:
                 self.current_trace.end(
                     output=final.value if final else None, error=None if completed else "run failed"
@@ -182,6 +183,42 @@ class ReActAgent(Agent):
         async for item in self.post_run():
             yield item
         yield final
+
+    def _start_task_trace(self, task: str) -> None:
+        self.current_trace = self.tracer_manager.start_trace(
+            name=self.name or type(self).__name__,
+            input=task,
+            metadata={"task_id": self.task.id if self.task else None},
+        )
+
+    async def _run_task(
+        self,
+        task: str,
+        previous: Task | None,
+        recurrent_mode: bool,
+        chat_history: list[dict[str, Any]] | None,
+        history: Sequence[Any] | None,
+        limit: int,
+        summarize_progress_on_failure: bool,
+    ) -> AsyncIterator[AgentResponse | _Outcome]:
+        """Setup, plan and steps; yields responses, and last an `_Outcome` holding the final response."""
+        if self.filter_tools_for_task:
+            await self._filter_tools(task)
+        self._mode = self.reply_mode()
+        self._build_conversation(task, previous, recurrent_mode, chat_history, history)
+        async for item in self.pre_run():
+            yield item
+        if self.planner is not None:
+            plan = await self.planner.create_plan(task, self.get_tools_description())
+            if plan:
+                self.add_to_history({"role": "user", "content": prompts.PLAN_MESSAGE.format(plan=plan)})
+                yield self.response("log", plan, channel="planner", metadata={"event": "plan"})
+        async for item in self._loop(limit):
+            yield item
+        if self._final is not None:
+            yield _Outcome(self._final)
+        else:
+            yield _Outcome(await self._give_up(limit, summarize_progress_on_failure))
 
     def _start_task(
         self,
@@ -238,7 +275,7 @@ class ReActAgent(Agent):
             metadata={"event": "usage", **self.get_usage_metrics()["total"]},
         )
 
-    async def _release_resources(self) -> None:
+    async def _release_resources(self, token: object | None = None) -> None:
         """Release what the run opened. Called from `finally`; must be idempotent."""
 
     async def _give_up(self, limit: int, summarize: bool) -> AgentResponse:

@@ -306,3 +306,26 @@ def test_observation_formatting_caps_head_and_tail() -> None:
     assert len(text) < 1300
     lost = format_observation(ExecutionResult(stdout="hi\n", state_lost=True))
     assert lost.startswith("Notice: the Python session was restarted")
+
+
+async def test_a_new_run_supersedes_an_abandoned_one(llm: StandinLLM) -> None:
+    llm.add(code_step("a = 'first'\nprint(a)"))
+    agent = make(llm)
+    first = agent.run("First task")
+    async for response in first:
+        if response.type == "step":
+            break  # abandoned, not closed
+    first_executor = agent._executor
+    llm.add(code_step("b = 'second'\nprint(b)"), code_step("print(b * 2)"), code_final("done"))
+    second = agent.run("Second task")
+    async for response in second:
+        if response.type == "step":
+            break
+    second_executor = agent._executor
+    assert first_executor._closed and not second_executor._closed  # the new run closed the old sandbox
+    await first.aclose()  # the old run's cleanup must leave the new run's sandbox alone
+    assert not second_executor._closed
+    rest = [r async for r in second]
+    assert rest[-1].value == "done"
+    assert llm.requests[-1]["messages"][-1]["content"] == "Observation:\nOutput:\nsecondsecond"
+    assert second_executor._closed and agent._executor is None
