@@ -46,11 +46,14 @@ from ..executor import Executor, ToolFunction
 from ..images import (
     DEFAULT_IMAGE,
     LABEL_OWNER,
+    LABEL_RUNTIME,
     LABEL_SANDBOX,
+    build_command,
     cleanup,
     docker_client,
     image_missing_message,
     owner_label,
+    runtime_hash,
 )
 from ..policy import Policy
 from ..worker import SocketLineReader, Worker, WorkerExit, WorkerExited
@@ -398,6 +401,12 @@ def refill(settings: ContainerSettings, size: int) -> None:
     _BACKGROUND.submit(fill)
 
 
+def pooled_count(settings: ContainerSettings) -> int:
+    """How many warm containers wait for `settings` (benchmarks wait for a full pool with it)."""
+    with _pool_lock:
+        return len(_POOLS.get(settings, []))
+
+
 def drain_pools() -> None:
     """Remove every pooled container of this process (blocking)."""
     with _pool_lock:
@@ -490,6 +499,7 @@ class DockerExecutor(Executor):
             host_workdir=workdir,
         )  # fmt: skip
         self.pool_size = max(0, pool_size) if pool and workdir is None else 0
+        self._refill_due = False
 
     @property
     def container_id(self) -> str | None:
@@ -502,7 +512,15 @@ class DockerExecutor(Executor):
         worker = take_pooled(self.settings) if self.pool_size else None
         if worker is None:
             worker = await anyio.to_thread.run_sync(start_container, self.settings)
-        if self.pool_size:
+        self._refill_due = self.pool_size > 0
+        return worker
+
+    async def _ensure_worker(self) -> Worker:
+        worker = await super()._ensure_worker()
+        if self._refill_due:
+            # After the handshake, not before: starting a container loads the daemon and the CPU,
+            # and the session that just took a warm container should not wait behind that.
+            self._refill_due = False
             refill(self.settings, self.pool_size)
         return worker
 
@@ -513,10 +531,18 @@ class DockerExecutor(Executor):
         daemon = client()
         if self.settings.image not in _checked_images:
             try:
-                daemon.images.get(self.settings.image)
+                found = daemon.images.get(self.settings.image)
             except docker.errors.ImageNotFound as exc:
                 raise BackendUnavailable(image_missing_message(self.settings.image)) from exc
             except docker.errors.APIError as exc:
                 raise BackendUnavailable(f"cannot inspect the image {self.settings.image!r}: {exc}") from exc
+            baked = (found.labels or {}).get(LABEL_RUNTIME)
+            if baked is not None and baked != runtime_hash():
+                # An image of ours with another runner would fail the protocol in obscure ways.
+                command = build_command(self.settings.image) or "the command that built it"
+                raise BackendUnavailable(
+                    f"the image {self.settings.image!r} was built with a different runner than this "
+                    f"version of sandboxes; rebuild it with {command}"
+                )
             _checked_images.add(self.settings.image)
             _BACKGROUND.submit(_sweep_orphans)
