@@ -151,3 +151,57 @@ def test_bench_through_the_cli_prints_json(tmp_path: Path) -> None:
     data = json.loads(done.stdout)
     assert data["rows"][0]["name"] == "warm run"
     assert json.loads((tmp_path / "l.json").read_text())["benchmark"] == "latency"
+
+
+def test_tool_answers_are_graded_by_value() -> None:
+    from benchmarks import agent
+
+    first = agent.TOOL_TASKS[0]
+    assert agent.grade_tool_answer(first, f"It costs {first.answer:.2f} EUR.")
+    assert agent.grade_tool_answer(first, first.answer)
+    assert not agent.grade_tool_answer(first, "It costs 27.00 EUR.")
+    listed = agent.TOOL_TASKS[7]
+    assert agent.grade_tool_answer(listed, listed.answer.upper())
+    assert not agent.grade_tool_answer(listed, "eggplant, apple, banana")
+
+
+def test_agent_benchmark_against_the_llm_standin(monkeypatch: pytest.MonkeyPatch) -> None:
+    from llm_standin import (
+        StandinLLM,
+        code_final,
+        code_step,
+        react_call,
+        react_finish,
+        register_standin_models,
+    )
+
+    from benchmarks import agent
+
+    register_standin_models()
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-standin")
+    problem = humaneval.load_problems()["HumanEval/0"]
+    solution = problem["prompt"] + problem["canonical_solution"]
+    with StandinLLM() as llm:
+        llm.add(
+            code_final(solution),  # codeact, humaneval/0: right
+            code_step(
+                "print(convert_currency(12 * get_price('apple') + 7 * get_price('cherry'), 'USD', 'EUR'))"
+            ),
+            code_final("24.30 EUR"),  # codeact, tools/0: right
+            react_finish(
+                "```python\ndef has_close_elements(numbers, threshold):\n    return False\n```"
+            ),  # wrong
+            react_call("get_price", {"item": "apple"}),
+            react_finish("25 EUR"),  # react, tools/0: wrong
+        )
+        result = agent.run(model=llm.model("json"), limit=1, api_base=llm.api_base, console=quiet())
+        assert llm.remaining == 0
+    verdicts = {(r["agent"], r["task_set"]): r for r in result["records"]}
+    assert verdicts[("codeact", "humaneval")]["passed"], verdicts[("codeact", "humaneval")]
+    assert verdicts[("codeact", "tools")]["passed"] and verdicts[("codeact", "tools")]["steps"] == 2
+    assert not verdicts[("react", "humaneval")]["passed"]
+    assert not verdicts[("react", "tools")]["passed"]
+    summary = {(s["agent"], s["task_set"]): s for s in result["summary"]}
+    assert (
+        summary[("codeact", "tools")]["success_rate"] == 1.0 and summary[("codeact", "tools")]["tokens"] > 0
+    )
