@@ -41,5 +41,5 @@ log "Docker is up: $(docker version --format '{{.Server.Version}}' 2>/dev/null)"
 # Docker Hub when reachable, else the offline Debian base (the images module decides; see --offline).
 python3 -m sandboxes.images build
 python3 -m sandboxes.images build --variant datascience
-# Containers left behind by earlier runs whose parent process died.
-python3 -m sandboxes.images cleanup >/dev/null
+# Containers left behind by earlier runs whose parent process died, and superseded image builds.
+python3 -m sandboxes.images cleanup --images >/dev/null

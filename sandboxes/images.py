@@ -544,6 +544,31 @@ def cleanup(*, everything: bool = False, progress: Progress = print) -> list[str
     return removed
 
 
+def remove_old_images(progress: Progress = print) -> list[str]:
+    """Remove sandbox images that no alias points to any more (older builds); return their tags.
+
+    Every change of the runner or the requirements makes a new content-addressed image; without
+    this they pile up. Images still used by a container are kept.
+    """
+    client = docker_client()
+    import docker.errors
+
+    removed: list[str] = []
+    for image in client.images.list(filters={"label": f"{LABEL_IMAGE}=sandbox"}):
+        variant = (image.labels or {}).get(LABEL_VARIANT, "")
+        if f"{REPOSITORY}:{variant}" in image.tags:
+            continue
+        for tag in image.tags:
+            try:
+                client.images.remove(tag)
+            except docker.errors.APIError as exc:  # in use by a container, or a child image's parent
+                progress(f"kept {tag}: {exc.explanation or exc}")
+                continue
+            removed.append(tag)
+            progress(f"removed image {tag}")
+    return removed
+
+
 # --------------------------------------------------------------------------- command line
 
 
@@ -561,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("list", help="list sandbox images")
     clean = commands.add_parser("cleanup", help="remove sandbox containers whose owner process is gone")
     clean.add_argument("--all", action="store_true", help="remove every sandbox container, live sessions too")
+    clean.add_argument("--images", action="store_true", help="also remove older builds no alias points to")
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
@@ -573,6 +599,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             removed = cleanup(everything=args.all, progress=lambda m: print(m, file=sys.stderr))
             print(f"removed {len(removed)} container(s)")
+            if args.images:
+                tags = remove_old_images(progress=lambda m: print(m, file=sys.stderr))
+                print(f"removed {len(tags)} old image tag(s)")
     except SandboxError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
