@@ -89,12 +89,57 @@ def slow(seconds: float, then: Reply | None = None) -> Reply:
     )
 
 
+def request_problem(body: dict[str, Any]) -> str | None:
+    """What a real OpenAI endpoint would reject in this request (400), or None.
+
+    Checked like the provider checks them: message roles and content, and the pairing of assistant
+    `tool_calls` with the `tool` messages that answer each of them, in order.
+    """
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return "'messages' must be a non-empty list"
+    pending: set[str] = set()
+    for i, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role not in ("system", "user", "assistant", "tool", "developer"):
+            return f"messages[{i}]: invalid role {role!r}"
+        if role == "tool":
+            if m.get("tool_call_id") not in pending:
+                return f"messages[{i}]: a tool message must answer a tool_call_id of the preceding assistant message"
+            pending.discard(m["tool_call_id"])
+            continue
+        if pending:
+            return f"messages[{i}]: tool_calls {sorted(pending)} were not answered by tool messages"
+        content = m.get("content")
+        if content is None and not (role == "assistant" and m.get("tool_calls")):
+            return f"messages[{i}]: content is required"
+        if not isinstance(content, str | list | type(None)):
+            return f"messages[{i}]: content must be a string or a list of parts"
+        if role == "assistant" and m.get("tool_calls"):
+            pending = {c.get("id") for c in m["tool_calls"]}
+    if pending:
+        return f"tool_calls {sorted(pending)} were not answered by tool messages"
+    for tool in body.get("tools") or []:
+        if tool.get("type") != "function" or not tool.get("function", {}).get("name"):
+            return "each tool must be {'type': 'function', 'function': {'name': ...}}"
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if fmt.get("type") == "json_schema":
+            schema = fmt.get("json_schema") or {}
+            if not schema.get("name") or not isinstance(schema.get("schema"), dict):
+                return "response_format json_schema needs a 'name' and a 'schema'"
+        elif fmt.get("type") not in ("json_object", "text"):
+            return f"unsupported response_format type {fmt.get('type')!r}"
+    return None
+
+
 class StandinLLM:
     """The server. Use as a context manager; `model(kind)` and `params()` configure litellm to reach it."""
 
     def __init__(self) -> None:
         self.script: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []
+        self.rejected: list[str] = []
         self._lock = threading.Lock()
         self._counter = 0
         handler = self._make_handler()
@@ -209,6 +254,11 @@ class StandinLLM:
                     self._send(
                         400, {"error": {"message": "request body is not JSON", "type": "invalid_request"}}
                     )
+                    return
+                problem = request_problem(body)
+                if problem is not None:  # as the provider would: 400, and the script does not advance
+                    standin.rejected.append(problem)
+                    self._send(400, {"error": {"message": problem, "type": "invalid_request_error"}})
                     return
                 r = standin._next(body)
                 if r is None:

@@ -498,3 +498,13 @@ async def test_order_of_responses(llm: StandinLLM) -> None:
         ("final", "react"),
     ]
     assert responses[2].metadata["calls"] == 2
+
+
+async def test_standin_rejects_what_a_provider_would(llm: StandinLLM) -> None:
+    """The stand-in checks requests like the provider does, so the agents' histories are really checked."""
+    from kodeagent import LLMError, call_llm
+
+    bad = [{"role": "user", "content": "hi"}, {"role": "tool", "tool_call_id": "x", "content": "r"}]
+    with pytest.raises(LLMError, match="tool message must answer"):
+        await call_llm(llm.model("json"), bad, component="test", litellm_params=llm.params())
+    assert llm.rejected and llm.requests == []
