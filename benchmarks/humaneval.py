@@ -370,13 +370,23 @@ def report(console: Console, result: dict[str, Any]) -> None:
         ["per program p50", *(fmt_ms(s["per_program"]["p50_ms"]) for _, s in sides)],
         ["per program p95", *(fmt_ms(s["per_program"]["p95_ms"]) for _, s in sides)],
     ]
+    run_only = result["sandbox"].get("per_program_run_only")
+    if run_only:  # the sandbox's time split: running the program vs getting a fresh session
+        rows.append(["  of which run() p50", fmt_ms(run_only["p50_ms"]), *(["-"] * (len(sides) - 1))])
+        rows.append(["  of which run() p95", fmt_ms(run_only["p95_ms"]), *(["-"] * (len(sides) - 1))])
     for key in result["sandbox"]["pass_at_k"]:
         rows.append([key, *(f"{s['pass_at_k'].get(key, math.nan):.3f}" for _, s in sides)])
     notes = [f"sandbox: backend {result['backend']} (isolation: {result['isolation']}), a fresh session per "
              f"program, concurrency {result['concurrency']}, timeout {result['timeout']:g} s"]  # fmt: skip
     if "baseline" in result:
         notes.append(f"harness: {result['baseline']['method']}, same concurrency and timeout")
-        notes.append(f"sandbox wall time vs harness: {fmt_ratio(result['speedup'])} faster")
+        speedup = result["speedup"]
+        if speedup >= 1:
+            notes.append(f"sandbox wall time vs harness: {fmt_ratio(speedup)} faster")
+        else:
+            notes.append(
+                f"sandbox wall time vs harness: {fmt_ratio(1 / speedup)} slower (speed-up {speedup:.2f})"
+            )
         if result["disagreements"]:
             notes.append(f"{len(result['disagreements'])} programs judged differently: "
                          + ", ".join(d["task_id"] for d in result["disagreements"][:5]))  # fmt: skip
