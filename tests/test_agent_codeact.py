@@ -329,3 +329,33 @@ async def test_a_new_run_supersedes_an_abandoned_one(llm: StandinLLM) -> None:
     assert rest[-1].value == "done"
     assert llm.requests[-1]["messages"][-1]["content"] == "Observation:\nOutput:\nsecondsecond"
     assert second_executor._closed and agent._executor is None
+
+
+async def test_env_vars_to_set_are_the_whole_environment(
+    llm: StandinLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KODEAGENT_TEST_SECRET", "do-not-leak")
+    llm.add(
+        code_step("import os\nprint(os.environ.get('GREETING'), os.environ.get('KODEAGENT_TEST_SECRET'))"),
+        code_final("hi"),
+    )
+    agent = CodeActAgent(
+        llm.model("json"),
+        litellm_params=llm.params(),
+        allowed_imports=["os"],
+        env_vars_to_set={"GREETING": "hello"},
+    )
+    await collect(agent.run("Greet"))
+    assert observations(llm)[0] == "Observation:\nOutput:\nhello None"
+
+
+async def test_no_tracing_costs_nothing(llm: StandinLLM) -> None:
+    import sys
+
+    from kodeagent.tracing import NoOpTracerManager
+
+    llm.add(code_final("x"))
+    agent = make(llm)
+    await collect(agent.run("q"))
+    assert isinstance(agent.tracer_manager, NoOpTracerManager)
+    assert "langfuse" not in sys.modules and "langsmith" not in sys.modules
