@@ -135,6 +135,12 @@ _CODE_LANGS = {"python", "py", "python3", ""}
 _CODEACT_LABELS = "Thought|Code|Final Answer|Answer|Successful|Observation"
 
 
+def _unfence(code: str) -> str:
+    """Code given inside a JSON string is sometimes still wrapped in a markdown fence: unwrap it."""
+    match = re.fullmatch(r"```[ \t]*[\w+-]*[ \t]*\n(.*?)(?:\n?```)?", code.strip(), re.S)
+    return match.group(1) if match else code
+
+
 def parse_codeact_reply(text: str) -> CodeActChatMessage:
     """Parse a CodeAct step from JSON, a fenced code block, or ``Final Answer:`` text."""
     data = extract_json_object(text)
@@ -144,7 +150,7 @@ def parse_codeact_reply(text: str) -> CodeActChatMessage:
         return CodeActChatMessage(
             content=text,
             thought=str(data.get("thought") or ""),
-            code=code if isinstance(code, str) and code.strip() else None,
+            code=_unfence(code) if isinstance(code, str) and code.strip() else None,
             final_answer=final,
             task_successful=_as_bool(data.get("task_successful"), default=final is not None),
         )
