@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import importlib
 import io
+import math
 import multiprocessing
 import subprocess
 import sys
@@ -275,26 +276,40 @@ def _target_text(entry: dict[str, Any]) -> str:
     return f"{text}: {'met' if entry.get('meets_target') else 'NOT met'}"
 
 
+def _label(entry: dict[str, Any]) -> str:
+    backend = str(entry.get("backend", ""))
+    if "stand-in" in str(entry.get("benchmark", "")):
+        backend += " (stand-in)"
+    return f"{backend}: {entry['name']}"
+
+
+def _comparison(entry: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """How a row compares with its baseline; computed from the baseline's row when the row has no ratio."""
+    if entry.get("baseline_of"):
+        return f"warm run {fmt_ratio(entry.get('speedup_p50', math.nan))} faster"
+    baseline = entry.get("baseline")
+    if not baseline:
+        return ""
+    speedup = entry.get("speedup_p50")
+    if speedup is None:
+        match = [r for r in rows if r.get("backend") == entry.get("backend") and r["name"] == baseline]
+        speedup = ratio(match[0]["p50_ms"], entry["p50_ms"]) if match else math.nan
+    return f"{fmt_ratio(speedup)} vs {baseline}"
+
+
 def report(console: Console, result: dict[str, Any]) -> None:
     rows = []
     for entry in result["rows"]:
-        versus = entry.get("speedup_p50")
-        if entry.get("baseline_of"):
-            compared = f"warm run {fmt_ratio(versus)} faster"
-        elif entry.get("baseline"):
-            compared = f"{fmt_ratio(versus)} vs {entry['baseline']}"
-        else:
-            compared = ""
-        rows.append([f"{entry.get('backend', '')}: {entry['name']}", str(entry["n"]), fmt_ms(entry["p50_ms"]),
-                     fmt_ms(entry["p95_ms"]), compared, _target_text(entry)])  # fmt: skip
+        rows.append([_label(entry), str(entry["n"]), fmt_ms(entry["p50_ms"]), fmt_ms(entry["p95_ms"]),
+                     _comparison(entry, result["rows"]), _target_text(entry)])  # fmt: skip
     for backend, reason in result["unavailable"].items():
         rows.append([f"{backend}: unavailable", "", "", "", "", reason[:100]])
     note = f"snippet: {result['snippet']!r}"
     if "host_isolation" in result:
         note += f"; host isolation: {result['host_isolation']}"
-    print_table(
-        console, "Sandbox latency", ["measurement", "n", "p50", "p95", "comparison", "target"], rows, note
-    )
+    note += "; comparison: how many times faster (p50) than the baseline measured in the same run"
+    print_table(console, "Sandbox latency", ["measurement", "n", "p50", "p95", "comparison", "target"], rows, note,
+                left=(0, 4, 5))  # fmt: skip
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
