@@ -15,18 +15,22 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, ClassVar, Literal
 
 import anyio
 
 from . import prompts
+from .agent import OnStep, ToolCallingMode
 from .errors import ConfigurationError, ResponseParseError
 from .models import AgentResponse, ChatMessage, CodeActChatMessage, StepRecord
+from .observer import Observer
 from .parsing import parse_codeact_reply
 from .prompts import render_template
 from .react import ReActAgent
 from .text import cap_text, neutralize_control
+from .tools import Tool
+from .tracing import TracingType
 
 RunEnv = Literal["host", "docker", "e2b"]
 
@@ -110,15 +114,48 @@ class CodeActAgent(ReActAgent):
         self,
         model_name: str,
         *,
+        name: str | None = None,
+        description: str | None = None,
+        tools: Sequence[Callable[..., Any] | Tool] | None = None,
+        litellm_params: dict[str, Any] | None = None,
+        persona: str | None = None,
+        system_prompt: str | None = None,
+        max_iterations: int = 20,
+        filter_tools_for_task: bool = False,
+        max_retries: int = 3,
+        work_dir: str | None = None,
+        tracing_type: TracingType | None = None,
+        allowed_tools: Sequence[str] | None = None,
+        on_step: OnStep | None = None,
+        use_planner: bool = False,
+        observer: Observer | None = None,
+        tool_calling: ToolCallingMode = "auto",
         run_env: RunEnv = "host",
         allowed_imports: list[str] | None = None,
         pip_packages: str | None = None,
         timeout: int = 30,
         env_vars_to_set: dict[str, str] | None = None,
         executor_options: dict[str, Any] | None = None,
-        **kwargs: Any,
     ) -> None:
-        super().__init__(model_name, **kwargs)
+        super().__init__(
+            model_name,
+            name=name,
+            description=description,
+            tools=tools,
+            litellm_params=litellm_params,
+            persona=persona,
+            system_prompt=system_prompt,
+            max_iterations=max_iterations,
+            filter_tools_for_task=filter_tools_for_task,
+            max_retries=max_retries,
+            work_dir=work_dir,
+            tracing_type=tracing_type,
+            allowed_tools=allowed_tools,
+            on_step=on_step,
+            use_planner=use_planner,
+            observer=observer,
+            tool_calling=tool_calling,
+        )
         if run_env not in ("host", "docker", "e2b"):
             raise ConfigurationError(f"run_env must be 'host', 'docker' or 'e2b', got {run_env!r}")
         if not timeout or timeout <= 0:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, ClassVar, Literal
 
@@ -24,14 +24,16 @@ import anyio
 from pydantic import BaseModel
 
 from . import prompts
-from .agent import Agent, ToolCallingMode, select_tools, validate_openai_history
+from .agent import Agent, OnStep, ToolCallingMode, select_tools, validate_openai_history
 from .errors import KodeAgentError, ResponseParseError, ToolArgumentError
 from .llm import supports
 from .models import AgentResponse, ChatMessage, ReActChatMessage, StepRecord, Task, ToolCallRecord
+from .observer import Observer
 from .parsing import parse_react_reply, parse_react_text
 from .prompts import render_template
 from .text import cap_text, neutralize_control
-from .tools import to_jsonable
+from .tools import Tool, to_jsonable
+from .tracing import TracingType
 
 Mode = Literal["native", "json", "text"]
 
@@ -55,8 +57,45 @@ class ReActAgent(Agent):
     channel_name: ClassVar[str] = "react"
     TOOL_OUTPUT_LIMIT: ClassVar[int] = 8000
 
-    def __init__(self, model_name: str, *, tool_calling: ToolCallingMode = "auto", **kwargs: Any) -> None:
-        super().__init__(model_name, **kwargs)
+    def __init__(
+        self,
+        model_name: str,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        tools: Sequence[Callable[..., Any] | Tool] | None = None,
+        litellm_params: dict[str, Any] | None = None,
+        persona: str | None = None,
+        system_prompt: str | None = None,
+        max_iterations: int = 20,
+        filter_tools_for_task: bool = False,
+        max_retries: int = 3,
+        work_dir: str | None = None,
+        tracing_type: TracingType | None = None,
+        allowed_tools: Sequence[str] | None = None,
+        on_step: OnStep | None = None,
+        use_planner: bool = False,
+        observer: Observer | None = None,
+        tool_calling: ToolCallingMode = "auto",
+    ) -> None:
+        super().__init__(
+            model_name,
+            name=name,
+            description=description,
+            tools=tools,
+            litellm_params=litellm_params,
+            persona=persona,
+            system_prompt=system_prompt,
+            max_iterations=max_iterations,
+            filter_tools_for_task=filter_tools_for_task,
+            max_retries=max_retries,
+            work_dir=work_dir,
+            tracing_type=tracing_type,
+            allowed_tools=allowed_tools,
+            on_step=on_step,
+            use_planner=use_planner,
+            observer=observer,
+        )
         if tool_calling not in ("auto", "native", "json", "text"):
             raise ValueError(f"tool_calling must be auto, native, json or text; got {tool_calling!r}")
         self.tool_calling: ToolCallingMode = tool_calling
@@ -182,6 +221,7 @@ class ReActAgent(Agent):
                         pass
         async for item in self.post_run():
             yield item
+        assert final is not None  # `completed` implies a final response
         yield final
 
     def _start_task_trace(self, task: str) -> None:
@@ -200,7 +240,7 @@ class ReActAgent(Agent):
         history: Sequence[Any] | None,
         limit: int,
         summarize_progress_on_failure: bool,
-    ) -> AsyncIterator[AgentResponse | _Outcome]:
+    ) -> AsyncGenerator[AgentResponse | _Outcome, None]:
         """Setup, plan and steps; yields responses, and last an `_Outcome` holding the final response."""
         if self.filter_tools_for_task:
             await self._filter_tools(task)
