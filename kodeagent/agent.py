@@ -129,6 +129,11 @@ class Agent(ABC):
         on_step: called (sync or async) with each step's `StepRecord` once the step is done.
         use_planner: make a plan before the first step and revise it as the run goes.
         observer: a configured `Observer` (e.g. with a `model_name` for advice); rules-only by default.
+
+    Attributes set after construction:
+        retry_base_delay: seconds before the first retry of a model call (doubling after each).
+        prompt_cache: mark the system prompt for prompt caching; None (default) does so for
+            Anthropic models, which cache only marked prefixes.
     """
 
     HISTORY_TRUNCATE_CHARS: ClassVar[int] = 1000
@@ -182,6 +187,7 @@ class Agent(ABC):
         self.allowed_tools: list[str] | None = list(allowed_tools) if allowed_tools is not None else None
         self.on_step = on_step
         self.retry_base_delay = 1.0
+        self.prompt_cache: bool | None = None
 
         self.tracer_manager: AbstractTracerManager = make_tracer_manager(tracing_type)
         self.current_trace: AbstractObservation | None = None
@@ -354,7 +360,7 @@ class Agent(ABC):
         try:
             reply = await call_llm(
                 self.model_name,
-                messages if messages is not None else self.chat_history,
+                messages if messages is not None else self._mark_for_cache(self.chat_history),
                 component=component,
                 usage_tracker=self.usage_tracker,
                 litellm_params=self.litellm_params,
@@ -368,6 +374,26 @@ class Agent(ABC):
             raise
         span.end(output=reply.content)
         return reply
+
+    def _prompt_cache_wanted(self) -> bool:
+        if self.prompt_cache is not None:
+            return self.prompt_cache
+        name = self.model_name.lower()
+        return name.startswith("anthropic/") or "claude" in name
+
+    def _mark_for_cache(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Mark the system prompt as a cache breakpoint for providers that need explicit markers.
+
+        OpenAI and Gemini cache a repeated prefix on their own; Anthropic models cache only what is
+        marked. The history itself is left unchanged: the marker is added to the request only.
+        """
+        if not messages or not self._prompt_cache_wanted():
+            return messages
+        first = messages[0]
+        if first.get("role") != "system" or not isinstance(first.get("content"), str):
+            return messages
+        part = {"type": "text", "text": first["content"], "cache_control": {"type": "ephemeral"}}
+        return [{**first, "content": [part]}, *messages[1:]]
 
     async def salvage_response(self) -> str:
         """When the steps run out: ask the model to sum up what was found and what is missing."""

@@ -325,7 +325,7 @@ class ReActAgent(Agent):
                 summary = await self.salvage_response()
             except KodeAgentError as exc:
                 summary = f"(no summary: {exc})"
-        text = f"The task was not finished within {limit} steps."
+        text = f"The task was not finished within {limit} step{'s' if limit != 1 else ''}."
         if summary:
             text += f" What was found so far:\n{summary}"
         return self.response(

@@ -508,3 +508,24 @@ async def test_standin_rejects_what_a_provider_would(llm: StandinLLM) -> None:
     with pytest.raises(LLMError, match="tool message must answer"):
         await call_llm(llm.model("json"), bad, component="test", litellm_params=llm.params())
     assert llm.rejected and llm.requests == []
+
+
+async def test_prompt_cache_marker_on_the_system_prompt(llm: StandinLLM) -> None:
+    llm.add(react_call("get_price", {"symbol": "AAPL"}), react_finish("200"))
+    agent = make(llm, "json")
+    assert agent._prompt_cache_wanted() is False
+    assert ReActAgent("anthropic/claude-sonnet-4-5")._prompt_cache_wanted() is True
+    agent.prompt_cache = True
+    await collect(agent.run("AAPL?"))
+    for request in llm.requests:
+        [part] = request["messages"][0]["content"]
+        assert part["cache_control"] == {"type": "ephemeral"} and "get_price" in part["text"]
+    assert isinstance(agent.chat_history[0]["content"], str)  # the history itself is unchanged
+
+
+async def test_no_summary_when_not_asked(llm: StandinLLM) -> None:
+    llm.add(react_call("get_price", {"symbol": "AAPL"}))
+    agent = make(llm, "json")
+    responses = await collect(agent.run("AAPL?", max_iterations=1, summarize_progress_on_failure=False))
+    assert responses[-1].value == "The task was not finished within 1 step."
+    assert len(llm.requests) == 1
