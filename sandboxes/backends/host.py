@@ -246,11 +246,18 @@ def _kill_process_tree(root: int) -> None:
     except (ProcessLookupError, PermissionError):
         pass
     stopped: set[int] = set()
+    own_group = os.getpgrp()
     for _ in range(200):
         found = _descendants(root)
-        fresh = found - stopped
+        fresh = set(found) - stopped
         if not fresh:
             break
+        # Whole groups first (a `setsid` shell bomb is one group), then the stragglers.
+        for group in {found[pid] for pid in fresh} - {own_group, 0, 1}:
+            try:
+                os.killpg(group, signal.SIGSTOP)
+            except (ProcessLookupError, PermissionError):
+                pass
         for pid in fresh:
             _signal(pid, signal.SIGSTOP)
         stopped |= fresh
@@ -258,6 +265,11 @@ def _kill_process_tree(root: int) -> None:
         found = _descendants(root)
         if not found:
             return
+        for group in set(found.values()) - {own_group, 0, 1}:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         for pid in found:
             _signal(pid, signal.SIGKILL)
 
@@ -269,25 +281,29 @@ def _signal(pid: int, sig: int) -> None:
         pass
 
 
-def _descendants(root: int) -> set[int]:
-    """Live (non-zombie) descendants of `root`, from /proc."""
+def _descendants(root: int) -> dict[int, int]:
+    """Live (non-zombie) descendants of `root`, from /proc: pid -> process group."""
     children: dict[int, list[int]] = {}
+    groups: dict[int, int] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
             with open(f"/proc/{entry.name}/stat", "rb") as handle:
                 fields = handle.read().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
+            if fields[0] == b"Z":
+                continue
+            pid = int(entry.name)
+            children.setdefault(int(fields[1]), []).append(pid)
+            groups[pid] = int(fields[2])
+        except (OSError, IndexError, ValueError):
             continue
-        if fields and fields[0] != b"Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found: set[int] = set()
+    found: dict[int, int] = {}
     stack = list(children.get(root, ()))
     while stack:
         pid = stack.pop()
         if pid not in found:
-            found.add(pid)
+            found[pid] = groups[pid]
             stack.extend(children.get(pid, ()))
     return found
 

@@ -1,0 +1,134 @@
+"""Attack class: fork bombs.
+
+With `os` allowed but subprocesses off, no process can be started by any route (fork, posix_spawn,
+system, subprocess, multiprocessing, pty): children would write marker files, and none exists. With
+subprocesses on, a fork bomb is contained by the process limit and the timeout: nothing it started
+is alive afterwards (children would write markers after the timeout; none does), and the executor
+keeps working.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import uuid
+
+import anyio
+import pytest
+from security_helpers import HOST_BACKENDS, assert_refused, assert_usable, workdir_options
+
+from sandboxes import Limits, Policy
+
+pytestmark = pytest.mark.anyio
+
+MODULES = ["os", "os.path", "time", "subprocess", "multiprocessing", "multiprocessing.*", "pty", "signal"]
+NO_SUBPROCESS = Policy(allowed_imports=MODULES, subprocess=False)
+WITH_SUBPROCESS = Policy(allowed_imports=MODULES, subprocess=True, limits=Limits(max_processes=48))
+
+STARTS = {
+    "os.fork": (
+        "import os\nfor i in range(20):\n    if os.fork() == 0:\n"
+        "        open('child-%d' % os.getpid(), 'w').write('x')\n        os._exit(0)\n"
+    ),
+    "os.forkpty": "import os\npid, fd = os.forkpty()\nif pid == 0:\n    open('child', 'w').write('x')\n    os._exit(0)\n",
+    "os.posix_spawn": "import os\nos.posix_spawn('/bin/sh', ['sh', '-c', 'echo x > child'], {})\n",
+    "os.posix_spawnp": "import os\nos.posix_spawnp('sh', ['sh', '-c', 'echo x > child'], {})\n",
+    "os.system": "import os\nos.system('echo x > child')\n",
+    "os.execv": "import os\nos.execv('/bin/sh', ['sh', '-c', 'echo x > child'])\n",
+    "os.spawnv": "import os\nos.spawnv(os.P_WAIT, '/bin/sh', ['sh', '-c', 'echo x > child'])\n",
+    "subprocess.run": "import subprocess\nsubprocess.run(['sh', '-c', 'echo x > child'])\n",
+    "multiprocessing": (
+        "import multiprocessing\n"
+        "def work():\n    open('child', 'w').write('x')\n"
+        "p = multiprocessing.Process(target=work)\np.start()\np.join()\n"
+    ),
+    "pty.spawn": "import pty\npty.spawn(['sh', '-c', 'echo x > child'])\n",
+    "os.kill of the parent": "import os\nos.kill(os.getppid(), 9)\nopen('child', 'w').write('x')\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(STARTS))
+async def test_no_process_starts_without_subprocess(executor_factory, backend: str, tmp_path: pathlib.Path, name: str) -> None:
+    options = workdir_options(backend, tmp_path)
+    async with executor_factory(policy=NO_SUBPROCESS, timeout=10, **options) as ex:
+        result = await ex.run(STARTS[name])
+        assert_refused(result)
+        await anyio.sleep(0.3)
+        listing = await ex.run("import os\nprint(sorted(n for n in os.listdir('.') if n.startswith('child')))")
+        assert listing.stdout == "[]\n", listing
+        await assert_usable(ex)
+    if backend in HOST_BACKENDS:
+        assert not list(tmp_path.glob("child*"))
+
+
+DELAY = 1.8
+BOMBS = {
+    "python fork bomb": (
+        "import os, time\nT = time.time() + %s\n"
+        "while True:\n"
+        "    try:\n        pid = os.fork()\n    except OSError:\n        continue\n"
+        "    if pid == 0:\n"
+        "        time.sleep(max(0, T - time.time()))\n"
+        "        open('late-%%d' %% os.getpid(), 'w').write('x')\n"
+        "        os._exit(0)\n" % DELAY
+    ),
+    "subprocess bomb": (
+        "import subprocess\n"
+        "while True:\n"
+        "    try:\n"
+        f"        subprocess.Popen(['sh', '-c', 'sleep {DELAY}; echo x > late-$$'])\n"
+        "    except OSError:\n        pass\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BOMBS))
+async def test_fork_bomb_is_contained(executor_factory, backend: str, tmp_path: pathlib.Path, name: str) -> None:
+    options = workdir_options(backend, tmp_path)
+    async with executor_factory(policy=WITH_SUBPROCESS, timeout=1.0, **options) as ex:
+        result = await ex.run(BOMBS[name])
+        assert not result.ok
+        assert result.timed_out or result.error is not None, result
+        await anyio.sleep(DELAY + 0.7)
+        if backend not in HOST_BACKENDS:
+            listing = await ex.run("import os\nprint(sorted(n for n in os.listdir('.') if n.startswith('late')))")
+            assert listing.stdout == "[]\n", listing
+        await assert_usable(ex)
+    if backend in HOST_BACKENDS:
+        assert not list(tmp_path.glob("late-*")), "processes of the bomb outlived the timeout"
+
+
+def _processes_with(token: str) -> list[int]:
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as handle:
+                    if token.encode() in handle.read():
+                        found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("isolation", ["auto", "process"])
+async def test_host_shell_bomb_left_running_dies_with_the_session(isolation: str) -> None:
+    """Host fact: a shell fork bomb that the run leaves in the background (the run itself returns)
+    is bounded while the session idles and gone after close(), at both isolation levels."""
+    from sandboxes import HostExecutor
+
+    token = f"kodeagent-bomb-{uuid.uuid4().hex[:8]}"
+    code = (
+        "import subprocess, time\n"
+        f"subprocess.Popen(['sh', '-c', 'b() {{ b | b & }}; b', {token!r}], start_new_session=True)\n"
+        "time.sleep(0.5)\nprint('left it running')\n"
+    )
+    async with HostExecutor(policy=WITH_SUBPROCESS, timeout=10, isolation=isolation) as ex:
+        result = await ex.run(code)
+        assert result.stdout == "left it running\n", result
+        await assert_usable(ex)
+    for _ in range(20):
+        if not _processes_with(token):
+            break
+        await anyio.sleep(0.1)
+    assert _processes_with(token) == [], "the bomb outlived close()"
