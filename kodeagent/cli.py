@@ -69,6 +69,23 @@ def _module_patterns(values: Sequence[str]) -> list[str]:
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
 
 
+def _backend_options(values: Sequence[str]) -> dict[str, Any]:
+    """`-o image=kodeagent-sandbox:datascience -o memory_mb=1024` -> {"image": ..., "memory_mb": 1024}.
+
+    Values are parsed as JSON when they are valid JSON (numbers, booleans, lists), else kept as text.
+    """
+    options: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise CommandError(f"backend option {item!r} is not KEY=VALUE", EXIT_USAGE)
+        try:
+            options[key.strip()] = json.loads(raw)
+        except ValueError:
+            options[key.strip()] = raw
+    return options
+
+
 def _read_code(source: str) -> bytes:
     if source == "-":
         return sys.stdin.buffer.read()
@@ -93,7 +110,11 @@ def cmd_exec(args: argparse.Namespace) -> int:
                         network=args.network)  # fmt: skip
     except ValueError as exc:
         raise CommandError(f"invalid policy: {exc}", EXIT_USAGE) from None
-    options: dict[str, Any] = {"policy": policy, "timeout": args.timeout}
+    options: dict[str, Any] = {
+        **_backend_options(args.backend_option),
+        "policy": policy,
+        "timeout": args.timeout,
+    }
     if args.workdir:
         options["workdir"] = args.workdir
 
@@ -107,7 +128,9 @@ def cmd_exec(args: argparse.Namespace) -> int:
         raise CommandError(
             f"backend {args.backend!r} is not available here: {exc}", EXIT_UNAVAILABLE
         ) from None
-    except (SandboxError, TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:  # options the backend does not accept
+        raise CommandError(f"invalid option: {exc}", EXIT_USAGE) from None
+    except SandboxError as exc:
         raise CommandError(f"{type(exc).__name__}: {exc}") from None
     if args.json:
         print(result.model_dump_json(indent=2))
@@ -150,6 +173,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.agent == "codeact":
             imports = _module_patterns(args.allow_import)
             agent: Any = CodeActAgent(args.model, run_env=args.backend, timeout=args.timeout,
+                                      executor_options=_backend_options(args.backend_option),
                                       allowed_imports=None if not imports else _with_defaults(imports), **common)  # fmt: skip
         else:
             agent = ReActAgent(args.model, **common)
@@ -398,6 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
                      help="extra module (pattern) the code may import, besides the defaults; repeatable")  # fmt: skip
     run.add_argument("--api-base", help="OpenAI-compatible endpoint (e.g. a local server)")
+    run.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="option of the sandbox backend, e.g. image=kodeagent-sandbox:datascience (repeatable)")  # fmt: skip
     run.add_argument("-v", "--verbose", action="store_true", help="also show log messages")
     run.set_defaults(handler=cmd_run)
 
@@ -416,6 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     exe.add_argument("--timeout", type=float, default=30.0, help="wall-clock seconds (default 30)")
     exe.add_argument("--workdir", help="working directory of the code (default: a fresh temporary one)")
+    exe.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="option of the backend, e.g. isolation=process or image=... (JSON values; repeatable)")  # fmt: skip
     exe.set_defaults(handler=cmd_exec)
 
     bench = add("bench", "run a benchmark: " + ", ".join(BENCHMARKS))

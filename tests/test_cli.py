@@ -167,3 +167,13 @@ def test_run_streams_a_codeact_agent_against_the_llm_standin(
     steps = [r for r in out["responses"] if r["type"] == "step"]
     assert steps and "45" in json.dumps(steps[0])
     assert out["usage"]["total"]["calls"] == 2
+
+
+def test_exec_backend_options_reach_the_backend() -> None:
+    done = kodeagent("exec", "-", "-o", "isolation=process", "--json", stdin="print(1)\n")
+    assert done.returncode == cli.EXIT_OK, done.stderr
+    assert json.loads(done.stdout)["stdout"] == "1\n"
+    done = kodeagent("exec", "-", "-o", "no_such_option=1", stdin="print(1)\n")
+    assert done.returncode == cli.EXIT_USAGE and "no_such_option" in done.stderr
+    done = kodeagent("exec", "-", "-o", "not-key-value", stdin="print(1)\n")
+    assert done.returncode == cli.EXIT_USAGE
