@@ -172,6 +172,14 @@ def make_transformer(allowed_dunders: frozenset[str], allowed_calls: frozenset[s
         def visit_Nonlocal(self, node: ast.Nonlocal) -> ast.AST:
             return self.node_contents_visit(node)
 
+        def visit_AugAssign(self, node: ast.AugAssign) -> ast.AST:
+            # `self.n += 1` and `counts[k] += 1` (RestrictedPython refuses both): the target object
+            # goes through `_write_` like any store, and the attribute name was checked above at
+            # compile time; names keep RestrictedPython's `_inplacevar_` rewrite.
+            if isinstance(node.target, ast.Name):
+                return super().visit_AugAssign(node)
+            return self.node_contents_visit(node)
+
         def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
             # `x: int = 1` (dataclass fields, typed variables): the target and the annotation are
             # visited like any other store and expression.
