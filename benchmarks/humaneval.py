@@ -421,10 +421,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def execute(args: argparse.Namespace) -> int:
     """Run from parsed arguments; exit code 0 when every program passed in the sandbox, else 1."""
+    from sandboxes import BackendUnavailable
+
     console = make_console(args.json)
-    result = run(backend=args.backend, concurrency=args.concurrency, samples=args.samples, timeout=args.timeout,
-                 limit=args.limit, baseline=not args.no_baseline, extra_imports=args.allow_import,
-                 ks=args.ks or (1, 10, 100), console=console)  # fmt: skip
+    try:
+        result = run(backend=args.backend, concurrency=args.concurrency, samples=args.samples,
+                     timeout=args.timeout, limit=args.limit, baseline=not args.no_baseline,
+                     extra_imports=args.allow_import, ks=args.ks or (1, 10, 100), console=console)  # fmt: skip
+    except BackendUnavailable as exc:
+        print(f"backend {args.backend!r} is not available here: {exc}", file=sys.stderr)
+        return 3
     path = write_result("humaneval", result, args.output)
     result["result_file"] = str(path)
     if args.json:
