@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from mcp.server.mcpserver import MCPServer
+try:  # mcp 2.x
+    from mcp.server.mcpserver import MCPServer
+except ImportError:  # mcp 1.x named it FastMCP
+    from mcp.server.fastmcp import FastMCP as MCPServer  # type: ignore[no-redef]
 
 app = MCPServer("kodeagent-test")
 
