@@ -43,7 +43,7 @@ DEFAULT_ALLOWED_DUNDERS: tuple[str, ...] = (
     "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
     "__iand__", "__ior__", "__ixor__",
     "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__", "__index__",
-    "__round__", "__complex__",
+    "__round__", "__complex__", "__cause__", "__context__", "__suppress_context__",
 )  # fmt: skip
 """Dunders that ordinary classes define and use. Everything that walks the object graph
 (`__globals__`, `__subclasses__`, `__dict__`, `__mro__`, `__bases__`, `__code__`, `__builtins__`,
@@ -97,6 +97,14 @@ def _is_dunder(name: str) -> bool:
     return len(name) > 4 and name.startswith("__") and name.endswith("__")
 
 
+def _mangle(class_name: str, name: str) -> str:
+    """Private name mangling as the compiler does it: `__x` in `class _K` is `_K__x`."""
+    if not name.startswith("__") or name.endswith("__") or "." in name:
+        return name
+    stripped = class_name.lstrip("_")
+    return f"_{stripped}{name}" if stripped else name
+
+
 def plain_str(value: Any, what: str = "attribute name") -> str:
     """`value` as an exact `str`. A `str` subclass can override `startswith`, `__eq__` and `__hash__`
     to slip past every check while CPython uses its real characters; checks only ever see copies."""
@@ -139,6 +147,10 @@ def make_transformer(allowed_dunders: frozenset[str], allowed_calls: frozenset[s
             return node
 
         def visit_Attribute(self, node: ast.Attribute) -> ast.AST:
+            if isinstance(node.ctx, ast.Load) and self._classes:
+                # The compiler mangles `self.__x` inside `class K` to `_K__x`, but not the string
+                # constant `_getattr_` receives: mangle it here, as the store side is mangled.
+                node.attr = _mangle(self._classes[-1], node.attr)
             if _is_dunder(node.attr) and node.attr not in allowed_dunders:
                 self.error(node, f'"{node.attr}" is not an allowed attribute')
             if node.attr in blocked_attributes:
@@ -185,11 +197,25 @@ def make_transformer(allowed_dunders: frozenset[str], allowed_calls: frozenset[s
             # visited like any other store and expression.
             return self.node_contents_visit(node)
 
+        _classes: list[str] = []
+
         def visit_ClassDef(self, node: ast.ClassDef) -> ast.AST:
             self.check_name(node, node.name)
             if any(k.arg == "metaclass" for k in node.keywords):
                 self.error(node, "metaclasses are not allowed")
-            return self.node_contents_visit(node)
+            # Bases, keywords and decorators are outside the class's mangling scope.
+            for child in (*node.bases, *node.keywords, *node.decorator_list):
+                self.visit(child)
+            self._classes = [*self._classes, node.name]
+            try:
+                body: list[ast.stmt] = []
+                for stmt in node.body:
+                    new = self.visit(stmt)
+                    body.extend(new if isinstance(new, list) else [new] if new is not None else [])
+                node.body = body
+            finally:
+                self._classes = self._classes[:-1]
+            return node
 
         def visit_Match(self, node: ast.AST) -> ast.AST:
             return self.node_contents_visit(node)
