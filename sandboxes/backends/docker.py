@@ -62,6 +62,8 @@ WORKDIR = "/workspace"
 RUNNER_COMMAND = ("python3", "-I", "/opt/kodeagent/runtime/runner.py")
 SANDBOX_UID = "1000:1000"
 POOL_SIZE = 2
+GO_MODE_SYMLINK = 1 << 27
+"""The symlink bit of Go's os.FileMode, as the daemon reports it in an archive's stat header."""
 STDERR_KEPT = 4096
 """Bytes of the runner's own stderr kept to explain a crash (user output never goes there)."""
 
@@ -258,12 +260,41 @@ class DockerWorker(Worker):
 
     # ------------------------------------------------------------------ files, through the Docker API
 
+    def _refuse_symlinks(self, path: str) -> None:
+        """Refuse `path` if it, or a directory on the way to it, is a symbolic link (blocking).
+
+        Docker resolves links inside the container's root, so a link cannot reach the host; but it
+        can point out of the working directory, and the files API promises the working directory
+        only. Asked with HEAD requests: the stat header, no content.
+        """
+        import docker.errors
+        from docker.utils import decode_json_header
+
+        api = client().api
+        parts = path.split("/")
+        for depth in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:depth])
+            response = api.head(api._url("/containers/{0}/archive", self.container_id),
+                                params={"path": f"{WORKDIR}/{prefix}"})  # fmt: skip
+            if response.status_code == 404:
+                try:
+                    api.inspect_container(self.container_id)
+                except docker.errors.NotFound as exc:
+                    raise SandboxFileError("the sandbox container is gone") from exc
+                return  # nothing there yet: the rest will be created as plain directories and files
+            api._raise_for_status(response)
+            header = response.headers.get("x-docker-container-path-stat")
+            stat = decode_json_header(header) if header else {}
+            if stat.get("mode", 0) & GO_MODE_SYMLINK or stat.get("linkTarget"):
+                raise SandboxFileError(f"{prefix!r} in the sandbox is a symbolic link; refused")
+
     async def write_file(self, path: str, data: bytes) -> None:
         await anyio.to_thread.run_sync(self._write_file, path, data)
 
     def _write_file(self, path: str, data: bytes) -> None:
         import docker.errors
 
+        self._refuse_symlinks(path)
         uid, _, gid = SANDBOX_UID.partition(":")
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as archive:
@@ -290,6 +321,7 @@ class DockerWorker(Worker):
     def _read_file(self, path: str) -> bytes:
         import docker.errors
 
+        self._refuse_symlinks(path)
         try:
             stream, _ = client().api.get_archive(self.container_id, f"{WORKDIR}/{path}")
             archive_bytes = b"".join(stream)
