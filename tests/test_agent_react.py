@@ -217,8 +217,9 @@ async def test_server_error_then_success_is_retried(llm: StandinLLM) -> None:
 
 
 async def test_slow_reply_past_the_timeout_is_retried(llm: StandinLLM) -> None:
-    llm.add(slow(5, reply(react_finish("late"))), react_finish("on time"))
-    agent = ReActAgent(llm.model("json"), litellm_params=llm.params(timeout=1), tools=[get_price])
+    llm.add(slow(12, reply(react_finish("late"))), react_finish("on time"))
+    # generous enough that the prompt reply arrives in time even on a loaded machine
+    agent = ReActAgent(llm.model("json"), litellm_params=llm.params(timeout=4), tools=[get_price])
     agent.retry_base_delay = 0.01
     responses = await collect(agent.run("q"))
     assert responses[-1].value == "on time"
