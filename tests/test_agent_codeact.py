@@ -359,3 +359,17 @@ async def test_no_tracing_costs_nothing(llm: StandinLLM) -> None:
     await collect(agent.run("q"))
     assert isinstance(agent.tracer_manager, NoOpTracerManager)
     assert "langfuse" not in sys.modules and "langsmith" not in sys.modules
+
+
+async def test_tool_argument_errors_reach_the_code(llm: StandinLLM) -> None:
+    llm.add(
+        code_step("try:\n    get_price(ticker='AAPL')\nexcept Exception as exc:\n    print('caught:', exc)"),
+        code_step("get_price()"),
+        code_final("done"),
+    )
+    await collect(make(llm).run("Misuse the tool"))
+    told = observations(llm)
+    assert told[0].startswith("Observation:\nOutput:\ncaught:") and "symbol: Field required" in told[0]
+    assert "ticker" in told[0]
+    assert "symbol: Field required" in told[1] and "Error" in told[1]
+    assert TOOL_THREADS == []  # the function itself never ran
