@@ -167,3 +167,18 @@ async def test_cgroup_limits_are_applied():
         )
         assert int(limits[0]) == 200 << 20
         assert int(limits[1]) / int(limits[2]) == pytest.approx(0.5)
+
+
+async def test_process_limit_is_per_container_not_per_uid():
+    """Sandboxes share uid 1000; a per-uid limit (RLIMIT_NPROC) would let one session's threads starve
+    another's. Each container gets its own PID limit, so two sessions can each use most of theirs."""
+    policy = Policy(allowed_imports=("*",), limits=Limits(max_processes=30))
+    code = (
+        "import threading\nstop = threading.Event()\nthreads = [threading.Thread(target=stop.wait, daemon=True)\n"
+        "    for _ in range(20)]\nfor t in threads:\n    t.start()\nprint('started', len(threads))"
+    )
+    async with backend_docker.make_executor(policy=policy, timeout=20, pool=False) as first:
+        async with backend_docker.make_executor(policy=policy, timeout=20, pool=False) as second:
+            assert (await first.run(code)).stdout == "started 20\n"
+            assert (await second.run(code)).stdout == "started 20\n"
+            assert (await first.run("stop.set()")).ok and (await second.run("stop.set()")).ok

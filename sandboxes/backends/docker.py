@@ -92,7 +92,7 @@ class ContainerSettings(BaseModel):
     image: str = DEFAULT_IMAGE
     memory_mb: int = Field(512, ge=16, description="Memory limit; swap is limited to the same (no swap).")
     cpus: float = Field(1.0, gt=0, description="CPU quota in cores.")
-    pids_limit: int = Field(128, ge=8, description="Processes and threads in the container.")
+    pids_limit: int = Field(128, ge=2, description="Processes and threads in the container.")
     network: bool = Field(False, description="Give the container a bridge network (default: none at all).")
     read_only: bool = Field(True, description="Mount the root filesystem read-only.")
     tmp_mb: int = Field(64, ge=1, description="Size of the tmpfs at /tmp.")
@@ -524,6 +524,10 @@ class DockerExecutor(Executor):
             raise TypeError(f"DockerExecutor got unknown options: {', '.join(sorted(unknown))}")
         super().__init__(policy=policy, timeout=timeout, env=env, tools=tools, workdir=workdir,
                          stateless=stateless, output_limit=output_limit)  # fmt: skip
+        # The policy's process limit becomes the container's PID limit (+1 for the init). The runner's
+        # RLIMIT_NPROC is not used here: it counts every process of the uid on the whole host, and all
+        # sandbox containers share uid 1000, so sessions would starve each other of threads.
+        pids_limit = min(pids_limit, self.policy.limits.max_processes + 1)
         self.settings = ContainerSettings(
             image=image, memory_mb=memory_mb, cpus=cpus, pids_limit=pids_limit, network=network,
             read_only=read_only, tmp_mb=tmp_mb, user=user, drop_capabilities=drop_capabilities,
@@ -532,6 +536,13 @@ class DockerExecutor(Executor):
         )  # fmt: skip
         self.pool_size = max(0, pool_size) if pool and workdir is None else 0
         self._refill_due = False
+
+    def _init_message(self) -> dict[str, Any]:
+        message = super()._init_message()
+        limits = dict(message["policy"].get("limits", {}))
+        limits["max_processes"] = 0  # 0: the runner leaves RLIMIT_NPROC alone; pids_limit applies instead
+        message["policy"] = {**message["policy"], "limits": limits}
+        return message
 
     @property
     def container_id(self) -> str | None:
