@@ -222,6 +222,7 @@ class ReActAgent(Agent):
         async for item in self.post_run():
             yield item
         assert final is not None  # `completed` implies a final response
+        final.metadata.setdefault("usage", self.get_usage_metrics()["total"])
         yield final
 
     def _start_task_trace(self, task: str) -> None:

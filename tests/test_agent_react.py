@@ -499,6 +499,7 @@ async def test_order_of_responses(llm: StandinLLM) -> None:
         ("final", "react"),
     ]
     assert responses[2].metadata["calls"] == 2
+    assert responses[3].metadata["usage"]["calls"] == 2
 
 
 async def test_standin_rejects_what_a_provider_would(llm: StandinLLM) -> None:
