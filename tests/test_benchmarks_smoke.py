@@ -205,3 +205,10 @@ def test_agent_benchmark_against_the_llm_standin(monkeypatch: pytest.MonkeyPatch
     assert (
         summary[("codeact", "tools")]["success_rate"] == 1.0 and summary[("codeact", "tools")]["tokens"] > 0
     )
+
+
+def test_humaneval_with_reused_sessions() -> None:
+    result = humaneval.run(limit=4, concurrency=2, baseline=False, reuse=True, console=quiet())
+    assert result["sandbox"]["passed"] == 4, result["failures"]
+    assert result["sessions"].startswith("reused")
+    assert "baseline" not in result
