@@ -68,7 +68,9 @@ async def _measure(n: int, cold_n: int, image: str) -> dict[str, list[float]]:
         async def open_from_pool() -> None:
             session = DockerExecutor(image=image, timeout=30)
             with anyio.fail_after(60):
-                while pooled_count(session.settings) < session.pool_size:  # not timed: steady state has a full pool
+                while (
+                    pooled_count(session.settings) < session.pool_size
+                ):  # not timed: steady state has a full pool
                     await anyio.sleep(0.02)
             started = time.perf_counter()
             await session.open()

@@ -261,7 +261,9 @@ def fill_wheelhouse(requirements: Path, python: str, progress: Progress = print)
         )
     wheels = present()
     if wheels is None:
-        raise ImageBuildError(f"pip download did not produce every pinned wheel of {requirements} in {directory}")
+        raise ImageBuildError(
+            f"pip download did not produce every pinned wheel of {requirements} in {directory}"
+        )
     return wheels
 
 
@@ -311,7 +313,13 @@ def debian_base(
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise ImageBuildError(f"debootstrap failed:\n{(done.stdout + done.stderr)[-3000:]}")
-        for junk in ("usr/share/doc", "usr/share/man", "usr/share/info", "var/cache/apt", "var/lib/apt/lists"):
+        for junk in (
+            "usr/share/doc",
+            "usr/share/man",
+            "usr/share/info",
+            "var/cache/apt",
+            "var/lib/apt/lists",
+        ):
             shutil.rmtree(rootfs / junk, ignore_errors=True)
         archive = Path(scratch) / "rootfs.tar"
         subprocess.run(["tar", "-C", str(rootfs), "-cf", str(archive), "."], check=True)
@@ -341,7 +349,11 @@ def _image_exists(client: docker.DockerClient, ref: str) -> bool:
 
 
 def _resolve_base(
-    client: docker.DockerClient, base: str | None, offline: bool | None, mirror: str | None, progress: Progress
+    client: docker.DockerClient,
+    base: str | None,
+    offline: bool | None,
+    mirror: str | None,
+    progress: Progress,
 ) -> str:
     """The base image reference: given, pulled from Docker Hub, or made offline."""
     import docker.errors
@@ -419,7 +431,9 @@ def build_image(
     import docker.errors
 
     if spec.parent is not None:
-        parent = build_image(spec.parent, base=base, offline=offline, mirror=mirror, force=False, progress=progress)
+        parent = build_image(
+            spec.parent, base=base, offline=offline, mirror=mirror, force=False, progress=progress
+        )
         base_ref = parent.tag
     else:
         base_ref = _resolve_base(client, base, offline, mirror, progress)
@@ -444,8 +458,12 @@ def build_image(
                 dockerfile=f"images/{spec.dockerfile}",
                 tag=tag,
                 buildargs={"BASE": base_ref},
-                labels={LABEL_IMAGE: "sandbox", LABEL_VARIANT: variant, LABEL_INPUTS: inputs,
-                        LABEL_RUNTIME: runtime_hash()},  # fmt: skip
+                labels={
+                    LABEL_IMAGE: "sandbox",
+                    LABEL_VARIANT: variant,
+                    LABEL_INPUTS: inputs,
+                    LABEL_RUNTIME: runtime_hash(),
+                },  # fmt: skip
                 network_mode="none",
                 rm=True,
                 forcerm=True,
@@ -578,8 +596,12 @@ def main(argv: list[str] | None = None) -> int:
     build = commands.add_parser("build", help="build a sandbox image (reused if its inputs did not change)")
     build.add_argument("--variant", default=DEFAULT_VARIANT, choices=sorted(VARIANTS))
     where = build.add_mutually_exclusive_group()
-    where.add_argument("--offline", action="store_true", default=None,
-                       help="make the base image from the Debian mirror (no Docker Hub)")
+    where.add_argument(
+        "--offline",
+        action="store_true",
+        default=None,
+        help="make the base image from the Debian mirror (no Docker Hub)",
+    )
     where.add_argument("--base", help=f"base image of the standard variant (default {DEFAULT_HUB_BASE})")
     build.add_argument("--mirror", help="Debian mirror for --offline (default: the one apt uses)")
     build.add_argument("--force", action="store_true", help="rebuild even when nothing changed")
@@ -592,7 +614,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "build":
             info = build_image(args.variant, base=args.base, offline=args.offline, mirror=args.mirror,
                                force=args.force, progress=lambda m: print(m, file=sys.stderr))  # fmt: skip
-            print(f"{info.alias} -> {info.tag} ({'unchanged, reused' if info.reused else 'built'}, {info.size_mb} MB)")
+            print(
+                f"{info.alias} -> {info.tag} ({'unchanged, reused' if info.reused else 'built'}, {info.size_mb} MB)"
+            )
         elif args.command == "list":
             for info in list_images():
                 print(f"{info.tag:45} {info.size_mb:8.1f} MB  {('= ' + info.alias) if info.alias else ''}")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import backend_docker
 import pytest
 
-import backend_docker
 from sandboxes import Limits, Policy
 
 pytestmark = pytest.mark.anyio

@@ -8,15 +8,17 @@ import json
 import socket
 import threading
 
+import backend_docker
 import pytest
 
-import backend_docker
 from sandboxes import Limits, Policy
 
 pytestmark = pytest.mark.anyio
 
 # Everything the guards could refuse is allowed, so only the container can say no.
-OPEN = Policy(allowed_imports=("*",), files="any", network=True, subprocess=True, limits=Limits(memory_mb=8192))
+OPEN = Policy(
+    allowed_imports=("*",), files="any", network=True, subprocess=True, limits=Limits(memory_mb=8192)
+)
 
 
 @pytest.fixture(autouse=True)
@@ -120,7 +122,9 @@ async def test_no_network_unless_asked_for():
         async with backend_docker.make_executor(policy=OPEN, timeout=20, pool=False) as ex:
             outcome = await run_json(ex, CONNECT.format(host=host, port=listener.port))
             assert outcome != "connected"
-            interfaces = await run_json(ex, "import os, json; print(json.dumps(sorted(os.listdir('/sys/class/net'))))")
+            interfaces = await run_json(
+                ex, "import os, json; print(json.dumps(sorted(os.listdir('/sys/class/net'))))"
+            )
             assert interfaces == ["lo"]
         assert listener.connections == 0
         # the same code with network=True reaches the listener: the test above can fail
@@ -158,7 +162,9 @@ async def test_memory_limit_kills_with_oom_and_session_recovers():
 
 
 async def test_cgroup_limits_are_applied():
-    async with backend_docker.make_executor(policy=OPEN, timeout=20, pool=False, memory_mb=200, cpus=0.5) as ex:
+    async with backend_docker.make_executor(
+        policy=OPEN, timeout=20, pool=False, memory_mb=200, cpus=0.5
+    ) as ex:
         limits = await run_json(
             ex,
             "import json\nread = lambda p: open(p).read().strip()\n"

@@ -11,9 +11,9 @@ import textwrap
 import time
 
 import anyio
+import backend_docker
 import pytest
 
-import backend_docker
 from sandboxes import Policy
 from sandboxes.errors import BackendUnavailable, SandboxFileError
 

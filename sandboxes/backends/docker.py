@@ -101,7 +101,9 @@ class ContainerSettings(BaseModel):
     no_new_privileges: bool = Field(True, description="Forbid gaining privileges (setuid binaries).")
     open_files: int = Field(1024, ge=16, description="RLIMIT_NOFILE of the container.")
     file_size_mb: int = Field(1024, ge=1, description="RLIMIT_FSIZE of the container: the largest file.")
-    host_workdir: str | None = Field(None, description="A host directory bind-mounted as the working directory.")
+    host_workdir: str | None = Field(
+        None, description="A host directory bind-mounted as the working directory."
+    )
 
     def create_arguments(self, api: Any) -> dict[str, Any]:
         """Keyword arguments of the low-level `create_container` call."""
@@ -328,7 +330,9 @@ class DockerWorker(Worker):
         except docker.errors.NotFound as exc:
             raise SandboxFileError(f"no file {path!r} in the sandbox's working directory") from exc
         except docker.errors.APIError as exc:
-            raise SandboxFileError(f"cannot read {path!r} from the sandbox: {exc.explanation or exc}") from exc
+            raise SandboxFileError(
+                f"cannot read {path!r} from the sandbox: {exc.explanation or exc}"
+            ) from exc
         with tarfile.open(fileobj=io.BytesIO(archive_bytes)) as archive:
             member = archive.next()
             if member is None or not member.isfile():
@@ -380,7 +384,9 @@ def start_container(settings: ContainerSettings) -> DockerWorker:
     except docker.errors.ImageNotFound as exc:
         raise BackendUnavailable(image_missing_message(settings.image)) from exc
     except docker.errors.APIError as exc:
-        raise WorkerStartError(f"Docker could not create the sandbox container: {exc.explanation or exc}") from exc
+        raise WorkerStartError(
+            f"Docker could not create the sandbox container: {exc.explanation or exc}"
+        ) from exc
     container_id = created["Id"]
     try:
         attach = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
@@ -393,7 +399,9 @@ def start_container(settings: ContainerSettings) -> DockerWorker:
     except BaseException as exc:
         worker.remove_now()
         if isinstance(exc, docker.errors.APIError):
-            raise WorkerStartError(f"Docker could not start the sandbox container: {exc.explanation or exc}") from exc
+            raise WorkerStartError(
+                f"Docker could not start the sandbox container: {exc.explanation or exc}"
+            ) from exc
         raise
     return worker
 
