@@ -75,6 +75,8 @@ class Outcome:
     result: str
     seconds: float
     run_seconds: float | None = None
+    open_seconds: float | None = None
+    close_seconds: float | None = None
 
 
 def build_program(problem: dict[str, Any], completion: str) -> str:
@@ -166,6 +168,7 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
     policies: dict[str, Any] = {}
     idle: dict[Any, list[Any]] = {}
     opened: list[Any] = []
+    phases: dict[int, tuple[float, float]] = {}  # job index -> (open seconds, close seconds)
 
     async def run_reused(policy: Any, program: str) -> Any:
         free = idle.setdefault(policy, [])
@@ -190,8 +193,15 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
             if reuse:
                 result = await run_reused(policy, program)
             else:
-                async with open_executor(backend, policy=policy, timeout=timeout, **options) as executor:
+                executor = open_executor(backend, policy=policy, timeout=timeout, **options)
+                try:
+                    await executor.open()
+                    opened_at = time.perf_counter()
                     result = await executor.run(program)
+                    closing_at = time.perf_counter()
+                finally:
+                    await executor.close()
+                phases[index] = (opened_at - started, time.perf_counter() - closing_at)
             seconds = time.perf_counter() - started
         if result.ok:
             verdict = "passed"
@@ -199,8 +209,9 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
             verdict = "timed out"
         else:
             verdict = f"failed: {result.error}" if result.error else "failed"
+        open_s, close_s = phases.get(index, (None, None))
         outcomes[index] = Outcome(job.task_id, job.completion_id, verdict == "passed", verdict, seconds,
-                                  result.duration)  # fmt: skip
+                                  result.duration, open_s, close_s)  # fmt: skip
         advance(1)
 
     try:
@@ -322,9 +333,11 @@ def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[s
         "per_program": summarize([o.seconds for o in outcomes]),
         "pass_at_k": {},
     }
-    runs = [o.run_seconds for o in outcomes if o.run_seconds is not None]
-    if runs:
-        summary["per_program_run_only"] = summarize(runs)
+    for key, attribute in (("per_program_run_only", "run_seconds"), ("session_open", "open_seconds"),
+                           ("session_close", "close_seconds")):  # fmt: skip
+        values = [getattr(o, attribute) for o in outcomes if getattr(o, attribute) is not None]
+        if values:
+            summary[key] = summarize(values)
     smallest = min((len(v) for v in per_task.values()), default=0)
     for k in ks:
         if smallest >= k:
@@ -399,10 +412,16 @@ def report(console: Console, result: dict[str, Any]) -> None:
         ["per program p50", *(fmt_ms(s["per_program"]["p50_ms"]) for _, s in sides)],
         ["per program p95", *(fmt_ms(s["per_program"]["p95_ms"]) for _, s in sides)],
     ]
-    run_only = result["sandbox"].get("per_program_run_only")
-    if run_only:  # the sandbox's time split: running the program vs getting a fresh session
-        rows.append(["  of which run() p50", fmt_ms(run_only["p50_ms"]), *(["-"] * (len(sides) - 1))])
-        rows.append(["  of which run() p95", fmt_ms(run_only["p95_ms"]), *(["-"] * (len(sides) - 1))])
+    # the sandbox's time split: opening a session, running the program, closing the session
+    for key, label in (
+        ("session_open", "open()"),
+        ("per_program_run_only", "run()"),
+        ("session_close", "close()"),
+    ):
+        part = result["sandbox"].get(key)
+        if part:
+            rows.append([f"  {label} p50 / p95", f"{fmt_ms(part['p50_ms'])} / {fmt_ms(part['p95_ms'])}",
+                         *(["-"] * (len(sides) - 1))])  # fmt: skip
     for key in result["sandbox"]["pass_at_k"]:
         rows.append([key, *(f"{s['pass_at_k'].get(key, math.nan):.3f}" for _, s in sides)])
     notes = [f"sandbox: backend {result['backend']} (isolation: {result['isolation']}), {result['sessions']}, "
