@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import fnmatch
 import json
+import keyword
 import mimetypes
 import os
 import uuid
@@ -480,7 +481,12 @@ class Agent(ABC):
             if not isinstance(inputs, dict):
                 raise ValueError("inputs must be a dict of name -> JSON-compatible value")
             for key, value in inputs.items():
-                if not isinstance(key, str) or not key.isidentifier() or key.startswith("_"):
+                if (
+                    not isinstance(key, str)
+                    or not key.isidentifier()
+                    or key.startswith("_")
+                    or keyword.iskeyword(key)
+                ):
                     raise ValueError(f"inputs key {key!r} must be a Python identifier not starting with '_'")
                 try:
                     json.dumps(value)

@@ -215,6 +215,16 @@ class CodeActAgent(ReActAgent):
     def parse_reply(self, text: str) -> ChatMessage:
         return parse_codeact_reply(text)
 
+    def _check_run_arguments(self, task: str, *args: Any) -> None:  # type: ignore[override]
+        super()._check_run_arguments(task, *args)
+        inputs = args[5]
+        taken = {t.name for t in self.tools} | {"final_answer", "print"}
+        clashes = sorted(set(inputs or {}) & taken)
+        if clashes:
+            raise ValueError(
+                f"inputs {clashes} would hide a tool or builtin of the same name in the sandbox; rename them"
+            )
+
     def _inputs_suffix(self) -> str:
         return "\n" + prompts.CODEACT_INPUTS_NOTE
 

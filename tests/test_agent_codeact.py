@@ -373,3 +373,12 @@ async def test_tool_argument_errors_reach_the_code(llm: StandinLLM) -> None:
     assert "ticker" in told[0]
     assert "symbol: Field required" in told[1] and "Error" in told[1]
     assert TOOL_THREADS == []  # the function itself never ran
+
+
+async def test_inputs_may_not_hide_tools(llm: StandinLLM) -> None:
+    agent = make(llm)
+    with pytest.raises(ValueError, match="get_price"):
+        await collect(agent.run("x", inputs={"get_price": 1}))
+    with pytest.raises(ValueError, match="identifier"):
+        await collect(agent.run("x", inputs={"class": 1}))
+    assert llm.requests == []
