@@ -192,7 +192,10 @@ class Executor(ABC):
             return result
 
     async def _run_locked(self, code: str | bytes) -> ExecutionResult:
-        text, problem = prepare_code(code, self.policy, extra_names=self.tools)
+        if len(code) > 50_000:  # parsing up to max_code_bytes takes seconds: not on the event loop
+            text, problem = await anyio.to_thread.run_sync(prepare_code, code, self.policy, list(self.tools))
+        else:
+            text, problem = prepare_code(code, self.policy, extra_names=self.tools)
         if problem is not None:
             return ExecutionResult(error=problem)
         assert text is not None
