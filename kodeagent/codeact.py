@@ -215,9 +215,20 @@ class CodeActAgent(ReActAgent):
     def parse_reply(self, text: str) -> ChatMessage:
         return parse_codeact_reply(text)
 
-    def _check_run_arguments(self, task: str, *args: Any) -> None:  # type: ignore[override]
-        super()._check_run_arguments(task, *args)
-        inputs = args[5]
+    def _check_run_arguments(
+        self,
+        task: str,
+        files: list[str] | None,
+        max_iterations: int | None,
+        recurrent_mode: bool,
+        chat_history: list[dict[str, Any]] | None,
+        history: Sequence[Any] | None,
+        inputs: dict[str, Any] | None,
+        response_model: Any,
+    ) -> None:
+        super()._check_run_arguments(
+            task, files, max_iterations, recurrent_mode, chat_history, history, inputs, response_model
+        )
         taken = {t.name for t in self.tools} | {"final_answer", "print"}
         clashes = sorted(set(inputs or {}) & taken)
         if clashes:
