@@ -56,6 +56,13 @@ class _LangfuseObservation(AbstractObservation):
             pass
 
 
+def _langfuse_start(owner: Any, name: str, input: Any, metadata: dict[str, Any] | None, kind: str) -> Any:
+    """Start a Langfuse observation on a client or a span: `start_observation` (v3.3+), else `start_span`."""
+    if hasattr(owner, "start_observation"):
+        return owner.start_observation(name=name, as_type=kind, input=input, metadata=metadata)
+    return owner.start_span(name=name, input=input, metadata=metadata)
+
+
 class LangfuseTracerManager(AbstractTracerManager):
     """Sends traces to Langfuse (configured by its usual LANGFUSE_* environment variables)."""
 
@@ -66,17 +73,16 @@ class LangfuseTracerManager(AbstractTracerManager):
         self, name: str, input: Any = None, metadata: dict[str, Any] | None = None
     ) -> AbstractObservation:
         try:
-            return _LangfuseObservation(self._client.start_span(name=name, input=input, metadata=metadata))
-        except Exception:
+            return _LangfuseObservation(_langfuse_start(self._client, name, input, metadata, "agent"))
+        except Exception:  # tracing must never break a run
             return AbstractObservation()
 
     def start_span(
         self, parent: AbstractObservation | None, name: str, input: Any = None
     ) -> AbstractObservation:
+        owner = parent._span if isinstance(parent, _LangfuseObservation) else self._client
         try:
-            if isinstance(parent, _LangfuseObservation):
-                return _LangfuseObservation(parent._span.start_span(name=name, input=input))
-            return _LangfuseObservation(self._client.start_span(name=name, input=input))
+            return _LangfuseObservation(_langfuse_start(owner, name, input, None, "span"))
         except Exception:
             return AbstractObservation()
 
