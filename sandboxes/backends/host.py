@@ -25,350 +25,23 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
-import functools
-import itertools
 import os
-import pathlib
-import shutil
-import signal
-import site
-import socket
-import subprocess
-import sys
-import tempfile
 from collections.abc import Mapping
 from typing import Any, Literal
 
 import anyio
 
-from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
+from ..errors import BackendUnavailable
 from ..executor import Executor, ToolFunction
 from ..policy import Policy
-from ..worker import SocketLineReader, Worker, WorkerExit
-
-RUNTIME_DIR = pathlib.Path(__file__).resolve().parent.parent / "runtime"
-RUNNER = RUNTIME_DIR / "runner.py"
-UID_BASE = 200_000 + (os.getpid() % 500) * 1000
-_uid_counter = itertools.count(1)
+from ..worker import Worker
+from .hostprocess import _LIVE_WORKERS, HostWorker, namespaces_available, spawn_worker
 
 Isolation = Literal["auto", "namespaces", "process"]
 
 # Workers are spawned from one long-lived thread: a child's "die with parent" signal fires when the
 # *thread* that forked it exits, and anyio's worker threads come and go.
 _SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kodeagent-spawn")
-
-
-class HostWorker(Worker):
-    """A runner process on this machine, reached over a socketpair used as its stdin and stdout."""
-
-    def __init__(self, process: subprocess.Popen[bytes], sock: socket.socket, workdir: str,
-                 uid: int | None, isolation: str, owns_workdir: bool) -> None:  # fmt: skip
-        self.process = process
-        self.channel = SocketLineReader(sock)
-        self.workdir = os.path.realpath(workdir)
-        self.uid = uid
-        self.isolation = isolation
-        self.owns_workdir = owns_workdir
-        self._killed = False
-
-    async def send(self, data: bytes) -> None:
-        await self.channel.send(data)
-
-    async def receive_line(self) -> bytes:
-        return await self.channel.receive_line()
-
-    async def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def kill_now(self) -> None:
-        """Synchronous kill, for `atexit` and `kill()`."""
-        if not self._killed:
-            self._killed = True
-            if self.isolation == "process":
-                _kill_process_tree(self.process.pid)
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if self.uid is not None and self.isolation == "process":
-                _kill_user_processes(self.uid)
-            self.channel.sock.close()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
-        if self.owns_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    async def kill(self) -> None:
-        _LIVE_WORKERS.discard(self)
-        await anyio.to_thread.run_sync(self.kill_now)
-
-    async def exit_info(self) -> WorkerExit:
-        try:
-            code = await anyio.to_thread.run_sync(functools.partial(self.process.wait, timeout=2))
-        except subprocess.TimeoutExpired:
-            return WorkerExit(detail="the worker closed its channel but is still running")
-        # Memory is bounded by RLIMIT_AS, so exhaustion shows up as MemoryError inside the runner
-        # (reported as `oom` there), not as a kernel OOM kill: a signal here is not evidence of OOM.
-        if code < 0:
-            return WorkerExit(detail=f"killed by {_signal_name(-code)}")
-        if self.isolation == "namespaces" and code > 128:  # bwrap reports the child's signal as 128+N
-            return WorkerExit(detail=f"killed by {_signal_name(code - 128)}")
-        return WorkerExit(detail=f"exit code {code}")
-
-    def _resolve(self, path: str) -> str:
-        full = os.path.realpath(os.path.join(self.workdir, path))
-        if full != self.workdir and not full.startswith(self.workdir + os.sep):
-            raise SandboxFileError(f"{path!r} resolves outside the working directory (a symlink?); refused")
-        return full
-
-    async def write_file(self, path: str, data: bytes) -> None:
-        def write() -> None:
-            full = self._resolve(path)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "wb") as handle:
-                handle.write(data)
-            if self.uid is not None:
-                os.chown(full, self.uid, self.uid)
-
-        await anyio.to_thread.run_sync(write)
-
-    async def read_file(self, path: str) -> bytes:
-        def read() -> bytes:
-            full = self._resolve(path)
-            try:
-                return pathlib.Path(full).read_bytes()
-            except FileNotFoundError:
-                raise SandboxFileError(f"no file {path!r} in the working directory") from None
-            except IsADirectoryError:
-                raise SandboxFileError(f"{path!r} is a directory, not a file") from None
-
-        return await anyio.to_thread.run_sync(read)
-
-
-_LIVE_WORKERS: set[HostWorker] = set()
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-@atexit.register
-def _kill_all_workers() -> None:
-    for worker in list(_LIVE_WORKERS):
-        worker.kill_now()
-    for pool in _POOLS.values():
-        for worker in pool:
-            worker.kill_now()
-
-
-# ---------------------------------------------------------------------- spawning
-
-
-@functools.cache
-def namespaces_available() -> bool:
-    """True if bubblewrap can create the namespaces we use on this machine (checked once)."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None or os.name != "posix":
-        return False
-    try:
-        probe = subprocess.run(
-            [bwrap, *_bwrap_filesystem(), "--unshare-pid", "--unshare-net", "--unshare-ipc",
-             "--die-with-parent", sys.executable, "-I", "-S", "-c", "pass"],
-            capture_output=True, timeout=20, env={},
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
-
-
-def _bind_with_parents(path: str, writable: bool = False) -> list[str]:
-    """bwrap arguments to bind `path`, creating world-traversable parents (e.g. under /root)."""
-    args: list[str] = []
-    parts = pathlib.PurePosixPath(path).parts
-    for depth in range(2, len(parts)):
-        args += ["--perms", "0755", "--dir", str(pathlib.PurePosixPath(*parts[:depth]))]
-    return args + ["--bind" if writable else "--ro-bind", path, path]
-
-
-@functools.cache
-def _bwrap_filesystem() -> tuple[str, ...]:
-    args = ["--ro-bind", "/usr", "/usr", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    for name in ("lib", "lib64", "lib32", "bin", "sbin"):
-        top = pathlib.Path("/") / name
-        if top.is_symlink():
-            args += ["--symlink", os.readlink(top), str(top)]
-        elif top.is_dir():
-            args += ["--ro-bind", str(top), str(top)]
-    args += ["--perms", "0755", "--dir", "/etc"]
-    for etc in ("/etc/ld.so.cache", "/etc/localtime", "/etc/alternatives"):
-        if os.path.exists(etc):
-            args += ["--ro-bind", etc, etc]
-    bound = ["/usr"]
-    for path in sorted({sys.base_prefix, sys.prefix, str(RUNTIME_DIR), *_site_dirs()}):
-        real = os.path.realpath(path)
-        if os.path.isdir(real) and not any(real == b or real.startswith(b + "/") for b in bound):
-            args += _bind_with_parents(real)
-            bound.append(real)
-    return tuple(args)
-
-
-@functools.cache
-def _site_dirs() -> tuple[str, ...]:
-    dirs = [*site.getsitepackages(), site.getusersitepackages()]
-    return tuple(os.path.realpath(d) for d in dirs if os.path.isdir(d))
-
-
-def _path_is_world_traversable(path: str) -> bool:
-    current = pathlib.Path(path).resolve()
-    for parent in [current, *current.parents]:
-        try:
-            if not parent.stat().st_mode & 0o001:
-                return False
-        except OSError:
-            return False
-    return True
-
-
-def _kill_process_tree(root: int) -> None:
-    """SIGKILL every descendant of the runner `root`, which is a subreaper (``--subreaper``): `setsid`
-    children and double forks stay in its tree even when there is no private user to kill by.
-    A fork bomb races each pass, so the tree is first frozen (SIGSTOP until no new process appears:
-    a stopped process cannot fork), then killed; zombies are already dead."""
-    if not os.path.isdir("/proc"):
-        return
-    try:
-        os.killpg(root, signal.SIGSTOP)  # most of a fork bomb is still in the runner's group: freeze it at once
-    except (ProcessLookupError, PermissionError):
-        pass
-    stopped: set[int] = set()
-    own_group = os.getpgrp()
-    for _ in range(200):
-        found = _descendants(root)
-        fresh = set(found) - stopped
-        if not fresh:
-            break
-        # Whole groups first (a `setsid` shell bomb is one group), then the stragglers.
-        for group in {found[pid] for pid in fresh} - {own_group, 0, 1}:
-            try:
-                os.killpg(group, signal.SIGSTOP)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in fresh:
-            _signal(pid, signal.SIGSTOP)
-        stopped |= fresh
-    for _ in range(20):
-        found = _descendants(root)
-        if not found:
-            return
-        for group in set(found.values()) - {own_group, 0, 1}:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        for pid in found:
-            _signal(pid, signal.SIGKILL)
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _descendants(root: int) -> dict[int, int]:
-    """Live (non-zombie) descendants of `root`, from /proc: pid -> process group."""
-    children: dict[int, list[int]] = {}
-    groups: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-            if fields[0] == b"Z":
-                continue
-            pid = int(entry.name)
-            children.setdefault(int(fields[1]), []).append(pid)
-            groups[pid] = int(fields[2])
-        except (OSError, IndexError, ValueError):
-            continue
-    found: dict[int, int] = {}
-    stack = list(children.get(root, ()))
-    while stack:
-        pid = stack.pop()
-        if pid not in found:
-            found[pid] = groups[pid]
-            stack.extend(children.get(pid, ()))
-    return found
-
-
-def _kill_user_processes(uid: int) -> None:
-    """Kill every process of a worker's private user: catches `setsid` children that left the group."""
-    for _ in range(3):
-        found = False
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                if entry.stat().st_uid == uid:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    found = True
-            except (OSError, ValueError):
-                continue
-        if not found:
-            return
-
-
-def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWorker:
-    """Start a runner process (blocking; call it from `_SPAWNER`)."""
-    owns_workdir = workdir is None
-    directory = tempfile.mkdtemp(prefix="kodeagent-") if workdir is None else os.path.realpath(workdir)
-    os.makedirs(directory, exist_ok=True)
-    uid: int | None = None
-    reachable = _path_is_world_traversable(sys.executable) and _path_is_world_traversable(os.path.dirname(directory))
-    if os.getuid() == 0 and (isolation == "namespaces" or reachable):
-        uid = UID_BASE + next(_uid_counter) % 1000
-        for root, dirs, files in os.walk(directory):
-            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-                os.lchown(name, uid, uid)
-    runner_args = [sys.executable, "-I", "-S", str(RUNNER)]
-    for path in _site_dirs():
-        runner_args += ["--sys-path", path]
-    if uid is not None:
-        runner_args += ["--uid", str(uid), "--gid", str(uid)]
-    if isolation != "namespaces":
-        runner_args.append("--subreaper")  # see _kill_process_tree
-    if isolation == "namespaces":
-        command = [
-            shutil.which("bwrap") or "bwrap", *_bwrap_filesystem(),
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            *([] if network else ["--unshare-net"]),
-            "--die-with-parent", "--new-session",
-            *_bind_with_parents(directory, writable=True), "--chdir", directory,
-            *runner_args,
-        ]  # fmt: skip
-    else:
-        command = runner_args
-    parent_end, child_end = socket.socketpair()
-    try:
-        process = subprocess.Popen(
-            command, stdin=child_end, stdout=child_end, stderr=subprocess.DEVNULL, cwd=directory,
-            env={}, start_new_session=True, close_fds=True,
-        )  # fmt: skip
-    except OSError as exc:
-        parent_end.close()
-        raise WorkerStartError(f"could not start the sandbox worker ({exc})") from exc
-    finally:
-        child_end.close()
-    worker = HostWorker(process, parent_end, directory, uid, isolation, owns_workdir)
-    _LIVE_WORKERS.add(worker)
-    return worker
 
 
 async def _spawn(isolation: str, workdir: str | None, network: bool) -> HostWorker:
@@ -403,6 +76,13 @@ def _refill(key: tuple[str, bool]) -> None:
             pool.append(worker)
 
     _SPAWNER.submit(fill)
+
+
+@atexit.register
+def _kill_pooled_workers() -> None:
+    for pool in _POOLS.values():
+        for worker in pool:
+            worker.kill_now()
 
 
 class HostExecutor(Executor):
