@@ -136,6 +136,27 @@ def _nan_to_none(value: Any) -> Any:
     return value
 
 
+# ---------------------------------------------------------------------- options
+
+
+def parse_key_values(values: Sequence[str]) -> dict[str, Any]:
+    """`["isolation=process", "memory_mb=1024"]` -> {"isolation": "process", "memory_mb": 1024}.
+
+    Values are parsed as JSON when they are valid JSON (numbers, booleans, lists), else kept as text.
+    Raises ValueError for an item that is not KEY=VALUE.
+    """
+    options: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        try:
+            options[key.strip()] = json.loads(raw)
+        except ValueError:
+            options[key.strip()] = raw
+    return options
+
+
 # ---------------------------------------------------------------------- output
 
 

