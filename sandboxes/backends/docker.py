@@ -14,8 +14,10 @@ directory on an anonymous volume (the only writable place besides /tmp), every c
 init as PID 1 so that a kill is immediate.
 
 Why nothing leaks: every container carries the labels ``org.kodeagent.sandbox=1`` and
-``org.kodeagent.owner=<host>:<pid>:<start time>``. `close()`, a timeout, garbage collection and
-interpreter exit remove the container; if the parent dies without running any of that (SIGKILL), the
+``org.kodeagent.owner=<host>:<pid>:<start time>``. A timeout or crash removes the container before
+the next run; `close()` closes its stream (the idle runner exits, the container stops at once) and
+queues the removal in a background thread, so that closing costs the caller nothing; garbage
+collection does the same, and interpreter exit removes whatever is left; if the parent dies without running any of that (SIGKILL), the
 attach socket closes, the daemon closes the container's stdin (``stdin_once``), the runner reads
 end-of-file and exits, so nothing keeps *running*; the stopped container is removed by the next
 process that uses this backend, or by ``python -m sandboxes.images cleanup``.
@@ -73,6 +75,9 @@ _checked_images: set[str] = set()
 _orphans_swept = False
 # Pool refills and background removals run here, never in the event loop.
 _BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kodeagent-docker")
+# Removals of closed sessions' containers queue here, apart from refills so they never delay them.
+# Queued work still runs at interpreter exit (the executor drains its queue before its threads end).
+_REMOVER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kodeagent-docker-rm")
 
 
 def client() -> Any:
@@ -233,6 +238,26 @@ class DockerWorker(Worker):
 
     async def kill(self) -> None:
         await anyio.to_thread.run_sync(self.remove_now)
+
+    def release(self) -> None:
+        """End the session without waiting: close the stream, remove the container in the background.
+
+        Only for an idle runner (it is blocked reading its stdin): the closed stream is end-of-file
+        for it, so it exits at once and the container stops; the removal (a few hundred ms of daemon
+        work) then happens off the caller's path. A busy runner needs `kill()`.
+        """
+        _LIVE.pop(self.container_id, None)
+        if not self._removed:
+            self._removed = True
+            self._finalizer.detach()
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+            try:
+                _REMOVER.submit(_remove, self.container_id, None)
+            except RuntimeError:  # interpreter shutting down
+                _remove(self.container_id, None)
 
     async def exit_info(self) -> WorkerExit:
         return await anyio.to_thread.run_sync(self._exit_info)
@@ -544,6 +569,14 @@ class DockerExecutor(Executor):
         )  # fmt: skip
         self.pool_size = max(0, pool_size) if pool and workdir is None else 0
         self._refill_due = False
+
+    async def _release_worker(self, worker: Worker) -> None:
+        # close(): the runner is idle between runs (the executor's lock), so releasing is enough and
+        # close() returns in microseconds; the container is stopped at once and removed shortly after.
+        if isinstance(worker, DockerWorker):
+            worker.release()
+        else:
+            await worker.kill()
 
     def _init_message(self) -> dict[str, Any]:
         message = super()._init_message()
