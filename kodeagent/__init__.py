@@ -27,7 +27,6 @@ from .errors import (
     ToolDefinitionError,
     ToolError,
     ToolExecutionError,
-    ToolNotFound,
     TracingUnavailable,
 )
 from .llm import call_llm, llm_vision_support
@@ -73,7 +72,6 @@ __all__ = [
     "ToolDefinitionError",
     "ToolError",
     "ToolExecutionError",
-    "ToolNotFound",
     "TracingUnavailable",
     "UsageRecord",
     "UsageTracker",

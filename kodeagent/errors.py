@@ -24,10 +24,6 @@ class ToolDefinitionError(ToolError, TypeError):
     """A function cannot be turned into a tool (bad name, unsupported signature)."""
 
 
-class ToolNotFound(ToolError, LookupError):
-    """The model asked for a tool that does not exist or is not allowed in this run."""
-
-
 class ToolArgumentError(ToolError, ValueError):
     """The arguments given to a tool failed validation; the message lists what is wrong."""
 
