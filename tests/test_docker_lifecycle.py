@@ -211,3 +211,28 @@ async def test_policy_still_applies_inside_the_container():
     async with backend_docker.make_executor(timeout=10, policy=Policy(), pool=False) as ex:
         result = await ex.run("import os")
         assert result.error is not None and result.error.type == "PolicyViolation"
+
+
+def test_daemon_unreachable_is_a_clear_error(tmp_path):
+    """A daemon that is not there (a socket path nobody listens on) gives BackendUnavailable that says what to do."""
+    code = textwrap.dedent(
+        """
+        import anyio
+        from sandboxes import open_executor, BackendUnavailable
+
+        async def main():
+            try:
+                async with open_executor("docker", timeout=5):
+                    print("opened")
+            except BackendUnavailable as exc:
+                print("unavailable:", exc)
+
+        anyio.run(main)
+        """
+    )
+    env = {**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/no-daemon.sock"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.startswith("unavailable: cannot reach the Docker daemon"), done.stdout + done.stderr
+    assert "start it" in done.stdout
