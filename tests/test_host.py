@@ -69,11 +69,17 @@ async def test_explicit_workdir_is_used_and_kept(tmp_path):
     assert (tmp_path / "double.txt").read_text() == "10"
 
 
-async def test_close_leaves_no_worker_process():
-    async with HostExecutor(timeout=10, pool=False) as ex:
+@pytest.mark.parametrize("isolation", ["process", "auto"])
+async def test_close_leaves_no_worker_process(isolation):
+    async with HostExecutor(timeout=10, pool=False, isolation=isolation) as ex:
         await ex.run("print(1)")
-        pid = ex._worker.process.pid
-    assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
+        worker = ex._worker
+        pid, uid = worker.pid, worker.uid
+    if worker.isolation == "process":
+        assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
+    if uid is not None:
+        owners = {entry.stat().st_uid for entry in os.scandir("/proc") if entry.name.isdigit()}
+        assert uid not in owners
 
 
 @pytest.mark.skipif(not namespaces_available(), reason="bubblewrap cannot create namespaces here")

@@ -31,11 +31,11 @@ from typing import Any, Literal
 
 import anyio
 
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, WorkerStartError
 from ..executor import Executor, ToolFunction
 from ..policy import Policy
 from ..worker import Worker
-from .hostprocess import _LIVE_WORKERS, HostWorker, namespaces_available, spawn_worker
+from .hostprocess import _LIVE_WORKERS, HostWorker, fork_worker, namespaces_available, spawn_worker
 
 Isolation = Literal["auto", "namespaces", "process"]
 
@@ -44,8 +44,18 @@ Isolation = Literal["auto", "namespaces", "process"]
 _SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kodeagent-spawn")
 
 
+def make_worker(isolation: str, workdir: str | None, network: bool) -> HostWorker:
+    """A new worker: forked from the fork server when it can be, else a fresh interpreter."""
+    if workdir is None:
+        try:
+            return fork_worker(isolation, network)
+        except WorkerStartError:
+            pass  # the fork server could not start or died: a slower, independent worker still works
+    return spawn_worker(isolation, workdir, network)
+
+
 async def _spawn(isolation: str, workdir: str | None, network: bool) -> HostWorker:
-    future = _SPAWNER.submit(spawn_worker, isolation, workdir, network)
+    future = _SPAWNER.submit(make_worker, isolation, workdir, network)
     return await anyio.to_thread.run_sync(future.result)
 
 
@@ -59,7 +69,7 @@ def _take_pooled(key: tuple[str, bool]) -> HostWorker | None:
     pool = _POOLS.get(key, [])
     while pool:
         worker = pool.pop()
-        if worker.process.poll() is None:
+        if worker.is_alive():
             return worker
         worker.kill_now()
     return None
@@ -71,7 +81,7 @@ def _refill(key: tuple[str, bool]) -> None:
     def fill() -> None:
         pool = _POOLS.setdefault(key, [])
         while len(pool) < POOL_SIZE:
-            worker = spawn_worker(key[0], None, key[1])
+            worker = make_worker(key[0], None, key[1])
             _LIVE_WORKERS.discard(worker)
             pool.append(worker)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import functools
 import itertools
+import json
 import os
 import pathlib
 import shutil
@@ -25,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 
 import anyio
 
@@ -41,9 +43,12 @@ _uid_counter = itertools.count(1)
 class HostWorker(Worker):
     """A runner process on this machine, reached over a socketpair used as its stdin and stdout."""
 
-    def __init__(self, process: subprocess.Popen[bytes], sock: socket.socket, workdir: str,
-                 uid: int | None, isolation: str, owns_workdir: bool) -> None:  # fmt: skip
+    def __init__(self, process: subprocess.Popen[bytes] | None, sock: socket.socket, workdir: str,
+                 uid: int | None, isolation: str, owns_workdir: bool, pid: int | None = None) -> None:  # fmt: skip
         self.process = process
+        # A fork-server child is not our child: `pid` is its host pid at the process level; under
+        # namespaces it lives in the server's PID namespace and is reached through its private user.
+        self.pid = process.pid if process is not None else pid
         self.channel = SocketLineReader(sock)
         self.workdir = os.path.realpath(workdir)
         self.uid = uid
@@ -58,25 +63,37 @@ class HostWorker(Worker):
         return await self.channel.receive_line()
 
     async def alive(self) -> bool:
-        return self.process.poll() is None
+        return self.is_alive()
+
+    def is_alive(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        try:  # a closed channel reads as end-of-file without consuming anything
+            return self.channel.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
 
     def kill_now(self) -> None:
         """Synchronous kill, for `atexit` and `kill()`."""
         if not self._killed:
             self._killed = True
-            if self.isolation == "process":
-                _kill_process_tree(self.process.pid)
-            try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            if self.uid is not None and self.isolation == "process":
+            if self.pid is not None and (self.isolation == "process" or self.process is not None):
+                if self.isolation == "process":
+                    _kill_process_tree(self.pid)
+                try:
+                    os.killpg(self.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if self.uid is not None and (self.isolation == "process" or self.process is None):
                 _kill_user_processes(self.uid)
             self.channel.sock.close()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -85,6 +102,8 @@ class HostWorker(Worker):
         await anyio.to_thread.run_sync(self.kill_now)
 
     async def exit_info(self) -> WorkerExit:
+        if self.process is None:
+            return WorkerExit(detail="the worker process ended")
         try:
             code = await anyio.to_thread.run_sync(functools.partial(self.process.wait, timeout=2))
         except subprocess.TimeoutExpired:
@@ -293,36 +312,55 @@ def _kill_user_processes(uid: int) -> None:
             return
 
 
+def _private_user(directory: str, isolation: str) -> int | None:
+    """A fresh unprivileged uid owning `directory`, when we are root and the worker can use it."""
+    reachable = _path_is_world_traversable(sys.executable) and _path_is_world_traversable(
+        os.path.dirname(directory)
+    )
+    if os.getuid() != 0 or not (isolation == "namespaces" or reachable):
+        return None
+    uid = UID_BASE + next(_uid_counter) % 1000
+    for root, dirs, files in os.walk(directory):
+        for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
+            os.lchown(name, uid, uid)
+    return uid
+
+
+def _runner_flags(uid: int | None, isolation: str) -> list[str]:
+    flags = [] if uid is None else ["--uid", str(uid), "--gid", str(uid)]
+    if isolation != "namespaces":
+        flags.append("--subreaper")  # see _kill_process_tree
+    return flags
+
+
+def _python(script: pathlib.Path) -> list[str]:
+    command = [sys.executable, "-I", "-S", str(script)]
+    for path in _site_dirs():
+        command += ["--sys-path", path]
+    return command
+
+
+def _sandboxed(command: list[str], isolation: str, network: bool, writable: str) -> list[str]:
+    """Wrap `command` in bubblewrap at the namespaces level; `writable` is the one writable directory."""
+    if isolation != "namespaces":
+        return command
+    return [
+        shutil.which("bwrap") or "bwrap", *_bwrap_filesystem(),
+        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        *([] if network else ["--unshare-net"]),
+        "--die-with-parent", "--new-session",
+        *_bind_with_parents(writable, writable=True), "--chdir", writable,
+        *command,
+    ]  # fmt: skip
+
+
 def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWorker:
-    """Start a runner process (blocking; call it from `_SPAWNER`)."""
+    """Start a runner in a new interpreter (blocking; call it from the spawner thread)."""
     owns_workdir = workdir is None
     directory = tempfile.mkdtemp(prefix="kodeagent-") if workdir is None else os.path.realpath(workdir)
     os.makedirs(directory, exist_ok=True)
-    uid: int | None = None
-    reachable = _path_is_world_traversable(sys.executable) and _path_is_world_traversable(os.path.dirname(directory))
-    if os.getuid() == 0 and (isolation == "namespaces" or reachable):
-        uid = UID_BASE + next(_uid_counter) % 1000
-        for root, dirs, files in os.walk(directory):
-            for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-                os.lchown(name, uid, uid)
-    runner_args = [sys.executable, "-I", "-S", str(RUNNER)]
-    for path in _site_dirs():
-        runner_args += ["--sys-path", path]
-    if uid is not None:
-        runner_args += ["--uid", str(uid), "--gid", str(uid)]
-    if isolation != "namespaces":
-        runner_args.append("--subreaper")  # see _kill_process_tree
-    if isolation == "namespaces":
-        command = [
-            shutil.which("bwrap") or "bwrap", *_bwrap_filesystem(),
-            "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            *([] if network else ["--unshare-net"]),
-            "--die-with-parent", "--new-session",
-            *_bind_with_parents(directory, writable=True), "--chdir", directory,
-            *runner_args,
-        ]  # fmt: skip
-    else:
-        command = runner_args
+    uid = _private_user(directory, isolation)
+    command = _sandboxed(_python(RUNNER) + _runner_flags(uid, isolation), isolation, network, directory)
     parent_end, child_end = socket.socketpair()
     try:
         process = subprocess.Popen(
@@ -339,7 +377,87 @@ def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWork
     return worker
 
 
+class ForkServer:
+    """A pre-imported server that forks runners (see `runtime/forkserver.py`). Thread-safe."""
+
+    def __init__(self, isolation: str, network: bool) -> None:
+        self.isolation = isolation
+        # Sessions' working directories live under one base the sandbox can see; each is mode 0700
+        # and owned by its session's private user, so sessions cannot read each other's files.
+        self.base = tempfile.mkdtemp(prefix="kodeagent-sessions-")
+        os.chmod(self.base, 0o711)
+        self.control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        command = _sandboxed(_python(FORKSERVER), isolation, network, self.base)
+        try:
+            self.process = subprocess.Popen(
+                command, stdin=child_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                cwd=self.base, env={}, start_new_session=True, close_fds=True,
+            )  # fmt: skip
+        except OSError as exc:
+            self.control.close()
+            raise WorkerStartError(f"could not start the sandbox fork server ({exc})") from exc
+        finally:
+            child_end.close()
+        self.lock = threading.Lock()
+
+    def usable(self) -> bool:
+        return self.process.poll() is None
+
+    def fork_worker(self) -> HostWorker:
+        directory = tempfile.mkdtemp(dir=self.base)
+        uid = _private_user(directory, self.isolation)
+        request = json.dumps({"workdir": directory, "argv": _runner_flags(uid, self.isolation)}).encode()
+        parent_end, child_end = socket.socketpair()
+        try:
+            with self.lock:
+                socket.send_fds(self.control, [request], [child_end.fileno()])
+                reply = self.control.recv(4096)
+        except OSError as exc:
+            parent_end.close()
+            raise WorkerStartError(f"the sandbox fork server is gone ({exc})") from exc
+        finally:
+            child_end.close()
+        if not reply:
+            parent_end.close()
+            shutil.rmtree(directory, ignore_errors=True)
+            raise WorkerStartError("the sandbox fork server is gone")
+        pid = json.loads(reply)["pid"]
+        worker = HostWorker(None, parent_end, directory, uid, self.isolation, owns_workdir=True, pid=pid)
+        _LIVE_WORKERS.add(worker)
+        return worker
+
+    def stop(self) -> None:
+        self.control.close()
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+_FORK_SERVERS: dict[tuple[str, bool], ForkServer] = {}
+_FORK_SERVERS_LOCK = threading.Lock()
+
+
+def fork_worker(isolation: str, network: bool) -> HostWorker:
+    """A runner forked from the (lazily started) fork server of this isolation level and network."""
+    key = (isolation, network)
+    with _FORK_SERVERS_LOCK:
+        server = _FORK_SERVERS.get(key)
+        if server is None or not server.usable():
+            if server is not None:
+                server.stop()
+            server = _FORK_SERVERS[key] = ForkServer(isolation, network)
+    return server.fork_worker()
+
+
 @atexit.register
 def _kill_all_workers() -> None:
     for worker in list(_LIVE_WORKERS):
         worker.kill_now()
+    for server in _FORK_SERVERS.values():
+        server.stop()

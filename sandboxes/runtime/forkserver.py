@@ -1,0 +1,91 @@
+"""A fork server: one runner-to-be that has paid for its imports, forking a fresh runner per session.
+
+Starting Python and importing RestrictedPython costs tens of milliseconds of CPU, which dominates a
+short session (HumanEval runs one program per session). The fork server does that once, then
+forks: each child is a brand-new runner process with its own session id, its own working
+directory and (when the server runs as root) its own unprivileged user, and nothing of any other
+session. The server itself never runs user code, never installs the audit hook and keeps no
+state between sessions.
+
+Protocol, on a SOCK_SEQPACKET socket passed as stdin: the parent sends one datagram per session,
+``{"workdir": ..., "argv": [...runner flags...]}`` with the session's channel socket attached
+(SCM_RIGHTS); the server answers ``{"pid": N}`` once the child exists. End-of-file ends the server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _load_runner() -> object:
+    spec = importlib.util.spec_from_file_location("_kodeagent_runner", os.path.join(HERE, "runner.py"))
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _child(runner: object, control: socket.socket, channel_fd: int, request: dict) -> None:
+    """In the forked child: become an ordinary runner whose stdin/stdout is the session's channel."""
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        control.close()
+        os.setsid()
+        os.dup2(channel_fd, 0)
+        os.dup2(channel_fd, 1)
+        os.close(channel_fd)
+        os.chdir(request["workdir"])
+        runner.main(list(request["argv"]))  # type: ignore[attr-defined]
+    finally:
+        os._exit(0)
+
+
+def main(argv: list[str]) -> None:
+    args = iter(argv)
+    for flag in args:
+        if flag == "--sys-path":
+            sys.path.append(next(args))
+    runner = _load_runner()
+    # Pay for every import now, once, instead of in each session.
+    guard = runner._load_sibling("guard")  # type: ignore[attr-defined]
+    runner._load_sibling("audit")  # type: ignore[attr-defined]
+    guard.make_transformer(frozenset(), frozenset())
+    import RestrictedPython.Guards  # noqa: F401  (used by Guard.builtins)
+    import resource  # noqa: F401  (used by the runner's limits)
+
+    if sys.platform.startswith("linux"):
+        import ctypes  # noqa: F401  (the runner becomes a subreaper through it)
+
+    control = socket.socket(fileno=os.dup(0))
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(null, 1)
+    os.close(null)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    while True:
+        try:
+            message, fds, _flags, _address = socket.recv_fds(control, 1 << 16, 1)
+        except InterruptedError:
+            continue
+        if not message:
+            return
+        if not fds:
+            continue
+        request = json.loads(message)
+        pid = os.fork()
+        if pid == 0:
+            _child(runner, control, fds[0], request)
+        os.close(fds[0])
+        control.send(json.dumps({"pid": pid}).encode())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
