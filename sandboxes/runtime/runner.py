@@ -35,6 +35,9 @@ MAX_ARTIFACT_SCAN = 5000
 
 def _load_sibling(name: str) -> Any:
     # Loaded by path under a private name: the runtime directory is never put on sys.path.
+    # A runner forked from the fork server finds the server's copy already loaded (it holds no state).
+    if f"_kodeagent_{name}" in sys.modules:
+        return sys.modules[f"_kodeagent_{name}"]
     spec = importlib.util.spec_from_file_location(f"_kodeagent_{name}", os.path.join(HERE, f"{name}.py"))
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
