@@ -324,8 +324,12 @@ def run(*, model: str, agents: Sequence[str] = ("codeact", "react"), task_sets: 
 
         problems = list(load_problems().values())[: limit if limit else None]
         for problem in problems:
+
+            async def grade_code(answer: Any, p: dict[str, Any] = problem) -> tuple[bool, str]:
+                return await grade_humaneval(p, answer, backend)
+
             work.append(("humaneval", problem["task_id"], HUMANEVAL_TEMPLATE.format(prompt=problem["prompt"]),
-                         lambda answer, p=problem: grade_humaneval(p, answer, backend)))  # fmt: skip
+                         grade_code))  # fmt: skip
     if "tools" in task_sets:
         for tool_task in TOOL_TASKS[: limit if limit else None]:
 

@@ -218,7 +218,11 @@ def progress(console: Console, description: str, total: int) -> Iterator[Callabl
                       TimeElapsedColumn(), TimeRemainingColumn(), console=console,
                       transient=False) as bar:  # fmt: skip
             task = bar.add_task(description, total=total)
-            yield lambda n=1: bar.advance(task, n)
+
+            def advance_bar(n: int = 1) -> None:
+                bar.advance(task, n)
+
+            yield advance_bar
         return
     started = time.perf_counter()
     done = 0

@@ -144,7 +144,7 @@ def policy_for(problem: dict[str, Any], extra_imports: Iterable[str] = ()) -> An
     imports, names = _imports_and_names(trusted)
     allowed = list(dict.fromkeys([*DEFAULT_ALLOWED_IMPORTS, *sorted(imports), *extra_imports]))
     builtins = [name for name in ("eval",) if name in names]
-    return Policy(allowed_imports=allowed, allow_builtins=builtins)
+    return Policy(allowed_imports=tuple(allowed), allow_builtins=tuple(builtins))
 
 
 # ---------------------------------------------------------------------- the sandbox side

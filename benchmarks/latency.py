@@ -154,13 +154,13 @@ async def _wait_for_pool(settle: float) -> None:
 
 async def host_open(sessions: int, pool: bool, settle: float = 0.0) -> list[float]:
     """`open()` of new sessions, from the pool or cold; each session is closed before the next."""
-    from sandboxes import HostExecutor
+    from sandboxes import open_executor
 
     samples = []
     for index in range(sessions + 1):
         if pool:
             await _wait_for_pool(settle)
-        executor = HostExecutor(timeout=10, pool=pool)
+        executor = open_executor("host", timeout=10, pool=pool)
         started = time.perf_counter()
         await executor.open()
         elapsed = time.perf_counter() - started

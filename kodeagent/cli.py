@@ -106,7 +106,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     imports = _module_patterns(args.allow_import)
     allowed = list(dict.fromkeys([*([] if args.only_imports else DEFAULT_ALLOWED_IMPORTS), *imports]))
     try:
-        policy = Policy(allowed_imports=allowed, allow_builtins=_module_patterns(args.allow_builtin),
+        policy = Policy(allowed_imports=tuple(allowed), allow_builtins=tuple(_module_patterns(args.allow_builtin)),
                         network=args.network)  # fmt: skip
     except ValueError as exc:
         raise CommandError(f"invalid policy: {exc}", EXIT_USAGE) from None
