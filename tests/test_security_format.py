@@ -84,7 +84,7 @@ async def test_ordinary_formatting_works(executor_factory) -> None:
         "import string\n"
         "class P:\n    def __init__(self):\n        self.x = 3\n"
         "p = P()\n"
-        "print('{} {:>4} {x} {0}'.format(1, 'ab', x=2))\n"
+        "print('{} {:>4} {x}'.format(1, 'ab', x=2), '{0}{1}{0}'.format('a', 'b'))\n"
         "print('{p.x} {d[k]} {l[1]}'.format(p=p, d={'k': 'v'}, l=[5, 6]))\n"
         "print('{a}-{b}'.format_map({'a': 1, 'b': 2}), str.format('{}!', 'hi'))\n"
         "print(f'{p.x:03d} {3.14159:.2f}', '%s=%d' % ('n', 4), format(255, 'x'))\n"
@@ -92,4 +92,4 @@ async def test_ordinary_formatting_works(executor_factory) -> None:
     )
     result = await run_once(executor_factory, code, policy=policy("string"))
     assert result.ok, result
-    assert result.stdout == "1   ab 2 1\n3 v 6\n1-2 hi!\n003 3.14 n=4 ff\nit is fine\n"
+    assert result.stdout == "1   ab 2 aba\n3 v 6\n1-2 hi!\n003 3.14 n=4 ff\nit is fine\n"

@@ -160,7 +160,7 @@ class Runner:
             elif op == "run":
                 self.channel.send(self.run(message.get("code", "")))
             elif op == "reset":
-                self.namespace = self.fresh_namespace()
+                self.namespace = self.fresh_namespace()  # finalizers of the old one run confined
                 self.channel.send({"op": "reply"})
             else:
                 self.channel.send({"op": "fatal", "message": f"unknown request {op!r}"})
@@ -209,27 +209,26 @@ class Runner:
         if self.stateless:
             self.namespace = self.fresh_namespace()
         self.final, self.has_final = None, False
-        for capture in (self.stdout, self.stderr):
-            capture.attach()
-            capture.clear()
-        before = _snapshot(self.workdir)
+        with self.system.trusted():
+            for capture in (self.stdout, self.stderr):
+                capture.attach()
+                capture.clear()
+            before = _snapshot(self.workdir)
         error: dict[str, Any] | None = None
         oom = False
+        # The audit hook stays active from here on (see SystemGuard): describe() may run the code's
+        # __str__, and its threads go on after the reply.
+        self.system.active = True
         try:
-            code = self.guard.compile(source, filename)
-            os.chdir(self.workdir)
-            self.system.active = True
-            try:
-                exec(code, self.namespace)
-            finally:
-                self.system.active = False
+            with self.system.trusted():
+                code = self.guard.compile(source, filename)
+                os.chdir(self.workdir)
+            exec(code, self.namespace)
         except FinalAnswerSignal:
             pass
         except BaseException as exc:  # everything the code raises becomes the result's error
             oom = isinstance(exc, MemoryError)
             error = self.describe(exc, filename)
-        finally:
-            self.system.active = False
         _flush_streams()
         if self.channel.forked_child:
             os._exit(1 if error else 0)  # a fork of the code finished its copy of the snippet
@@ -244,18 +243,25 @@ class Runner:
             "oom": oom,
             "final_answer": self.final,
             "has_final_answer": self.has_final,
-            "artifacts": _changed_files(before, _snapshot(self.workdir)),
+            "artifacts": _changed_files(before, self._snapshot_trusted()),
         }
+
+    def _snapshot_trusted(self) -> dict[str, tuple[int, int]]:
+        with self.system.trusted():
+            return _snapshot(self.workdir)
 
     def describe(self, exc: BaseException, filename: str) -> dict[str, Any]:
         kind = type(exc).__name__
         if isinstance(exc, self.guard_module.PolicyViolation):
             kind = "PolicyViolation"
-        message = str(exc)
-        if isinstance(exc, SystemExit):
-            message = f"the code called exit({exc.code!r}); the session goes on"
-        elif isinstance(exc, KeyboardInterrupt):
-            message = "KeyboardInterrupt raised by the code; the session goes on"
+        try:  # str() and repr() may be the code's own methods: they can raise
+            message = str(exc)
+            if isinstance(exc, SystemExit):
+                message = f"the code called exit({exc.code!r}); the session goes on"
+            elif isinstance(exc, KeyboardInterrupt):
+                message = "KeyboardInterrupt raised by the code; the session goes on"
+        except BaseException:
+            message = "<unprintable exception>"
         try:
             frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.startswith("<cell ")]
             lines = traceback.format_exception_only(type(exc), exc)
@@ -265,18 +271,15 @@ class Runner:
                 (["Traceback (most recent call last):\n"] + traceback.format_list(frames) if frames else []) + lines
             )
             line = frames[-1].lineno if frames else getattr(exc, "lineno", None)
-        except Exception:  # a hostile __str__ or __repr__ must not break the runner
+        except BaseException:  # a hostile __str__ or __repr__ must not break the runner
             text, line = f"{kind}: <unprintable exception>\n", None
         return {"type": kind, "message": message, "traceback": text, "line": line}
 
     # ------------------------------------------------------------------ what the code can call
 
     def import_module(self, name: str, fromlist: Any) -> Any:
-        self.system.trusted_depth += 1
-        try:
+        with self.system.trusted():
             return builtins.__import__(name, None, None, fromlist, 0)
-        finally:
-            self.system.trusted_depth -= 1
 
     def final_answer(self, value: Any = None) -> None:
         """End this run and hand `value` to the caller as the final answer."""
@@ -309,11 +312,8 @@ class Runner:
     def _compile_text(self, source: Any, mode: str) -> Any:
         if not isinstance(source, str):
             raise TypeError(f"{mode}() in the sandbox takes source text, not {type(source).__name__}")
-        self.system.trusted_depth += 1
-        try:
+        with self.system.trusted():
             return self.guard.compile(source, "<string>", mode)
-        finally:
-            self.system.trusted_depth -= 1
 
     def _globals(self, scope: Any) -> dict[str, Any]:
         if scope is None:
