@@ -1,7 +1,7 @@
 """Security benchmark: the attack corpus (by class) and benign snippets against each available backend.
 
-    python -m benchmarks.security                          # host (namespaces) and host (process level)
-    python -m benchmarks.security --backend all --json     # plus docker and e2b where they work
+    python -m benchmarks.security                          # every backend that works here
+    python -m benchmarks.security --backend host --json    # host (namespaces) only
     python -m benchmarks.security --class imports --class files
 
 Why it is built this way (see `benchmarks/corpus/README.md` for the corpus format):
@@ -408,7 +408,7 @@ def report(console: Console, result: dict[str, Any]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", action="append", choices=[*BACKEND_CHOICES, "all"],
-                        help="backend to attack (repeatable; default host and host:process; all = every one)")  # fmt: skip
+                        help="backend to attack (repeatable; default all: every one that works here)")  # fmt: skip
     parser.add_argument("--class", dest="classes", action="append", default=[], metavar="CLASS",
                         help="only this attack class (repeatable): " + ", ".join(
                             sorted(p.stem for p in CORPUS.glob("*.toml") if p.stem != "benign")))  # fmt: skip
@@ -422,7 +422,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def execute(args: argparse.Namespace) -> int:
     """Exit 0 when every attack was contained and every benign snippet was right on every backend run."""
     console = make_console(args.json)
-    chosen = args.backend or ["host", "host:process"]
+    chosen = args.backend or ["all"]
     backends = list(BACKEND_CHOICES) if "all" in chosen else list(dict.fromkeys(chosen))
     result = run(backends=backends, classes=args.classes, control=not args.no_control, console=console)
     path = write_result("security", result, args.output)

@@ -260,6 +260,8 @@ def cmd_images(args: argparse.Namespace) -> int:
         raise CommandError(str(exc), EXIT_UNAVAILABLE) from None
     except SandboxError as exc:
         raise CommandError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - a Docker API error: one line, not a traceback
+        raise CommandError(f"{type(exc).__name__}: {exc}") from None
     if args.json:
         _print_json([info.model_dump() for info in found])
     elif not found:
@@ -274,16 +276,23 @@ def cmd_cleanup(args: argparse.Namespace) -> int:
     images = _images_module()
     from sandboxes import BackendUnavailable, SandboxError
 
+    old_images: list[str] = []
     try:
         removed = images.cleanup(everything=args.all, progress=lambda m: print(m, file=sys.stderr))
+        if args.images:
+            old_images = images.remove_old_images(progress=lambda m: print(m, file=sys.stderr))
     except BackendUnavailable as exc:
         raise CommandError(str(exc), EXIT_UNAVAILABLE) from None
     except SandboxError as exc:
         raise CommandError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - a Docker API error: one line, not a traceback
+        raise CommandError(f"{type(exc).__name__}: {exc}") from None
     if args.json:
-        _print_json({"removed": removed})
+        _print_json({"removed": removed, "removed_images": old_images})
     else:
         print(f"removed {len(removed)} sandbox container(s)")
+        if args.images:
+            print(f"removed {len(old_images)} old image tag(s)")
     return EXIT_OK
 
 
@@ -470,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     clean = add("cleanup", "remove sandbox containers whose owner process is gone")
     clean.add_argument("--all", action="store_true", help="remove every sandbox container, live sessions too")
+    clean.add_argument(
+        "--images", action="store_true", help="also remove older image builds no alias points to"
+    )
     clean.set_defaults(handler=cmd_cleanup)
 
     doctor = add("doctor", "check which backends work here, what is missing and how to fix it")

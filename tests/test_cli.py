@@ -177,3 +177,24 @@ def test_exec_backend_options_reach_the_backend() -> None:
     assert done.returncode == cli.EXIT_USAGE and "no_such_option" in done.stderr
     done = kodeagent("exec", "-", "-o", "not-key-value", stdin="print(1)\n")
     assert done.returncode == cli.EXIT_USAGE
+
+
+def _docker_problem() -> str | None:
+    try:
+        from sandboxes.images import docker_client
+
+        docker_client()
+    except Exception as exc:  # noqa: BLE001 - any failure means no daemon to test against
+        return str(exc)
+    return None
+
+
+@pytest.mark.docker
+def test_images_list_talks_to_the_daemon() -> None:
+    problem = _docker_problem()
+    if problem:
+        pytest.skip(problem)
+    done = kodeagent("images", "list", "--json")
+    assert done.returncode == cli.EXIT_OK, done.stderr
+    listed = json.loads(done.stdout)
+    assert isinstance(listed, list) and all({"tag", "alias", "variant"} <= set(i) for i in listed)
