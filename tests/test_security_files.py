@@ -21,7 +21,7 @@ from sandboxes import SandboxFileError
 
 pytestmark = pytest.mark.anyio
 
-FILE_MODULES = ("os", "os.path", "pathlib", "shutil", "io")
+FILE_MODULES = ("os", "os.path", "pathlib", "shutil", "io", "stat", "threading", "time", "atexit")
 REFUSED = ("PermissionError", "PolicyViolation", "FileNotFoundError", "OSError", "NotADirectoryError")
 STDLIB_DIR = os.path.dirname(os.__file__)
 
@@ -81,6 +81,14 @@ ATTACKS = {
         "f = os.open(NAME, os.O_CREAT | os.O_WRONLY, dir_fd=fd)\nos.write(f, b'x')"
     ),
     "write into the library directory": "open(LIB + '/' + NAME, 'w').write('x')",
+    "os.mkfifo (no audit event)": "import os\nos.mkfifo(OUT + '/' + NAME)",
+    "os.mknod (no audit event)": "import os\nos.mknod(OUT + '/' + NAME)",
+    "from os import mknod": "from os import mknod as m\nm(OUT + '/' + NAME)",
+    "device node in the workdir": (
+        "import os, stat\nos.mknod('dev', stat.S_IFCHR | 0o666, os.makedev(1, 3))\n"
+        "open(OUT + '/' + NAME, 'w').write('x')"
+    ),
+    "os.chroot": "import os\nos.chroot('.')\nopen(OUT + '/' + NAME, 'w').write('x')",
 }
 
 
@@ -179,6 +187,51 @@ async def test_download_and_upload_refuse_symlinks_out(executor_factory, places,
     if places["workdir"]:
         assert pathlib.Path(secret).read_text() == "TOP SECRET"
         assert not os.path.exists(os.path.join(outside, "planted.txt"))
+
+
+DEFERRED = {
+    # Code that runs after the snippet returned: it is as confined as the snippet itself.
+    "a thread that writes after the run": (
+        "import threading, time\n"
+        "def late():\n    time.sleep(0.3)\n    open(TARGET, 'w').write('x')\n"
+        "threading.Thread(target=late).start()\n",
+        "wait",
+    ),
+    "an exception whose __str__ writes": (
+        "class E(Exception):\n    def __str__(self):\n        open(TARGET, 'w').write('x')\n        return 'e'\nraise E()\n",
+        "wait",
+    ),
+    "a finalizer run by reset()": (
+        "def d(self):\n    open(TARGET, 'w').write('x')\n"
+        "Late = type('Late', (), {'_' + '_del_' + '_': d})\nkeep = Late()\n",
+        "reset",
+    ),
+    "a finalizer of a garbage cycle": (
+        "def d(self):\n    open(TARGET, 'w').write('x')\n"
+        "Late = type('Late', (), {'_' + '_del_' + '_': d})\n"
+        "for _ in range(100):\n    a = Late()\n    a.me = a\n",
+        "wait",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEFERRED))
+async def test_code_running_after_the_snippet_stays_confined(executor_factory, places, name: str) -> None:
+    target = os.path.join(places["outside"], places["name"])
+    code, then = DEFERRED[name]
+    async with executor_factory(**session_options(places)) as ex:
+        await ex.run(f"TARGET = {target!r}\n" + code)
+        if then == "reset":
+            await ex.reset()
+        import anyio
+
+        await anyio.sleep(0.6)
+        for _ in range(3):  # runs that allocate, so that pending garbage is collected
+            await ex.run("x = [[i] for i in range(20000)]\ndel x")
+        probe = await ex.run(f"import os\nprint(os.path.lexists({target!r}))")
+        assert probe.stdout == "False\n", probe
+        await assert_usable(ex)
+    assert not os.path.lexists(target)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="Linux namespaces")

@@ -59,7 +59,10 @@ _INTERNALS_EVENTS = frozenset({
     "cpython.run_interactivehook", "cpython.run_startup", "cpython.PyInterpreterState_New",
     "mmap.__new__", "marshal.loads", "marshal.load", "pickle.find_class",
     "builtins.input", "builtins.breakpoint", "webbrowser.open",
+    "resource.setrlimit", "resource.prlimit",
 })  # fmt: skip
+"""`resource.setrlimit`: a worker running as root (the host's `process` level without a private user)
+could raise its own hard limits."""
 
 _TRUSTED_COMPILERS = frozenset({"dataclasses", "collections", "enum"})
 """Stdlib modules that generate code from parts (field names) the code supplies. What they compile is

@@ -60,8 +60,11 @@ UNSAFE_CALLABLES: tuple[tuple[str, str], ...] = (
     ("operator", "attrgetter"), ("operator", "methodcaller"), ("string", "Formatter"),
     ("types", "FunctionType"), ("types", "CodeType"), ("types", "LambdaType"),
     ("functools", "singledispatchmethod"),
+    ("os", "mknod"), ("os", "mkfifo"), ("os", "chroot"),
 )  # fmt: skip
-"""Values of allowed modules that would do unguarded attribute access or build code objects."""
+"""Values of allowed modules that would do unguarded attribute access or build code objects, and
+`os` functions that raise no audit event, so the file guard cannot see their path (`mknod` makes
+device nodes as root; `chroot` changes what every checked path means)."""
 
 GUARD_NAMES = frozenset({
     "_getattr_", "_getitem_", "_getiter_", "_write_", "_apply_", "_inplacevar_",
