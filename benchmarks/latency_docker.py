@@ -111,10 +111,13 @@ def docker_latency_rows(
 ) -> list[dict[str, Any]]:
     """One row per measurement: name, n, p50_ms, p95_ms, the baseline it is compared with, and ratios.
 
-    `n` samples of the fast measurements; `cold_n` (default min(n, 20)) of the slow ones.
+    `n` samples of the fast measurements; `cold_n` (default min(n, 20)) of the slow ones. The default
+    image is (re)built first when it is missing or holds another runner.
     """
-    from sandboxes.images import DEFAULT_IMAGE
+    from sandboxes.images import DEFAULT_IMAGE, build_image, image_problem
 
+    if image is None and image_problem(DEFAULT_IMAGE):  # measure this checkout's runner, not a stale one
+        build_image(progress=lambda message: print(message, file=sys.stderr))
     samples = anyio.run(_measure, n, cold_n if cold_n is not None else min(n, 20), image or DEFAULT_IMAGE)
     baselines = {
         "warm run": "docker exec per snippet",
