@@ -100,3 +100,68 @@ async def test_refused_import_leaves_the_session_usable(executor_factory) -> Non
         result = await ex.run("print(x)")
         assert result.ok and result.stdout == "5\n"
         await assert_usable(ex)
+
+
+POLLUTION = {
+    # Library code that sets attributes on whatever object it is given must not reach a real module:
+    # modules are shared with the runner (json writes its replies) and the audit hook (os.path).
+    "update_wrapper onto json (forges the runner's reply)": (
+        ("json", "functools"),
+        "import json, functools\n"
+        "real = json.dumps\n"
+        "def dumps(obj, *a, **k):\n"
+        "    if isinstance(obj, dict) and obj.get('op') == 'reply':\n"
+        f"        obj.update(stdout='{ESCAPED}', has_final_answer=True, final_answer='{ESCAPED}')\n"
+        "    return real(obj, *a, **k)\n"
+        "def carrier():\n    pass\n"
+        "carrier.dumps = dumps\n"
+        "functools.update_wrapper(json, carrier, assigned=(), updated=('_' + '_dict_' + '_',))\n",
+    ),
+    "update_wrapper onto os.path (blinds the file guard)": (
+        ("os", "os.path", "functools"),
+        "import os, functools\n"
+        "def carrier():\n    pass\n"
+        "carrier.realpath = lambda p, *a, **k: os.getcwd()\n"
+        "functools.update_wrapper(os.path, carrier, assigned=(), updated=('_' + '_dict_' + '_',))\n"
+        f"print('{ESCAPED}', open('/etc/hostname').read())\n",
+    ),
+    "update_wrapper assigning module attributes": (
+        ("math", "functools"),
+        "import math, functools\n"
+        "def pi():\n    pass\n"
+        "functools.update_wrapper(math, pi)\n"
+        f"print('{ESCAPED}', math.pi)\n",
+    ),
+    "dataclass applied to a module": (
+        ("json", "dataclasses"),
+        "import json, dataclasses\n"
+        f"dataclasses.dataclass(json)\nprint('{ESCAPED}')\n",
+    ),
+    "copy of a module then modify": (
+        ("json", "copy"),
+        f"import json, copy\nj = copy.copy(json)\nj.dumps = None\nprint('{ESCAPED}')\n",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(POLLUTION))
+async def test_library_code_cannot_modify_modules(executor_factory, name: str) -> None:
+    imports, code = POLLUTION[name]
+    async with executor_factory(policy=policy(*imports, "json"), timeout=10) as ex:
+        result = await ex.run(code)
+        assert_refused(result)
+        # The runner's own modules still work: the next reply is genuine.
+        after = await ex.run("import json\nprint(json.dumps([1]))")
+        assert after.ok and after.stdout == "[1]\n" and not after.has_final_answer, after
+        await assert_usable(ex)
+
+
+async def test_modules_still_behave_like_modules(executor_factory) -> None:
+    code = (
+        "import math, json\nimport math as m2\nfrom json import dumps\n"
+        "print(math is m2, repr(math).startswith(\"<module 'math'\"), math.__name__, 'sqrt' in dir(math))\n"
+        "print(dumps is json.dumps, getattr(math, 'tau') == 2 * math.pi, hasattr(math, 'nope'))\n"
+    )
+    result = await run_once(executor_factory, code, policy=policy("math", "json"))
+    assert result.ok, result
+    assert result.stdout == "True True math True\nTrue True False\n"

@@ -252,6 +252,8 @@ class Guard:
         self._module_cache: dict[str, bool] = {}
         self._unsafe_ids: set[int] = set()
         self._granted_modules: set[int] = set()  # modules handed out under an allowed name (os.path)
+        self._proxies: dict[int, Any] = {}  # id(module) -> its proxy; both live as long as the runner
+        self._proxied: dict[int, types.ModuleType] = {}  # id(proxy) -> module
         allowed_calls = frozenset({"exec", "eval"} - self.banned)
         self.transformer = make_transformer(self.dunders, allowed_calls)
         self._formatter = _GuardedFormatter(self)
@@ -291,7 +293,7 @@ class Guard:
         if isinstance(target, types.ModuleType):
             self._granted_modules.add(id(target))
         if not items:
-            return module
+            return self.proxy(module)
         for item in items:
             # `from pkg import sub` imports the submodule `pkg.sub`: only if the allowlist covers it.
             if not hasattr(target, item) and not self.module_allowed(f"{name}.{item}"):
@@ -302,7 +304,24 @@ class Guard:
             self.check_attribute(module, item)
             if hasattr(module, item):
                 self.check_value(getattr(module, item), f"{name}.{item}")
-        return module
+        return self.proxy(module)  # IMPORT_FROM reads the names through the proxy, so through getattr
+
+    def proxy(self, module: types.ModuleType) -> Any:
+        """The stand-in the code holds instead of `module` (one per module, so `is` still works).
+
+        The code never holds a real module: library code it calls with one (`functools.update_wrapper`,
+        `dataclasses.dataclass`, `setattr`...) would otherwise modify it below the guard, and modules
+        are shared with the runner (`json.dumps` writes its replies) and the audit hook (`os.path`
+        resolves the paths it checks). Reads through the proxy go through `getattr`; writes fail.
+        """
+        found = self._proxies.get(id(module))
+        if found is None:
+            found = self._proxies[id(module)] = _module_proxy(self, module)
+            self._proxied[id(found)] = module
+        return found
+
+    def unwrap(self, obj: Any) -> Any:
+        return self._proxied.get(id(obj), obj)
 
     # --------------------------------------------------------------- attributes
 
@@ -333,6 +352,7 @@ class Guard:
                 raise PolicyViolation(f"'{path}' is the module '{value.__name__}', which is not allowed")
             self._granted_modules.add(id(value))
             self._note_unsafe_values(value)
+            return self.proxy(value)
         elif isinstance(value, types.FrameType | types.CodeType | types.TracebackType):
             raise PolicyViolation(f"'{path}' leads to interpreter internals")
         elif id(value) in self._unsafe_ids:
@@ -350,6 +370,7 @@ class Guard:
         return value
 
     def getattr(self, obj: Any, name: str, *default: Any) -> Any:
+        obj = self._proxied.get(id(obj), obj)
         name = self.check_attribute(obj, name)
         try:
             value = getattr(obj, name)
@@ -368,14 +389,17 @@ class Guard:
         return True
 
     def setattr(self, obj: Any, name: str, value: Any) -> None:
+        obj = self._proxied.get(id(obj), obj)
         name = self.check_attribute(obj, name)
         builtins.setattr(self.write(obj), name, value)
 
     def delattr(self, obj: Any, name: str) -> None:
+        obj = self._proxied.get(id(obj), obj)
         name = self.check_attribute(obj, name)
         builtins.delattr(self.write(obj), name)
 
     def write(self, obj: Any) -> Any:
+        obj = self._proxied.get(id(obj), obj)
         if isinstance(obj, types.ModuleType):
             raise PolicyViolation(f"modules cannot be modified ('{obj.__name__}')")
         return obj
@@ -454,6 +478,44 @@ class Guard:
         if errors:
             raise PolicyViolation("; ".join(_clean_error(e) for e in errors))
         return compile(tree, filename, mode, dont_inherit=True)
+
+
+def _module_proxy(guard: Guard, module: types.ModuleType) -> Any:
+    """A read-only stand-in for `module` (see `Guard.proxy`); its class holds the module in a closure."""
+    name = module.__name__
+
+    class ModuleProxy:
+        __slots__ = ()
+
+        def __getattr__(self, attribute: str) -> Any:
+            try:
+                return guard.getattr(module, attribute)
+            except PolicyViolation as exc:  # library code probing with getattr(x, name, default)
+                raise AttributeError(str(exc)) from None
+
+        def __setattr__(self, attribute: str, value: Any) -> None:
+            raise PolicyViolation(f"modules cannot be modified ('{name}')")
+
+        def __delattr__(self, attribute: str) -> None:
+            raise PolicyViolation(f"modules cannot be modified ('{name}')")
+
+        def __repr__(self) -> str:
+            return repr(module)
+
+        def __dir__(self) -> list[str]:
+            return [n for n in dir(module) if not n.startswith("_")]
+
+        def __copy__(self) -> Any:
+            return self
+
+        def __deepcopy__(self, memo: Any) -> Any:
+            return self
+
+        def __reduce_ex__(self, protocol: Any) -> Any:
+            raise TypeError(f"cannot pickle the module {name!r}")
+
+    ModuleProxy.__name__ = ModuleProxy.__qualname__ = "module"
+    return ModuleProxy()
 
 
 class _GuardedFormatter(string.Formatter):
