@@ -402,6 +402,9 @@ class Guard:
         obj = self._proxied.get(id(obj), obj)
         if isinstance(obj, types.ModuleType):
             raise PolicyViolation(f"modules cannot be modified ('{obj.__name__}')")
+        if isinstance(obj, type) and not _own_class(obj):
+            # `json.JSONEncoder.encode = f` would change json for everyone in the process.
+            raise PolicyViolation(f"classes of modules cannot be modified ('{obj.__module__}.{obj.__qualname__}')")
         return obj
 
     def getitem(self, obj: Any, key: Any) -> Any:
@@ -478,6 +481,15 @@ class Guard:
         if errors:
             raise PolicyViolation("; ".join(_clean_error(e) for e in errors))
         return compile(tree, filename, mode, dont_inherit=True)
+
+
+def _own_class(cls: type) -> bool:
+    """True for classes the code made: their module is the code's namespace (``__main__``) and they
+    are not a class that module itself defines (the runner runs as ``__main__`` too)."""
+    if cls.__module__ != "__main__":
+        return False
+    main = sys.modules.get("__main__")
+    return getattr(main, cls.__name__, None) is not cls
 
 
 def _module_proxy(guard: Guard, module: types.ModuleType) -> Any:

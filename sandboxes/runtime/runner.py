@@ -30,6 +30,23 @@ import traceback
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _private_json() -> Any:
+    """A copy of the json package that only the runner holds. The code may import json and reach its
+    classes (`json.JSONEncoder`); library code it calls can set attributes on them below the guard
+    (`functools.update_wrapper(json.JSONEncoder, f, assigned=("encode",))`). The channel and final
+    answers must not run through anything the code can change."""
+    shared = {name: sys.modules.pop(name) for name in list(sys.modules) if name == "json" or name.startswith("json.")}
+    try:
+        return importlib.import_module("json")
+    finally:
+        for name in [n for n in sys.modules if n == "json" or n.startswith("json.")]:
+            del sys.modules[name]
+        sys.modules.update(shared)
+
+
+json = _private_json()  # noqa: F811
 MAX_ARTIFACT_SCAN = 5000
 
 
