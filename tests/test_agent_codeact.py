@@ -136,11 +136,11 @@ async def test_timeout_mid_task_and_recovery(llm: StandinLLM) -> None:
         code_step("x = 41\nprint(x + 1)"),
         code_final("42"),
     )
-    agent = make(llm, timeout=2)
+    agent = make(llm, timeout=3)
     responses = await collect(agent.run("Compute 42 the hard way"))
     assert responses[-1].value == "42"
     told = observations(llm)
-    assert "ran past the time limit of 2 s" in told[1] and "lost" in told[1]
+    assert "ran past the time limit of 3 s" in told[1] and "lost" in told[1]
     assert "NameError" in told[2]  # the state really was lost
     assert told[3] == "Observation:\nOutput:\n42"
     timed_out = steps(responses)[1]
