@@ -81,6 +81,11 @@ def error(status: int = 500, message: str = "internal error") -> Reply:
     return Reply(status=status, content=message)
 
 
+def garbled(body: str = '{"choices": [{"message": ') -> Reply:
+    """A 200 whose body is not valid JSON (a proxy cutting the response short)."""
+    return Reply(raw=body)
+
+
 def slow(seconds: float, then: Reply | None = None) -> Reply:
     """A reply that arrives only after `seconds` (use with a smaller litellm `timeout`)."""
     base = then or reply("too late")

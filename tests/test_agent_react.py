@@ -13,6 +13,7 @@ from llm_standin import (
     StandinLLM,
     collect,
     error,
+    garbled,
     react_call,
     react_finish,
     register_standin_models,
@@ -536,3 +537,11 @@ async def test_no_summary_when_not_asked(llm: StandinLLM) -> None:
     responses = await collect(agent.run("AAPL?", max_iterations=1, summarize_progress_on_failure=False))
     assert responses[-1].value == "The task was not finished within 1 step."
     assert len(llm.requests) == 1
+
+
+async def test_garbled_response_body_is_retried(llm: StandinLLM) -> None:
+    llm.add(garbled(), react_finish("fine"))
+    agent = make(llm, "json")
+    responses = await collect(agent.run("q"))
+    assert responses[-1].value == "fine"
+    assert len(llm.requests) == 2
