@@ -30,6 +30,11 @@ GUARDED_EVAL = {
         f"print('{ESCAPED}', eval(getattr(f, '_' + '_code_' + '_')))"
     ),
     "eval of bytes": f"print('{ESCAPED}', eval(b'().__class__.__base__'))",
+    "tampering with the builtins table exec hands out": (
+        "d = {}\nexec('x = 1', d)\nt = d['_' + '_builtins_' + '_']\n"
+        "t['_write_'] = lambda o: o\nt['_getattr_'] = t['_getitem_'] = lambda o, n: 1\n"
+        f"import math\nmath.pi = 3\nprint('{ESCAPED}', math.pi)"
+    ),
     "exec frame walk": (
         f"exec(\"def g():\\n    yield 1\\nprint('{ESCAPED}', g().gi_frame)\")"
     ),

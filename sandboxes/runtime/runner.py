@@ -337,7 +337,7 @@ class Runner:
             return self.namespace
         if not isinstance(scope, dict):
             raise TypeError("globals must be a dict")
-        scope["__builtins__"] = self.builtins  # never the real builtins
+        scope["__builtins__"] = dict(self.builtins)  # never the real builtins, nor the session's own table
         return scope
 
     def guarded_eval(self, source: Any, globals: Any = None, locals: Any = None) -> Any:
