@@ -306,6 +306,16 @@ def test_observation_formatting_caps_head_and_tail() -> None:
     assert len(text) < 1300
     lost = format_observation(ExecutionResult(stdout="hi\n", state_lost=True))
     assert lost.startswith("Notice: the Python session was restarted")
+    from sandboxes import ExecutionError
+
+    crashed = format_observation(
+        ExecutionResult(
+            state_lost=True, oom=True, error=ExecutionError(type="WorkerCrashed", message="killed")
+        )
+    )
+    assert "ran out of memory" in crashed and "lost" in crashed and "Notice" not in crashed
+    final = format_observation(ExecutionResult(has_final_answer=True, final_answer=1))
+    assert final == "final_answer() was called."
 
 
 async def test_a_new_run_supersedes_an_abandoned_one(llm: StandinLLM) -> None:
