@@ -191,6 +191,13 @@ SNIPPETS: dict[str, tuple[str, str]] = {
         "print(datetime.date(2024, 2, 29).isoformat(), string.ascii_lowercase[:3], textwrap.shorten('a b c d e', 5))\n",
         "{\"a\": [1, 2]} ['1', '22'] 6\n[('a', 'b'), ('a', 'c')] [('a', 2)]\n1 2 2\n2024-02-29 abc [...]\n",
     ),
+    "stdlib that reads system data or imports its own helpers": (
+        "import datetime, time, zoneinfo, uuid, decimal, copy\n"
+        "paris = zoneinfo.ZoneInfo('Europe/Paris')\n"
+        "print(datetime.datetime(2024, 7, 1, tzinfo=paris).utcoffset(), datetime.datetime.strptime('2024-03-05', '%Y-%m-%d').day)\n"
+        "print(time.strptime('12', '%H').tm_hour, len(str(uuid.uuid4())), decimal.Decimal('0.1') * 3, copy.deepcopy([{1}]))\n",
+        "2:00:00 5\n12 36 0.3 [{1}]\n",
+    ),
     "type hints and annotations": (
         "from typing import Optional\nimport typing\n"
         "limit: int = 5\n"

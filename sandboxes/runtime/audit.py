@@ -162,7 +162,7 @@ class SystemGuard:
     ) -> None:
         self.files, self.network, self.subprocess = files, network, subprocess
         self.workdir = os.path.realpath(os.getcwd())
-        self.readable_roots = tuple(os.path.realpath(p) for p in readable_roots if p)
+        self.readable_roots = tuple(os.path.realpath(p) for p in [*readable_roots, *_system_data_roots()] if p)
         self.protected_fds = frozenset(protected_fds)
         self.main_thread = threading.get_ident()
 
@@ -253,6 +253,18 @@ class SystemGuard:
             if event.startswith("ctypes.") and self.subprocess:
                 return
             raise PermissionError(f"'{event}' is not allowed in the sandbox")
+
+
+def _system_data_roots() -> list[str]:
+    """Read-only system data the stdlib computation modules read: the time zone database (zoneinfo)."""
+    try:
+        import sysconfig
+
+        tzpath = sysconfig.get_config_var("TZPATH") or ""
+    except Exception:
+        tzpath = ""
+    roots = [p for p in tzpath.split(os.pathsep) if os.path.isabs(p)] or ["/usr/share/zoneinfo"]
+    return [p for p in roots if os.path.isdir(p)]
 
 
 def _caller_module(depth: int) -> str:

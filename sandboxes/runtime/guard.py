@@ -66,6 +66,10 @@ UNSAFE_CALLABLES: tuple[tuple[str, str], ...] = (
 `os` functions that raise no audit event, so the file guard cannot see their path (`mknod` makes
 device nodes as root; `chroot` changes what every checked path means)."""
 
+IMPLICIT_IMPORTS: frozenset[str] = frozenset({"_strptime"})
+"""Private stdlib helpers that C code of allowed modules imports by itself, through the `__import__`
+of the calling code's builtins (`datetime.datetime.strptime`, `time.strptime`)."""
+
 GUARD_NAMES = frozenset({
     "_getattr_", "_getitem_", "_getiter_", "_write_", "_apply_", "_inplacevar_",
     "_unpack_sequence_", "_iter_unpack_sequence_", "_print_", "_print", "__metaclass__",
@@ -279,6 +283,10 @@ class Guard:
     ) -> Any:
         if level:
             raise PolicyViolation("relative imports are not available in the sandbox")
+        if type(fromlist) is list and fromlist in ([], ["__doc__"]) and type(name) is str and name in IMPLICIT_IMPORTS:
+            # C code of an allowed module importing its helper (`datetime.strptime` -> `_strptime`);
+            # PyImport_Import calls __import__ with this list. It gets the module it asked for.
+            return self._import(name, ())
         name = plain_str(name, "module name")
         if not self.module_allowed(name):
             allowed = ", ".join(self.allowed_imports) or "none"
