@@ -66,6 +66,7 @@ class ReActChatMessage(ChatMessage):
     thought: str = ""
     action: str | None = None
     args: str | dict[str, Any] | None = None
+    input_args: dict[str, str] | None = None
     final_answer: Any = None
     task_successful: bool = False
 
@@ -83,6 +84,7 @@ class ReActChatMessage(ChatMessage):
                 "thought": {"type": "string"},
                 "action": {"type": "string"},
                 "args": {"type": "string"},
+                "input_args": {"type": "object", "additionalProperties": {"type": "string"}},
                 "final_answer": {"type": "string"},
                 "task_successful": {"type": "boolean"},
             },

@@ -82,7 +82,11 @@ def parse_react_reply(text: str) -> ReActChatMessage:
     data = extract_json_object(text)
     if data is not None and ({"action", "final_answer"} & data.keys()):
         args = data.get("args", data.get("arguments"))
+        input_args = data.get("input_args")
         return ReActChatMessage(
+            input_args={str(k): str(v) for k, v in input_args.items()}
+            if isinstance(input_args, dict)
+            else None,
             content=text,
             thought=str(data.get("thought") or ""),
             action=(str(data["action"]).strip() if data.get("action") is not None else None),

@@ -120,6 +120,10 @@ INPUTS_NOTE = """\
 
 CODEACT_INPUTS_NOTE = "They are also defined as Python variables in your session."
 
+REACT_INPUTS_NOTE = """\
+To pass one of these values to a tool without copying it, name it in "input_args" next to "args":
+{"input_args": {"<tool argument>": "<variable name>"}}"""
+
 RECURRENT_NOTE = """\
 # Earlier task
 The previous task was:

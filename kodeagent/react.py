@@ -225,6 +225,30 @@ class ReActAgent(Agent):
         final.metadata.setdefault("usage", self.get_usage_metrics()["total"])
         yield final
 
+    def _inputs_suffix(self) -> str:
+        return "" if self._mode == "native" else "\n" + prompts.REACT_INPUTS_NOTE
+
+    def _resolve_input_args(self, args: Any, input_args: dict[str, str] | None) -> Any:
+        """Fill tool arguments named in `input_args` from the run's `inputs` (values passed by reference)."""
+        if not input_args:
+            return args
+        if isinstance(args, str):
+            try:
+                args = json.loads(args) if args.strip() else {}
+            except ValueError:
+                return args  # the tool's validation reports the broken JSON
+        if not isinstance(args, dict):
+            return args
+        merged = dict(args)
+        for param, name in input_args.items():
+            if name not in self._inputs:
+                known = ", ".join(sorted(self._inputs)) or "none"
+                raise ToolArgumentError(
+                    f"input_args names {name!r}, which is not a context variable (known: {known})"
+                )
+            merged[param] = self._inputs[name]
+        return merged
+
     def _start_task_trace(self, task: str) -> None:
         self.current_trace = self.tracer_manager.start_trace(
             name=self.name or type(self).__name__,
@@ -427,7 +451,12 @@ class ReActAgent(Agent):
                     yield item
                 return
             record.action = message.action
-            [call] = await self.execute_tool_calls([(None, message.action or "", message.args)])
+            try:
+                arguments = self._resolve_input_args(message.args, message.input_args)
+            except ToolArgumentError as exc:
+                call = ToolCallRecord(name=message.action or "", error=str(exc))
+            else:
+                [call] = await self.execute_tool_calls([(None, message.action or "", arguments)])
             record.tool_calls = [call]
             record.observation = self._tool_observation(call)
             record.error = call.error

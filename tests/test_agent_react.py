@@ -545,3 +545,30 @@ async def test_garbled_response_body_is_retried(llm: StandinLLM) -> None:
     responses = await collect(agent.run("q"))
     assert responses[-1].value == "fine"
     assert len(llm.requests) == 2
+
+
+async def test_input_args_pass_context_variables_by_reference(llm: StandinLLM) -> None:
+    seen: list[list[float]] = []
+
+    @tool
+    def total(values: list[float]) -> float:
+        """Sum numbers. Args: values: the numbers."""
+        seen.append(values)
+        return sum(values)
+
+    big = [float(i) for i in range(100)]
+    llm.add(
+        json.dumps({"thought": "t", "action": "total", "args": "{}", "input_args": {"values": "nope"}}),
+        json.dumps({"thought": "t", "action": "total", "args": "{}", "input_args": {"values": "numbers"}}),
+        react_finish("4950"),
+    )
+    agent = ReActAgent(llm.model("json"), litellm_params=llm.params(), tools=[total])
+    responses = await collect(agent.run("Sum the numbers", inputs={"numbers": big}))
+    assert responses[-1].value == "4950"
+    assert "input_args" in llm.requests[0]["messages"][1]["content"]  # the model is told how
+    assert (
+        "'nope', which is not a context variable (known: numbers)"
+        in llm.requests[1]["messages"][-1]["content"]
+    )
+    assert seen == [big]
+    assert llm.requests[2]["messages"][-1]["content"] == "Observation: 4950.0"
