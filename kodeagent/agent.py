@@ -242,6 +242,37 @@ class Agent(ABC):
         lines.append("Tools:\n" + self.get_tools_description())
         return "\n".join(lines)
 
+    def as_tool(self, name: str | None = None) -> Tool:
+        """This agent as a tool another agent can call: ``task`` in, the final answer out.
+
+        The tool's description is the agent's `purpose`, so the calling model knows what it can ask.
+        A run that ends without an answer raises, which the caller sees as a failed tool call.
+        """
+        agent = self
+        tool_name = name or self.name or f"{type(self).__name__.lower()}_helper"
+
+        async def delegate(task: str) -> Any:
+            final = None
+            async for response in agent.run(task):
+                if response.type == "final":
+                    final = response
+            if final is None or not final.metadata.get("final_answer_found", False):
+                raise RuntimeError(f"the {tool_name} agent did not finish: {final.value if final else ''}")
+            value = final.value
+            return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+        delegate.__name__ = tool_name
+        return Tool(
+            delegate,
+            name=tool_name,
+            description=self.purpose.replace("\n", " "),
+            parameters={
+                "type": "object",
+                "properties": {"task": {"type": "string", "description": "what the agent should do"}},
+                "required": ["task"],
+            },
+        )
+
     # ------------------------------------------------------------------ history
 
     def get_system_prompt_content(self) -> str:

@@ -215,3 +215,19 @@ async def test_tool_output_is_neutralised_for_react(llm: StandinLLM) -> None:
     told = llm.requests[1]["messages"][-1]["content"]
     assert "\x1b" not in told and "\r" not in told and "\x07" not in told
     assert "cleared\nrewritten" in told
+
+
+async def test_an_agent_as_a_tool_of_another(llm: StandinLLM) -> None:
+    helper = CodeActAgent(llm.model("json"), litellm_params=llm.params(), name="calculator",
+                          description="Computes arithmetic with Python.")  # fmt: skip
+    boss = ReActAgent(llm.model("json"), litellm_params=llm.params(), tools=[helper.as_tool()])
+    llm.add(
+        react_call("calculator", {"task": "2**10"}),  # the boss delegates
+        code_step("print(2**10)"),  # the helper computes
+        code_final("1024"),
+        react_finish("2**10 is 1024"),
+    )
+    responses = await collect(boss.run("What is 2**10?"))
+    assert responses[-1].value == "2**10 is 1024"
+    assert "Computes arithmetic with Python." in llm.requests[0]["messages"][0]["content"]
+    assert llm.requests[3]["messages"][-1]["content"] == "Observation: 1024"
