@@ -8,6 +8,7 @@ and building the `ExecutionResult`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import math
@@ -296,10 +297,17 @@ class Executor(ABC):
         if function is None:
             reply["error"] = {"type": "NameError", "message": f"no tool named {name!r}"}
             return reply
+        args, kwargs = call.get("args", []), call.get("kwargs", {})
         try:
-            value = function(*call.get("args", []), **call.get("kwargs", {}))
-            if inspect.isawaitable(value):
-                value = await value
+            if inspect.iscoroutinefunction(function):
+                value = await function(*args, **kwargs)
+            else:
+                # In a thread, so that a blocking tool cannot hold the event loop past the timeout.
+                value = await anyio.to_thread.run_sync(
+                    functools.partial(function, *args, **kwargs), abandon_on_cancel=True
+                )
+                if inspect.isawaitable(value):
+                    value = await value
             json.dumps(value)
         except Exception as exc:  # the tool's failure goes back to the code, which may catch it
             reply["error"] = {"type": type(exc).__name__, "message": str(exc)}

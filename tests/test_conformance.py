@@ -230,3 +230,26 @@ async def test_a_worker_killed_while_idle_is_replaced_before_the_next_run(execut
         gone = await ex.run("print(x)")
     assert after.ok and after.stdout == "fresh\n" and after.state_lost
     assert gone.error is not None and gone.error.type == "NameError"
+
+
+async def test_libraries_may_import_lazily_while_the_code_runs(executor_factory):
+    # Counter.most_common(n) imports heapq on first use, inside the audited region.
+    policy = Policy(allowed_imports=["collections"])
+    async with executor_factory(policy=policy, timeout=10) as ex:
+        result = await ex.run("from collections import Counter\nprint(Counter('abracadabra').most_common(2))")
+    assert result.ok, result.error
+    assert result.stdout == "[('a', 5), ('b', 2)]\n"
+
+
+async def test_a_blocking_sync_tool_cannot_outlast_the_timeout(executor_factory):
+    import time
+
+    def slow() -> str:
+        time.sleep(5)
+        return "late"
+
+    async with executor_factory(timeout=1.5, tools={"slow": slow}) as ex:
+        result = await ex.run("print(slow())")
+        after = await ex.run("print('next')")
+    assert result.timed_out and "late" not in result.stdout
+    assert after.stdout == "next\n"

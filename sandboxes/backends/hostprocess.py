@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 import anyio
 
@@ -89,6 +90,8 @@ class HostWorker(Worker):
             if self.uid is not None and (self.isolation == "process" or self.process is None):
                 _kill_user_processes(self.uid)
             self.channel.sock.close()
+            if self.process is None:
+                _wait_until_reaped(self.pid if self.isolation == "process" else None, self.uid)
         if self.process is not None:
             try:
                 self.process.wait(timeout=5)
@@ -293,6 +296,29 @@ def _descendants(root: int) -> dict[int, int]:
             found[pid] = groups[pid]
             stack.extend(children.get(pid, ()))
     return found
+
+
+def _wait_until_reaped(pid: int | None, uid: int | None, limit: float = 2.0) -> None:
+    """Wait (briefly) until a fork-server child and its user's processes are gone, zombies included,
+    so that `close()` returning means nothing of the session is left in the process table."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if pid is not None and os.path.exists(f"/proc/{pid}"):
+            time.sleep(0.002)
+            continue
+        if uid is not None and any(
+            _owner(entry) == uid for entry in os.scandir("/proc") if entry.name.isdigit()
+        ):
+            time.sleep(0.002)
+            continue
+        return
+
+
+def _owner(entry: os.DirEntry[str]) -> int | None:
+    try:
+        return entry.stat().st_uid
+    except OSError:
+        return None
 
 
 def _kill_user_processes(uid: int) -> None:

@@ -58,8 +58,9 @@ def main(argv: list[str]) -> None:
     guard = runner._load_sibling("guard")  # type: ignore[attr-defined]
     runner._load_sibling("audit")  # type: ignore[attr-defined]
     guard.make_transformer(frozenset(), frozenset())
-    import RestrictedPython.Guards  # noqa: F401  (used by Guard.builtins)
     import resource  # noqa: F401  (used by the runner's limits)
+
+    import RestrictedPython.Guards  # noqa: F401  (used by Guard.builtins)
 
     if sys.platform.startswith("linux"):
         import ctypes  # noqa: F401  (the runner becomes a subreaper through it)
