@@ -185,8 +185,9 @@ class DockerWorker(Worker):
 
     isolation = "container"
 
-    def __init__(self, container_id: str, attach: Any) -> None:
+    def __init__(self, container_id: str, attach: Any, user: str = SANDBOX_UID) -> None:
         self.container_id = container_id
+        self.user = user  # uploaded files get this owner, so the code can change them
         self._attach = attach  # the SDK's socket object; holding it keeps the HTTP response alive
         raw = getattr(attach, "_sock", attach)
         self.sock: socket.socket = raw
@@ -322,18 +323,20 @@ class DockerWorker(Worker):
         import docker.errors
 
         self._refuse_symlinks(path)
-        uid, _, gid = SANDBOX_UID.partition(":")
+        uid_text, _, gid_text = self.user.partition(":")
+        uid = int(uid_text) if uid_text.isdigit() else 1000  # a user name: the image's sandbox user
+        gid = int(gid_text) if gid_text.isdigit() else uid
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w") as archive:
             parts = path.split("/")
             for depth in range(1, len(parts)):  # parent directories, owned by the sandbox user
                 directory = tarfile.TarInfo("/".join(parts[:depth]))
                 directory.type, directory.mode = tarfile.DIRTYPE, 0o755
-                directory.uid, directory.gid, directory.mtime = int(uid), int(gid), int(time.time())
+                directory.uid, directory.gid, directory.mtime = uid, gid, int(time.time())
                 archive.addfile(directory)
             entry = tarfile.TarInfo(path)
             entry.size, entry.mode, entry.mtime = len(data), 0o644, int(time.time())
-            entry.uid, entry.gid = int(uid), int(gid)
+            entry.uid, entry.gid = uid, gid
             archive.addfile(entry, io.BytesIO(data))
         try:
             client().api.put_archive(self.container_id, WORKDIR, buffer.getvalue())
@@ -415,7 +418,7 @@ def start_container(settings: ContainerSettings) -> DockerWorker:
     container_id = created["Id"]
     try:
         attach = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
-        worker = DockerWorker(container_id, attach)
+        worker = DockerWorker(container_id, attach, settings.user)
     except BaseException:
         _remove(container_id, None)
         raise
@@ -516,7 +519,8 @@ class DockerExecutor(Executor):
         network: give the container a network (default: none). The policy must allow sockets too.
         read_only: mount the root filesystem read-only (the working directory and /tmp stay writable).
         tmp_mb: size of the tmpfs at /tmp.
-        user: ``uid:gid`` to run as (default the image's unprivileged 1000:1000).
+        user: ``uid:gid`` to run as (default the image's unprivileged 1000:1000). The image's
+            /workspace must belong to it (the standard images: 1000:1000); never root unless you mean it.
         drop_capabilities: drop every Linux capability.
         no_new_privileges: forbid setuid-style privilege gains.
         open_files, file_size_mb: ulimits of the container.
