@@ -82,6 +82,9 @@ def _refill(key: tuple[str, bool]) -> None:
         pool = _POOLS.setdefault(key, [])
         while len(pool) < POOL_SIZE:
             worker = make_worker(key[0], None, key[1])
+            if not worker.warm_up():
+                worker.kill_now()
+                return
             _LIVE_WORKERS.discard(worker)
             pool.append(worker)
 

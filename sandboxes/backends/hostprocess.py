@@ -100,6 +100,24 @@ class HostWorker(Worker):
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
+    def warm_up(self, timeout: float = 20.0) -> bool:
+        """Blocking: have an idle, not yet initialised runner touch what a session uses (pool only)."""
+        sock = self.channel.sock
+        try:
+            sock.settimeout(timeout)
+            sock.sendall(b'{"op": "warmup"}\n')
+            reply = b""
+            while not reply.endswith(b"\n"):
+                chunk = sock.recv(1 << 16)
+                if not chunk:
+                    return False
+                reply += chunk
+            return b'"reply"' in reply
+        except OSError:
+            return False
+        finally:
+            sock.setblocking(False)
+
     async def kill(self) -> None:
         _LIVE_WORKERS.discard(self)
         await anyio.to_thread.run_sync(self.kill_now)

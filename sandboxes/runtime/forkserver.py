@@ -59,6 +59,9 @@ def main(argv: list[str]) -> None:
     runner._load_sibling("audit")  # type: ignore[attr-defined]
     guard.make_transformer(frozenset(), frozenset())
     import resource  # noqa: F401  (used by the runner's limits)
+    import sysconfig
+
+    sysconfig.get_config_var("TZPATH")  # loads the config-vars cache the audit guard consults at init
 
     import RestrictedPython.Guards  # noqa: F401  (used by Guard.builtins)
 
