@@ -1,8 +1,8 @@
 """A Docker daemon restart is survived: the session notices on its next run (`state_lost`) and goes on.
 
 The shared daemon is never restarted (other tests use it): a private daemon is started for this
-module on its own socket, data root and exec root, without a bridge or iptables rules, and the
-sandbox image is copied into it. The scenario runs in a child process pointed at that daemon with
+module on its own socket, data root, exec root and bridge interface, without iptables rules, and
+the sandbox image is copied into it. (Not `--bridge=none`: a daemon started so deletes docker0.) The scenario runs in a child process pointed at that daemon with
 DOCKER_HOST, so it uses exactly the code path of a user whose daemon restarts.
 """
 
@@ -28,8 +28,13 @@ def _daemon_command(base: Path) -> list[str]:
     return [
         "dockerd", "--data-root", str(base / "data"), "--exec-root", str(base / "exec"),
         "-H", f"unix://{base / 'docker.sock'}", "--pidfile", str(base / "docker.pid"),
-        "--bridge=none", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
+        f"--bridge={_bridge_name(base)}", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
     ]  # fmt: skip
+
+
+def _bridge_name(base: Path) -> str:
+    # Its own bridge: with --bridge=none dockerd *deletes* docker0, which the shared daemon needs.
+    return f"kdr{base.name.rsplit('-', 1)[1]}"[:15]
 
 
 def _wait_up(env: dict[str, str], seconds: float = 60) -> bool:
@@ -44,14 +49,18 @@ def _wait_up(env: dict[str, str], seconds: float = 60) -> bool:
 @pytest.fixture(scope="module")
 def private_daemon() -> Iterator[Path]:
     backend_docker.require()
-    if os.geteuid() != 0 or not shutil.which("dockerd") or not shutil.which("docker"):
-        reason = "a private Docker daemon needs root and dockerd/docker on PATH"
+    if os.geteuid() != 0 or not all(shutil.which(c) for c in ("dockerd", "docker", "ip")):
+        reason = "a private Docker daemon needs root, and dockerd, docker and ip on PATH"
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
     base = Path(f"/tmp/kodeagent-dockerd-{os.getpid()}")  # short: unix socket paths are limited
     base.mkdir()
     env = {**os.environ, "DOCKER_HOST": f"unix://{base / 'docker.sock'}"}
+    bridge = _bridge_name(base)
+    subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+    subprocess.run(["ip", "addr", "add", "10.213.77.1/24", "dev", bridge], check=True)
+    subprocess.run(["ip", "link", "set", bridge, "up"], check=True)
     log = open(base / "log", "ab")
     daemon = subprocess.Popen(_daemon_command(base), stdout=log, stderr=log)
     try:
@@ -74,6 +83,7 @@ def private_daemon() -> Iterator[Path]:
         log.close()
         subprocess.run(["umount", "-R", str(base / "data")], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
 SCENARIO = textwrap.dedent(
