@@ -30,7 +30,14 @@ from typing import Any
 
 from rich.console import Console
 
-from .common import make_console, print_table, progress, summarize, to_json, write_result
+from .common import (
+    make_console,
+    print_table,
+    progress,
+    publish,
+    script_main,
+    summarize,
+)
 
 # ---------------------------------------------------------------------- the tool world
 
@@ -430,20 +437,12 @@ def execute(args: argparse.Namespace) -> int:
                  task_sets=_split(args.tasks, ("humaneval", "tools"), "--tasks"), backend=args.backend,
                  limit=args.limit or None, max_iterations=args.max_iterations, api_base=args.api_base,
                  console=console)  # fmt: skip
-    path = write_result("agent", result, args.output)
-    result["result_file"] = str(path)
-    if args.json:
-        print(to_json(result))
-    else:
-        report(console, result)
-        console.print(f"result: {path}", markup=False, highlight=False)
+    publish("agent", result, args, console, report)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.agent", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    return execute(parser.parse_args(argv))
+    return script_main(__doc__, "python -m benchmarks.agent", add_arguments, execute, argv)
 
 
 if __name__ == "__main__":

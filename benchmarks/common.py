@@ -235,3 +235,35 @@ def progress(console: Console, description: str, total: int) -> Iterator[Callabl
     yield advance
     console.print(f"{description}: {done}/{total} done in {time.perf_counter() - started:.2f} s",
                   markup=False, highlight=False)  # fmt: skip
+
+
+def publish(
+    name: str,
+    result: dict[str, Any],
+    args: Any,
+    console: Console,
+    report: Callable[[Console, dict[str, Any]], None],
+) -> None:
+    """Write the result file, then print either the JSON (``--json``) or the report and the file's path."""
+    path = write_result(name, result, args.output)
+    result["result_file"] = str(path)
+    if args.json:
+        print(to_json(result))
+    else:
+        report(console, result)
+        console.print(f"result: {path}", markup=False, highlight=False)
+
+
+def script_main(
+    module_doc: str | None,
+    prog: str,
+    add_arguments: Callable[[Any], None],
+    execute: Callable[[Any], int],
+    argv: Sequence[str] | None,
+) -> int:
+    """The `python -m benchmarks.X` entry point: the same arguments as `kodeagent bench X`."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog=prog, description=(module_doc or "").split("\n")[0])
+    add_arguments(parser)
+    return execute(parser.parse_args(argv))

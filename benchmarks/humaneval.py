@@ -42,10 +42,10 @@ from .common import (
     parse_key_values,
     print_table,
     progress,
+    publish,
     ratio,
+    script_main,
     summarize,
-    to_json,
-    write_result,
 )
 
 DEFAULT_TIMEOUT = 3.0
@@ -497,24 +497,14 @@ def execute(args: argparse.Namespace) -> int:
     except (TypeError, ValueError) as exc:  # a backend option the backend refuses, a malformed samples file
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    path = write_result("humaneval", result, args.output)
-    result["result_file"] = str(path)
-    if args.json:
-        print(to_json(result))
-    else:
-        report(console, result)
-        console.print(f"result: {path}", markup=False, highlight=False)
+    publish("humaneval", result, args, console, report)
     if args.samples:
         return 0
     return 0 if result["sandbox"]["passed"] == result["sandbox"]["total"] else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.humaneval", description=__doc__.split("\n")[0]
-    )
-    add_arguments(parser)
-    return execute(parser.parse_args(argv))
+    return script_main(__doc__, "python -m benchmarks.humaneval", add_arguments, execute, argv)
 
 
 if __name__ == "__main__":

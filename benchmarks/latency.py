@@ -36,7 +36,16 @@ from typing import Any
 
 from rich.console import Console
 
-from .common import fmt_ms, fmt_ratio, make_console, print_table, ratio, summarize, to_json, write_result
+from .common import (
+    fmt_ms,
+    fmt_ratio,
+    make_console,
+    print_table,
+    publish,
+    ratio,
+    script_main,
+    summarize,
+)
 
 SNIPPET = "print(1)"
 TARGETS_MS = {"warm run": 1.0, "session from the pool": 5.0, "cold session": 50.0}
@@ -335,22 +344,14 @@ def execute(args: argparse.Namespace) -> int:
     backends = ("host", "docker", "e2b") if args.backend == "all" else (args.backend,)
     result = run(backends=backends, n=args.n, sessions=args.sessions, baseline_n=args.baseline_n,
                  other_n=args.other_n, console=console)  # fmt: skip
-    path = write_result("latency", result, args.output)
-    result["result_file"] = str(path)
-    if args.json:
-        print(to_json(result))
-    else:
-        report(console, result)
-        console.print(f"result: {path}", markup=False, highlight=False)
+    publish("latency", result, args, console, report)
     if args.backend != "all" and args.backend in result["unavailable"]:
         return 2
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.latency", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    return execute(parser.parse_args(argv))
+    return script_main(__doc__, "python -m benchmarks.latency", add_arguments, execute, argv)
 
 
 if __name__ == "__main__":

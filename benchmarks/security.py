@@ -40,7 +40,7 @@ from typing import Any
 
 from rich.console import Console
 
-from .common import make_console, print_table, progress, to_json, write_result
+from .common import make_console, print_table, progress, publish, script_main
 
 CORPUS = Path(__file__).resolve().parent / "corpus"
 DEFAULT_TIMEOUT = 5.0
@@ -425,13 +425,7 @@ def execute(args: argparse.Namespace) -> int:
     chosen = args.backend or ["all"]
     backends = list(BACKEND_CHOICES) if "all" in chosen else list(dict.fromkeys(chosen))
     result = run(backends=backends, classes=args.classes, control=not args.no_control, console=console)
-    path = write_result("security", result, args.output)
-    result["result_file"] = str(path)
-    if args.json:
-        print(to_json(result))
-    else:
-        report(console, result)
-        console.print(f"result: {path}", markup=False, highlight=False)
+    publish("security", result, args, console, report)
     if not result["backends"]:
         return 3
     clean = all(o["contained"] for d in result["backends"].values() for o in d["attacks"]) and all(
@@ -441,9 +435,7 @@ def execute(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.security", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    return execute(parser.parse_args(argv))
+    return script_main(__doc__, "python -m benchmarks.security", add_arguments, execute, argv)
 
 
 if __name__ == "__main__":
