@@ -198,6 +198,11 @@ SNIPPETS: dict[str, tuple[str, str]] = {
         "print(time.strptime('12', '%H').tm_hour, len(str(uuid.uuid4())), decimal.Decimal('0.1') * 3, copy.deepcopy([{1}]))\n",
         "2:00:00 5\n12 36 0.3 [{1}]\n",
     ),
+    "codecs a library loads lazily": (
+        "print('b\u00fccher.de'.encode('idna'), b'\\x80'.decode('cp437'))\n"
+        "open('f.txt', 'w', encoding='cp1252').write('\u00e9')\nprint(open('f.txt', encoding='cp1252').read())\n",
+        "b'xn--bcher-kva.de' \u00c7\n\u00e9\n",
+    ),
     "type hints and annotations": (
         "from typing import Optional\nimport typing\n"
         "limit: int = 5\n"
