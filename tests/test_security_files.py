@@ -256,3 +256,21 @@ async def test_host_namespaces_hide_the_host_filesystem(tmp_path: pathlib.Path) 
     assert result.stdout.splitlines()[0] == "False False False", result
     assert result.stdout.splitlines()[1] in ("OSError", "PermissionError")
     assert not os.path.exists("/usr/kodeagent-probe")
+
+
+async def test_download_and_upload_refuse_special_files_without_hanging(executor_factory, backend: str) -> None:
+    """A FIFO in the working directory (made by a child process) must neither hang nor be followed."""
+    if backend not in HOST_BACKENDS:
+        pytest.skip("special files are checked on the host backend")
+    policy_ = policy("subprocess", subprocess=True)
+    async with executor_factory(policy=policy_, timeout=10) as ex:
+        made = await ex.run("import subprocess\nsubprocess.run(['mkfifo', 'pipe'], check=True)\nprint('ok')")
+        assert made.ok, made
+        with pytest.raises(SandboxFileError):
+            await ex.download("pipe")
+        with pytest.raises(SandboxFileError):
+            await ex.upload("pipe", b"data")
+        await ex.upload("nested/new/dir/file.txt", b"deep")
+        assert await ex.download("nested/new/dir/file.txt") == b"deep"
+        seen = await ex.run("print(open('nested/new/dir/file.txt').read())")
+        assert seen.stdout == "deep\n", seen

@@ -64,13 +64,13 @@ async def test_no_process_starts_without_subprocess(executor_factory, backend: s
 DELAY = 1.8
 BOMBS = {
     "python fork bomb": (
-        "import os, time\nT = time.time() + %s\n"
+        f"import os, time\nT = time.time() + {DELAY}\n"
         "while True:\n"
         "    try:\n        pid = os.fork()\n    except OSError:\n        continue\n"
         "    if pid == 0:\n"
         "        time.sleep(max(0, T - time.time()))\n"
-        "        open('late-%%d' %% os.getpid(), 'w').write('x')\n"
-        "        os._exit(0)\n" % DELAY
+        "        open(f'late-{os.getpid()}', 'w').write('x')\n"
+        "        os._exit(0)\n"
     ),
     "subprocess bomb": (
         "import subprocess\n"

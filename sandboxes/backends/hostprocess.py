@@ -14,6 +14,7 @@ Two ways to make one:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import itertools
 import json
@@ -23,6 +24,7 @@ import shutil
 import signal
 import site
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -137,34 +139,82 @@ class HostWorker(Worker):
             return WorkerExit(detail=f"killed by {_signal_name(code - 128)}")
         return WorkerExit(detail=f"exit code {code}")
 
-    def _resolve(self, path: str) -> str:
-        full = os.path.realpath(os.path.join(self.workdir, path))
-        if full != self.workdir and not full.startswith(self.workdir + os.sep):
-            raise SandboxFileError(f"{path!r} resolves outside the working directory (a symlink?); refused")
-        return full
-
     async def write_file(self, path: str, data: bytes) -> None:
         def write() -> None:
-            full = self._resolve(path)
-            os.makedirs(os.path.dirname(full), exist_ok=True)
-            with open(full, "wb") as handle:
-                handle.write(data)
-            if self.uid is not None:
-                os.chown(full, self.uid, self.uid)
+            fd = _open_beneath(self.workdir, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, uid=self.uid)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                if self.uid is not None:
+                    os.fchown(fd, self.uid, self.uid)  # the file itself, never what a path points to now
+            finally:
+                os.close(fd)
 
         await anyio.to_thread.run_sync(write)
 
     async def read_file(self, path: str) -> bytes:
         def read() -> bytes:
-            full = self._resolve(path)
+            fd = _open_beneath(self.workdir, path, os.O_RDONLY)
             try:
-                return pathlib.Path(full).read_bytes()
-            except FileNotFoundError:
-                raise SandboxFileError(f"no file {path!r} in the working directory") from None
-            except IsADirectoryError:
-                raise SandboxFileError(f"{path!r} is a directory, not a file") from None
+                chunks = []
+                while chunk := os.read(fd, 1 << 20):
+                    chunks.append(chunk)
+                return b"".join(chunks)
+            finally:
+                os.close(fd)
 
         return await anyio.to_thread.run_sync(read)
+
+
+def _open_beneath(root: str, path: str, flags: int, uid: int | None = None) -> int:
+    """Open the regular file `path` below `root` without following a symlink anywhere on the way.
+
+    Each component is opened with O_NOFOLLOW relative to its parent's descriptor, so code still
+    running in the sandbox cannot win a race by swapping a directory for a symlink between a check
+    and the open (which, as root, would read or overwrite, then chown, a file of the host). Missing
+    directories are created when writing. FIFOs and devices are refused without blocking.
+    """
+    parts = [part for part in path.split("/") if part not in ("", ".")]
+    if not parts or ".." in parts:
+        raise SandboxFileError(f"{path!r} is outside the working directory")
+    directory_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, directory_flags, dir_fd=fd)
+            except FileNotFoundError:
+                if not flags & os.O_CREAT:
+                    raise SandboxFileError(f"no file {path!r} in the working directory") from None
+                with contextlib.suppress(FileExistsError):  # lost a race: the open below decides
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                if uid is not None:
+                    os.chown(part, uid, uid, dir_fd=fd, follow_symlinks=False)
+                child = os.open(part, directory_flags, dir_fd=fd)
+            except OSError as exc:  # ELOOP / ENOTDIR: a symlink or a file where a directory should be
+                raise SandboxFileError(f"{path!r}: {part!r} is not a directory of the working directory "
+                                       f"(a symlink?); refused ({exc.strerror})") from None  # fmt: skip
+            os.close(fd)
+            fd = child
+        try:
+            opened = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=fd)
+        except FileNotFoundError:
+            raise SandboxFileError(f"no file {path!r} in the working directory") from None
+        except IsADirectoryError:
+            raise SandboxFileError(f"{path!r} is a directory, not a file") from None
+        except OSError as exc:
+            raise SandboxFileError(f"{path!r} is not a regular file of the working directory "
+                                   f"(a symlink?); refused ({exc.strerror})") from None  # fmt: skip
+    finally:
+        os.close(fd)
+    info = os.fstat(opened)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(opened)
+        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
+        raise SandboxFileError(f"{path!r} is {kind}; refused")
+    os.set_blocking(opened, True)
+    return opened
 
 
 _LIVE_WORKERS: set[HostWorker] = set()
