@@ -52,6 +52,9 @@ class HostWorker(Worker):
         # A fork-server child is not our child: `pid` is its host pid at the process level; under
         # namespaces it lives in the server's PID namespace and is reached through its private user.
         self.pid = process.pid if process is not None else pid
+        # The fork server reaps its children at once, so a dead child's pid can be reused by any
+        # process: its start time tells the worker from a stranger before we signal that pid.
+        self.start_time = _start_time(pid) if process is None and pid is not None else None
         self.channel = SocketLineReader(sock)
         self.workdir = os.path.realpath(workdir)
         self.uid = uid
@@ -82,7 +85,7 @@ class HostWorker(Worker):
         """Synchronous kill, for `atexit` and `kill()`."""
         if not self._killed:
             self._killed = True
-            if self.pid is not None and (self.isolation == "process" or self.process is not None):
+            if self.pid is not None and (self.process is not None or self._still_ours()):
                 if self.isolation == "process":
                     _kill_process_tree(self.pid)
                 try:
@@ -93,7 +96,7 @@ class HostWorker(Worker):
                 _kill_user_processes(self.uid)
             self.channel.sock.close()
             if self.process is None:
-                _wait_until_reaped(self.pid if self.isolation == "process" else None, self.uid)
+                _wait_until_reaped(self.pid if self.isolation == "process" else None, self.start_time, self.uid)
         if self.process is not None:
             try:
                 self.process.wait(timeout=5)
@@ -101,6 +104,10 @@ class HostWorker(Worker):
                 pass
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _still_ours(self) -> bool:
+        """A fork-server child's host pid still names that child (process level only)."""
+        return self.isolation == "process" and self.start_time is not None and _start_time(self.pid) == self.start_time
 
     def warm_up(self, timeout: float = 20.0) -> bool:
         """Blocking: have an idle, not yet initialised runner touch what a session uses (pool only)."""
@@ -366,12 +373,21 @@ def _descendants(root: int) -> dict[int, int]:
     return found
 
 
-def _wait_until_reaped(pid: int | None, uid: int | None, limit: float = 2.0) -> None:
+def _start_time(pid: int | None) -> int | None:
+    """The kernel's start time of `pid` (clock ticks since boot), or None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _wait_until_reaped(pid: int | None, start: int | None, uid: int | None, limit: float = 2.0) -> None:
     """Wait (briefly) until a fork-server child and its user's processes are gone, zombies included,
     so that `close()` returning means nothing of the session is left in the process table."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
-        if pid is not None and os.path.exists(f"/proc/{pid}"):
+        if pid is not None and start is not None and _start_time(pid) == start:
             time.sleep(0.002)
             continue
         if uid is not None and any(
