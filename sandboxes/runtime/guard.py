@@ -7,6 +7,13 @@ return: no dunders beyond a small safe list, no frame/code/traceback/generator i
 that the import allowlist does not cover (so `random._os`, `typing.sys` and `queue.threading` fail
 even though `random`, `typing` and `queue` are allowed), no format-string attribute tricks.
 
+Rules that hold however a value was reached (attribute, `from x import y`, an item, a library call):
+names are checked as exact `str` (a `str` subclass can lie to `startswith` and `==`); the code holds
+read-only proxies of modules, never modules (library code such as `functools.update_wrapper` would
+otherwise modify a module the runner and the audit hook use); classes of modules are read-only;
+`str.format`/`format_map` are replaced by guarded versions wherever they are fetched; and a module
+outside the allowlist cannot be used even if the code got hold of it.
+
 This file runs inside the sandbox (it is shipped next to `runner.py`) and in the parent (the static
 checker shares `module_allowed` and the name lists). It needs only the stdlib and RestrictedPython.
 """
