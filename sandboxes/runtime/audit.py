@@ -215,6 +215,8 @@ class SystemGuard:
     def check_compile(self, args: tuple[Any, ...]) -> None:
         if self._checking_source:  # our own ast.parse of a generated source
             return
+        if _running_a_module_body():
+            return  # a library module being imported (lazily, by a library) compiles its own constants
         caller = _caller_module(2)
         if caller in _PARSE_ONLY_COMPILERS:
             return
@@ -276,6 +278,21 @@ def _system_data_roots() -> list[str]:
         tzpath = ""
     roots = [p for p in tzpath.split(os.pathsep) if os.path.isabs(p)] or ["/usr/share/zoneinfo"]
     return [p for p in roots if os.path.isdir(p)]
+
+
+def _running_a_module_body() -> bool:
+    """True when the import machinery is executing a module's top-level code and no code of the user
+    (a ``<cell N>`` or ``<string>`` frame) runs between it and us: the module's own constant text is
+    being compiled (PIL's ``typing`` annotations, for one), not a string the user chose."""
+    frame = sys._getframe(3)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith("<cell ") or filename == "<string>":
+            return False
+        if filename == "<frozen importlib._bootstrap>" and frame.f_code.co_name == "_call_with_frames_removed":
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _caller_module(depth: int) -> str:
