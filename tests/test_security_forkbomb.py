@@ -120,7 +120,8 @@ async def test_host_shell_bomb_left_running_dies_with_the_session(isolation: str
     token = f"kodeagent-bomb-{uuid.uuid4().hex[:8]}"
     code = (
         "import subprocess, time\n"
-        f"subprocess.Popen(['sh', '-c', 'b() {{ b | b & }}; b', {token!r}], start_new_session=True)\n"
+        # Doubling every 0.1 s: a real bomb, but one that a shared test machine survives.
+        f"subprocess.Popen(['sh', '-c', 'b() {{ sleep 0.1; b & b & }}; b', {token!r}], start_new_session=True)\n"
         "time.sleep(0.5)\nprint('left it running')\n"
     )
     async with HostExecutor(policy=WITH_SUBPROCESS, timeout=10, isolation=isolation) as ex:
