@@ -64,10 +64,6 @@ _INTERNALS_EVENTS = frozenset({
 """`resource.setrlimit`: a worker running as root (the host's `process` level without a private user)
 could raise its own hard limits."""
 
-_IMPORT_MACHINERY = "<frozen importlib._bootstrap_external>"
-"""The code file of the frame that unmarshals cached bytecode during an import (code the sandboxed
-code cannot have written: it has no way to make a code object with that file name)."""
-
 _TRUSTED_COMPILERS = frozenset({"dataclasses", "collections", "enum"})
 """Stdlib modules that generate code from parts (field names) the code supplies. What they compile is
 validated by `check_generated_source`: a field name like ``"x,__import__('os')"`` must not become code."""
@@ -258,8 +254,6 @@ class SystemGuard:
         elif event in _INTERNALS_EVENTS:
             if event.startswith("ctypes.") and self.subprocess:
                 return
-            if event == "marshal.loads" and sys._getframe(1).f_code.co_filename == _IMPORT_MACHINERY:
-                return  # a library's lazy import of a module from its .pyc ('x'.encode('idna'))
             if event == "marshal.loads" and sys._getframe(1).f_code.co_filename == _IMPORT_MACHINERY:
                 return  # a library importing a module lazily (Counter.most_common imports heapq)
             raise PermissionError(f"'{event}' is not allowed in the sandbox")
