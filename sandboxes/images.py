@@ -547,8 +547,10 @@ def cleanup(*, everything: bool = False, progress: Progress = print) -> list[str
     import docker.errors
 
     removed: list[str] = []
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_SANDBOX}=1"}):
-        owner = (container.labels or {}).get(LABEL_OWNER, "")
+    # sparse: no per-container inspect, which raises NotFound for one that goes away meanwhile
+    found = client.containers.list(all=True, sparse=True, filters={"label": f"{LABEL_SANDBOX}=1"})
+    for container in found:
+        owner = (container.attrs.get("Labels") or {}).get(LABEL_OWNER, "")
         if everything or not owner_alive(owner):
             try:
                 container.remove(force=True, v=True)
@@ -558,7 +560,7 @@ def cleanup(*, everything: bool = False, progress: Progress = print) -> list[str
                 progress(f"could not remove {container.short_id}: {exc}")
                 continue
             removed.append(container.id)
-            progress(f"removed {container.short_id} ({container.status}, owner {owner or 'unknown'})")
+            progress(f"removed {container.short_id} ({container.attrs.get('State', '?')}, owner {owner or 'unknown'})")
     return removed
 
 
