@@ -96,17 +96,8 @@ async def marker_written(ex, backend: str, workdir: pathlib.Path) -> bool:
     return probe.stdout == "True\n"
 
 
-LEAVES_THE_GROUP = {"setsid child", "nohup child ignoring signals", "double fork with setsid",
-                    "forked child in its own process group"}  # fmt: skip
-
-
 @pytest.mark.parametrize("name", sorted(ESCAPES))
 async def test_nothing_outlives_a_timeout(executor_factory, backend: str, tmp_path: pathlib.Path, name: str) -> None:
-    if backend == "e2b" and name in LEAVES_THE_GROUP:
-        pytest.xfail(
-            "open hole in the e2b backend: a timeout kills the runner's process group only "
-            "(kill -KILL -- -pid), so a process that left the group keeps running in the sandbox"
-        )
     options = workdir_options(backend, tmp_path)
     async with executor_factory(policy=POLICY, timeout=TIMEOUT, **options) as ex:
         started = time.monotonic()

@@ -69,7 +69,41 @@ _LAUNCHER = (
     "import os,sys\n"
     "try:\n os.setpgid(0,0)\nexcept OSError:\n pass\n"
     "runner=os.path.expanduser(sys.argv[1])\n"
-    "os.execv(sys.executable,[sys.executable,'-I',runner])\n"
+    "os.execv(sys.executable,[sys.executable,'-I',runner,'--subreaper'])\n"
+)
+
+# Run in the sandbox on a timeout or close: the runner is a subreaper, so everything the code started
+# (`setsid` children and double forks included) is in its process tree. Freeze the tree (a stopped
+# process cannot fork), then kill it.
+_TREE_KILLER = (
+    "import os,signal,sys\n"
+    "root=int(sys.argv[1])\n"
+    "def tree():\n"
+    " kids={}\n"
+    " for d in os.listdir('/proc'):\n"
+    "  if d.isdigit():\n"
+    "   try:\n"
+    "    f=open('/proc/%s/stat'%d).read().rsplit(')',1)[1].split()\n"
+    "    kids.setdefault(int(f[1]),[]).append(int(d))\n"
+    "   except (OSError,IndexError,ValueError):\n"
+    "    pass\n"
+    " found=[];todo=[root]\n"
+    " while todo:\n"
+    "  for c in kids.get(todo.pop(),()):\n"
+    "   found.append(c);todo.append(c)\n"
+    " return found\n"
+    "def sig(p,s):\n"
+    " try:\n  os.kill(p,s)\n except OSError:\n  pass\n"
+    "sig(root,signal.SIGSTOP)\n"
+    "seen=set()\n"
+    "for _ in range(100):\n"
+    " new=[p for p in tree() if p not in seen]\n"
+    " if not new:\n  break\n"
+    " for p in new:\n  sig(p,signal.SIGSTOP)\n"
+    " seen.update(new)\n"
+    "for p in [*seen,root]:\n"
+    " sig(p,signal.SIGKILL)\n"
+    "try:\n os.killpg(root,signal.SIGKILL)\nexcept OSError:\n pass\n"
 )
 
 _limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, anyio.CapacityLimiter]] = (
@@ -256,6 +290,7 @@ class E2BWorker(Worker):
                 pid = int(self.handle.pid)
                 try:
                     await self.session.sandbox.commands.run(
+                        f"python3 -c {shlex.quote(_TREE_KILLER)} {pid} 2>/dev/null; "
                         f"kill -KILL -- -{pid} 2>/dev/null; kill -KILL {pid} 2>/dev/null; true",
                         timeout=KILL_TIMEOUT,
                         request_timeout=KILL_TIMEOUT,
