@@ -158,11 +158,6 @@ async def test_files_none_refuses_even_the_workdir(executor_factory) -> None:
 
 
 async def test_download_and_upload_refuse_symlinks_out(executor_factory, places, backend: str) -> None:
-    if backend == "e2b":
-        pytest.xfail(
-            "open hole in the e2b backend: upload() writes through a symlink the code planted "
-            "(envd's files.write follows it); it must resolve the path inside the sandbox first"
-        )
     secret = os.path.join(places["outside"], "secret.txt")
     outside = places["outside"]
     async with executor_factory(**session_options(places)) as ex:

@@ -106,6 +106,42 @@ _TREE_KILLER = (
     "try:\n os.killpg(root,signal.SIGKILL)\nexcept OSError:\n pass\n"
 )
 
+# File transfers never follow a link the code may have planted: envd's files API does, so a transfer
+# goes through a private file under ~/.kodeagent and these scripts place (or fetch) it by opening
+# every component of the path with O_NOFOLLOW below the working directory. Exit 2: missing; 3: refused.
+_OPEN_DIRS = (
+    "import os,stat,sys\n"
+    "def walk(root,rel,create):\n"
+    " parts=[p for p in rel.split('/') if p]\n"
+    " fd=os.open(root,os.O_RDONLY|os.O_DIRECTORY|os.O_NOFOLLOW)\n"
+    " for p in parts[:-1]:\n"
+    "  if create:\n"
+    "   try:\n    os.mkdir(p,dir_fd=fd)\n   except FileExistsError:\n    pass\n"
+    "  try:\n   nfd=os.open(p,os.O_RDONLY|os.O_DIRECTORY|os.O_NOFOLLOW,dir_fd=fd)\n"
+    "  except FileNotFoundError:\n   sys.exit(2)\n"
+    "  except OSError:\n   sys.exit(3)\n"
+    "  os.close(fd);fd=nfd\n"
+    " return fd,parts[-1]\n"
+)
+_PLACE_UPLOAD = _OPEN_DIRS + (
+    "src,root,rel=sys.argv[1:4]\n"
+    "fd,name=walk(root,rel,True)\n"
+    "try:\n"
+    " if not stat.S_ISREG(os.stat(name,dir_fd=fd,follow_symlinks=False).st_mode):\n  sys.exit(3)\n"
+    "except FileNotFoundError:\n pass\n"
+    "os.rename(src,name,dst_dir_fd=fd)\n"
+)
+_FETCH_DOWNLOAD = _OPEN_DIRS + (
+    "root,rel,dst=sys.argv[1:4]\n"
+    "fd,name=walk(root,rel,False)\n"
+    "try:\n ffd=os.open(name,os.O_RDONLY|os.O_NOFOLLOW|os.O_NONBLOCK,dir_fd=fd)\n"
+    "except FileNotFoundError:\n sys.exit(2)\n"
+    "except OSError:\n sys.exit(3)\n"
+    "if not stat.S_ISREG(os.fstat(ffd).st_mode):\n sys.exit(3)\n"
+    "with os.fdopen(ffd,'rb') as a, open(dst,'wb') as b:\n"
+    " while True:\n  chunk=a.read(1<<20)\n  if not chunk:\n   break\n  b.write(chunk)\n"
+)
+
 _limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, anyio.CapacityLimiter]] = (
     weakref.WeakKeyDictionary()
 )
@@ -322,20 +358,51 @@ class E2BWorker(Worker):
     def _remote(self, path: str) -> str:
         return posixpath.join(self.workdir, path)
 
-    async def write_file(self, path: str, data: bytes) -> None:
+    async def _transfer_script(self, script: str, path: str, *args: str) -> None:
+        e2b = _sdk()
+        command = " ".join(["python3", "-c", shlex.quote(script), *(shlex.quote(a) for a in args)])
         try:
-            await self.session.sandbox.files.write(self._remote(path), data)
+            await self.session.sandbox.commands.run(command, timeout=60, request_timeout=60)
+        except e2b.CommandExitException as exc:
+            if exc.exit_code == 2:
+                raise SandboxFileError(f"{path!r} does not exist in the working directory") from None
+            if exc.exit_code == 3:
+                raise SandboxFileError(
+                    f"{path!r} goes through a symlink or is not a regular file in the sandbox; refused"
+                ) from None
+            raise SandboxFileError(f"could not transfer {path!r} in the E2B sandbox: {exc}") from exc
+
+    def _transfer_name(self) -> str:
+        return posixpath.join(posixpath.dirname(REMOTE_RUNTIME), f"transfer-{os.urandom(8).hex()}")
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        staged = self._transfer_name()
+        try:
+            await self.session.sandbox.files.write(staged, data)
         except Exception as exc:
             raise SandboxFileError(f"could not write {path!r} in the E2B sandbox: {exc}") from exc
+        try:
+            await self._transfer_script(_PLACE_UPLOAD, path, staged, self.workdir, path)
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.session.sandbox.files.remove(staged)
+                except Exception:
+                    pass  # already moved into place
 
     async def read_file(self, path: str) -> bytes:
-        e2b = _sdk()
+        staged = self._transfer_name()
+        await self._transfer_script(_FETCH_DOWNLOAD, path, self.workdir, path, staged)
         try:
-            return bytes(await self.session.sandbox.files.read(self._remote(path), format="bytes"))
-        except e2b.NotFoundException as exc:
-            raise SandboxFileError(f"{path!r} does not exist in the working directory") from exc
+            return bytes(await self.session.sandbox.files.read(staged, format="bytes"))
         except Exception as exc:
             raise SandboxFileError(f"could not read {path!r} from the E2B sandbox: {exc}") from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                try:
+                    await self.session.sandbox.files.remove(staged)
+                except Exception:
+                    pass
 
 
 class E2BExecutor(Executor):
