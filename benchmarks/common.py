@@ -267,3 +267,14 @@ def script_main(
     parser = argparse.ArgumentParser(prog=prog, description=(module_doc or "").split("\n")[0])
     add_arguments(parser)
     return execute(parser.parse_args(argv))
+
+
+async def time_async(action: Callable[[], Any], n: int) -> list[float]:
+    """Seconds each of `n` sequential awaits of `action()` took."""
+    durations = []
+    for _ in range(n):
+        started = time.perf_counter()
+        await action()
+        durations.append(time.perf_counter() - started)
+    return durations
+

@@ -22,12 +22,21 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
-from .common import fmt_ms, fmt_ratio, make_console, print_table, ratio, summarize, to_json, write_result
+from .common import (
+    fmt_ms,
+    fmt_ratio,
+    make_console,
+    print_table,
+    ratio,
+    summarize,
+    time_async,
+    to_json,
+    write_result,
+)
 
 TARGETS_MS = {"warm run": 2.0, "session from the pool": 20.0, "cold start to first result": 500.0}
 
@@ -37,15 +46,6 @@ def _time_cli(command: list[str], n: int) -> list[float]:
     for _ in range(n):
         started = time.perf_counter()
         subprocess.run(command, check=True, capture_output=True)
-        durations.append(time.perf_counter() - started)
-    return durations
-
-
-async def _time_async(action: Callable[[], Awaitable[Any]], n: int) -> list[float]:
-    durations = []
-    for _ in range(n):
-        started = time.perf_counter()
-        await action()
         durations.append(time.perf_counter() - started)
     return durations
 
@@ -61,7 +61,7 @@ async def _measure(n: int, cold_n: int, image: str) -> dict[str, list[float]]:
     async with DockerExecutor(image=image, timeout=30) as ex:
         for _ in range(20):  # warm-up: imports, caches, the pool's first fill
             await ex.run("print(1)")
-        samples["warm run"] = await _time_async(lambda: ex.run("print(1)"), n)
+        samples["warm run"] = await time_async(lambda: ex.run("print(1)"), n)
         container = ex.container_id
         assert container is not None
 

@@ -32,7 +32,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from .common import fmt_ms, make_console, print_table, summarize, to_json, write_result
+from .common import fmt_ms, make_console, print_table, summarize, time_async, to_json, write_result
 
 OVERHEAD_TARGET_MS = 5.0
 CODE = "x = 1"
@@ -193,7 +193,7 @@ async def _measure(standin: Any, n: int, open_n: int) -> dict[str, list[float]]:
     async with E2BExecutor(timeout=30, **options) as ex:
         for _ in range(20):
             await ex.run(CODE)
-        samples["warm run"] = await _time(lambda: ex.run(CODE), n)
+        samples["warm run"] = await time_async(lambda: ex.run(CODE), n)
 
         bare = _BareRunner(standin)
         files = [(f"{REMOTE_RUNTIME}/{name}", data) for name, data in await _runtime_files()]
@@ -201,7 +201,7 @@ async def _measure(standin: Any, n: int, open_n: int) -> dict[str, list[float]]:
         request = {"op": "run", "code": CODE}
         for _ in range(20):
             await bare.round_trip(request)
-        samples["bare round trip"] = await _time(lambda: bare.round_trip(request), n)
+        samples["bare round trip"] = await time_async(lambda: bare.round_trip(request), n)
         await bare.close()
 
     durations = []
@@ -213,15 +213,6 @@ async def _measure(standin: Any, n: int, open_n: int) -> dict[str, list[float]]:
         await session.close()
     samples["open"] = durations
     return samples
-
-
-async def _time(action: Any, n: int) -> list[float]:
-    durations = []
-    for _ in range(n):
-        started = time.perf_counter()
-        await action()
-        durations.append(time.perf_counter() - started)
-    return durations
 
 
 def e2b_latency_rows(n: int = 200, *, open_n: int | None = None) -> list[dict[str, Any]]:
