@@ -88,10 +88,7 @@ class HostWorker(Worker):
             if self.pid is not None and (self.process is not None or self._still_ours()):
                 if self.isolation == "process":
                     _kill_process_tree(self.pid)
-                try:
-                    os.killpg(self.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                _signal_group(self.pid, signal.SIGKILL)
             if self.uid is not None and (self.isolation == "process" or self.process is None):
                 _kill_user_processes(self.uid)
             self.channel.sock.close()
@@ -306,10 +303,7 @@ def _kill_process_tree(root: int) -> None:
     a stopped process cannot fork), then killed; zombies are already dead."""
     if not os.path.isdir("/proc"):
         return
-    try:
-        os.killpg(root, signal.SIGSTOP)  # most of a fork bomb is still in the runner's group: freeze it at once
-    except (ProcessLookupError, PermissionError):
-        pass
+    _signal_group(root, signal.SIGSTOP)  # most of a fork bomb is still in the runner's group: freeze it at once
     stopped: set[int] = set()
     own_group = os.getpgrp()
     for _ in range(200):
@@ -319,10 +313,7 @@ def _kill_process_tree(root: int) -> None:
             break
         # Whole groups first (a `setsid` shell bomb is one group), then the stragglers.
         for group in {found[pid] for pid in fresh} - {own_group, 0, 1}:
-            try:
-                os.killpg(group, signal.SIGSTOP)
-            except (ProcessLookupError, PermissionError):
-                pass
+            _signal_group(group, signal.SIGSTOP)
         for pid in fresh:
             _signal(pid, signal.SIGSTOP)
         stopped |= fresh
@@ -331,12 +322,16 @@ def _kill_process_tree(root: int) -> None:
         if not found:
             return
         for group in set(found.values()) - {own_group, 0, 1}:
-            try:
-                os.killpg(group, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            _signal_group(group, signal.SIGKILL)
         for pid in found:
             _signal(pid, signal.SIGKILL)
+
+
+def _signal_group(group: int, sig: int) -> None:
+    try:
+        os.killpg(group, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal(pid: int, sig: int) -> None:
@@ -538,10 +533,7 @@ class ForkServer:
 
     def stop(self) -> None:
         self.control.close()
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        _signal_group(self.process.pid, signal.SIGKILL)
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
