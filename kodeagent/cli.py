@@ -241,10 +241,19 @@ def _images_module() -> Any:
     return images
 
 
-def cmd_images(args: argparse.Namespace) -> int:
-    images = _images_module()
+def _docker_command_error(exc: Exception) -> CommandError:
+    """One line for a failed image or cleanup command; exit 3 when Docker is not usable here."""
     from sandboxes import BackendUnavailable, SandboxError
 
+    if isinstance(exc, BackendUnavailable):
+        return CommandError(str(exc), EXIT_UNAVAILABLE)
+    if isinstance(exc, SandboxError):
+        return CommandError(str(exc))
+    return CommandError(f"{type(exc).__name__}: {exc}")
+
+
+def cmd_images(args: argparse.Namespace) -> int:
+    images = _images_module()
     try:
         if args.images_command == "build":
             info = images.build_image(args.variant, base=args.base, offline=args.offline, mirror=args.mirror,
@@ -256,12 +265,8 @@ def cmd_images(args: argparse.Namespace) -> int:
                 print(f"{info.alias} -> {info.tag} ({state}, {info.size_mb} MB)")
             return EXIT_OK
         found = images.list_images()
-    except BackendUnavailable as exc:
-        raise CommandError(str(exc), EXIT_UNAVAILABLE) from None
-    except SandboxError as exc:
-        raise CommandError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - a Docker API error: one line, not a traceback
-        raise CommandError(f"{type(exc).__name__}: {exc}") from None
+        raise _docker_command_error(exc) from None
     if args.json:
         _print_json([info.model_dump() for info in found])
     elif not found:
@@ -274,19 +279,13 @@ def cmd_images(args: argparse.Namespace) -> int:
 
 def cmd_cleanup(args: argparse.Namespace) -> int:
     images = _images_module()
-    from sandboxes import BackendUnavailable, SandboxError
-
     old_images: list[str] = []
     try:
         removed = images.cleanup(everything=args.all, progress=lambda m: print(m, file=sys.stderr))
         if args.images:
             old_images = images.remove_old_images(progress=lambda m: print(m, file=sys.stderr))
-    except BackendUnavailable as exc:
-        raise CommandError(str(exc), EXIT_UNAVAILABLE) from None
-    except SandboxError as exc:
-        raise CommandError(str(exc)) from None
     except Exception as exc:  # noqa: BLE001 - a Docker API error: one line, not a traceback
-        raise CommandError(f"{type(exc).__name__}: {exc}") from None
+        raise _docker_command_error(exc) from None
     if args.json:
         _print_json({"removed": removed, "removed_images": old_images})
     else:
