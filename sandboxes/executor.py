@@ -21,9 +21,10 @@ from typing import Any, ClassVar, Self
 
 import anyio
 
-from .errors import ExecutorClosed, ProtocolError, SandboxFileError, WorkerStartError
+from .errors import BackendUnavailable, ExecutorClosed, ProtocolError, SandboxFileError, WorkerStartError
 from .models import Artifact, ExecutionError, ExecutionResult
 from .policy import Policy, prepare_code
+from .runtime import bounds
 from .worker import Worker, WorkerExited
 
 DEFAULT_TIMEOUT = 30.0
@@ -147,6 +148,16 @@ class Executor(ABC):
     async def _ensure_worker(self) -> Worker:
         if self._worker is None:
             worker = await self._start_worker()
+            worker.line_limit = bounds.line_limit(self.output_limit)
+            if not self.policy.python_guards and worker.isolation == "process":
+                with anyio.CancelScope(shield=True):
+                    await worker.kill()
+                raise BackendUnavailable(
+                    "Policy(python_guards=False) runs code without the Python-level guards, so it needs a "
+                    "boundary around the process, and this host backend has only the bare 'process' level: "
+                    "install bubblewrap (`apt-get install bubblewrap`) for the 'namespaces' level, or use "
+                    "the docker or e2b backend, or keep python_guards=True"
+                )
             try:
                 with anyio.fail_after(HANDSHAKE_TIMEOUT):
                     await self._request(worker, self._init_message())
@@ -247,20 +258,36 @@ class Executor(ABC):
         return result
 
     def _result_from_reply(self, reply: dict[str, Any]) -> ExecutionResult:
+        """The result of a run reply, every part cut to its bound again here: the runner already cuts,
+        but code without the Python-level guards can replace the runner's reply."""
+        limit = self.output_limit
         try:
+            stdout, stdout_cut = bounds.clip(_text(reply.get("stdout", "")), limit)
+            stderr, stderr_cut = bounds.clip(_text(reply.get("stderr", "")), limit)
             error = reply.get("error")
+            artifacts, artifacts_cut = bounds.bound_artifacts(list(reply.get("artifacts") or []))
+            final = reply.get("final_answer")
+            final_cut = 0
+            if isinstance(final, str):
+                final, final_cut = bounds.clip(final, limit)
+            elif final is not None and len(json.dumps(final, ensure_ascii=False)) > limit:
+                final, final_cut = bounds.clip(json.dumps(final, ensure_ascii=False), limit)
+            artifacts_omitted = int(reply.get("artifacts_omitted", 0)) + artifacts_cut
             return ExecutionResult(
-                stdout=reply.get("stdout", ""),
-                stderr=reply.get("stderr", ""),
-                error=ExecutionError(**error) if error else None,
+                stdout=stdout,
+                stderr=stderr,
+                stdout_omitted=int(reply.get("stdout_omitted", 0)) + stdout_cut,
+                stderr_omitted=int(reply.get("stderr_omitted", 0)) + stderr_cut,
+                error=ExecutionError(**bounds.bound_error(error)) if error else None,
                 oom=bool(reply.get("oom")),
-                truncated=bool(reply.get("truncated")),
-                artifacts=[Artifact(**a) for a in reply.get("artifacts", [])],
-                final_answer=reply.get("final_answer"),
+                truncated=bool(reply.get("truncated")) or bool(stdout_cut or stderr_cut or final_cut or artifacts_cut),
+                artifacts=[Artifact(**a) for a in artifacts],
+                artifacts_omitted=artifacts_omitted,
+                final_answer=final,
                 has_final_answer=bool(reply.get("has_final_answer")),
             )
-        except (TypeError, ValueError) as exc:
-            raise ProtocolError(f"malformed result from the runner: {exc}") from exc
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ProtocolError(f"malformed result from the runner: {bounds.clipped(str(exc), 500)}") from exc
 
     async def _request(self, worker: Worker, message: dict[str, Any]) -> dict[str, Any]:
         """Send one request and serve tool calls until its reply arrives."""
@@ -308,9 +335,16 @@ class Executor(ABC):
                 )
                 if inspect.isawaitable(value):
                     value = await value
-            json.dumps(value)
+            size = len(json.dumps(value, ensure_ascii=False).encode())
         except Exception as exc:  # the tool's failure goes back to the code, which may catch it
-            reply["error"] = {"type": type(exc).__name__, "message": str(exc)}
+            reply["error"] = {"type": type(exc).__name__, "message": bounds.clipped(str(exc), bounds.ERROR_MESSAGE_LIMIT)}
+            return reply
+        if size > bounds.TOOL_MESSAGE_LIMIT:
+            reply["error"] = {
+                "type": "ToolResultTooLarge",
+                "message": f"the result is {size:,} bytes of JSON; at most {bounds.TOOL_MESSAGE_LIMIT:,} cross into "
+                "the sandbox. Have the tool return less, or a summary",
+            }
             return reply
         reply["value"] = value
         return reply
@@ -347,6 +381,12 @@ class Executor(ABC):
         async with self._lock:
             worker = await self._ensure_worker()
             return await worker.read_file(relative)
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {type(value).__name__}")
+    return value
 
 
 def _encode(message: dict[str, Any]) -> bytes:

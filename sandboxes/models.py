@@ -33,7 +33,12 @@ class Artifact(BaseModel):
 
 
 class ExecutionResult(BaseModel):
-    """Everything one `run(code)` produced. Built by the shared executor code, the same for every backend."""
+    """Everything one `run(code)` produced. Built by the shared executor code, the same for every backend.
+
+    Bounded whatever the code does: `stdout`, `stderr` and the final answer's JSON hold at most
+    `output_limit` characters each (head and tail, with a marker that counts what was left out), the
+    error and the artifact list a few KB; see `sandboxes.runtime.bounds` for the exact figures.
+    """
 
     stdout: str = ""
     stderr: str = ""
@@ -47,7 +52,12 @@ class ExecutionResult(BaseModel):
     artifacts: list[Artifact] = Field(default_factory=list)
     final_answer: Any = None
     has_final_answer: bool = False
-    truncated: bool = Field(False, description="stdout or stderr was longer than the cap; head and tail kept.")
+    truncated: bool = Field(
+        False, description="Some part was longer than its bound and was cut: head and tail kept, the middle counted."
+    )
+    stdout_omitted: int = Field(0, description="Characters cut out of the middle of stdout (0: complete).")
+    stderr_omitted: int = Field(0, description="Characters cut out of the middle of stderr (0: complete).")
+    artifacts_omitted: int = Field(0, description="Changed files not listed in `artifacts` (past the bound).")
     backend: str = ""
 
     @property

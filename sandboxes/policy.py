@@ -61,6 +61,14 @@ class Policy(BaseModel):
         subprocess: allow starting processes (only meaningful if an allowed module can).
         limits: resource limits of the worker.
         max_code_bytes: larger snippets are refused before they are parsed.
+        python_guards: ``False`` runs the code as plain Python: no static check, no RestrictedPython
+            guard, no audit hook, so every import, `os.fork`, signals and the real builtins work and
+            the other fields but `limits` and `max_code_bytes` have no effect. Only the boundary around
+            the process (bubblewrap namespaces, the container, the microVM), the rlimits, the
+            timeout and the output caps then hold, so a session with it is refused where that
+            boundary is the bare host ``process`` level. The code can also forge its own result (it
+            can reach the runner); the parent still bounds it. Meant for running programs exactly
+            as their own harness would (`kodeagent bench humaneval`), not for agents.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -74,6 +82,7 @@ class Policy(BaseModel):
     subprocess: bool = False
     limits: Limits = Limits()
     max_code_bytes: int = Field(MAX_CODE_BYTES_DEFAULT, ge=1)
+    python_guards: bool = True
 
     @field_validator("allowed_imports", "allow_builtins", "banned_builtins", "allowed_dunders", mode="before")
     @classmethod
@@ -105,10 +114,15 @@ class Policy(BaseModel):
             "network": self.network,
             "subprocess": self.subprocess,
             "limits": self.limits.model_dump(),
+            "python_guards": self.python_guards,
         }
 
     def check(self, code: str, extra_names: Iterable[str] = ()) -> ExecutionError | None:
-        """Statically check `code`; return the first violation (or syntax error), or None."""
+        """Statically check `code`; return the first violation (or syntax error), or None.
+
+        Without `python_guards` nothing is checked here: the runner compiles the code as it is."""
+        if not self.python_guards:
+            return None
         try:
             tree = ast.parse(code, filename="<code>")
         except SyntaxError as exc:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 
 import anyio
 
-MAX_MESSAGE_BYTES = 256 * 1024 * 1024
-"""A protocol line longer than this means a broken runner; we refuse to buffer more."""
+MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+"""The default bound of one protocol line. The executor sets each worker's `line_limit` from its output
+limit (`runtime.bounds.line_limit`); a longer line means a broken or forged runner, and no worker buffers
+more than that before giving up on it."""
 
 
 class WorkerExited(Exception):
@@ -36,6 +38,8 @@ class Worker(ABC):
     """One live runner and the channel to it. Backends subclass this."""
 
     isolation: str = "process"
+    line_limit: int = MAX_MESSAGE_BYTES
+    """Bytes of one protocol line this worker buffers at most; `receive_line` ends the worker past it."""
 
     @abstractmethod
     async def send(self, data: bytes) -> None:
@@ -79,15 +83,12 @@ class SocketLineReader:
         self.sock.setblocking(False)
         self._buffer = bytearray()
 
-    async def receive_line(self) -> bytes:
+    async def receive_line(self, limit: int = MAX_MESSAGE_BYTES) -> bytes:
+        """The next line; `WorkerExited` at end-of-file or once more than `limit` bytes lack a newline."""
         while True:
-            newline = self._buffer.find(b"\n")
-            if newline >= 0:
-                line = bytes(self._buffer[: newline + 1])
-                del self._buffer[: newline + 1]
+            line = take_line(self._buffer, limit)
+            if line is not None:
                 return line
-            if len(self._buffer) > MAX_MESSAGE_BYTES:
-                raise WorkerExited("the runner sent a protocol line longer than 256 MiB")
             chunk = await self.receive_some()
             if not chunk:
                 raise WorkerExited("the runner closed its channel")
@@ -113,3 +114,16 @@ class SocketLineReader:
             except (BrokenPipeError, ConnectionResetError, OSError) as exc:
                 raise WorkerExited(f"the runner's channel is closed ({exc})") from exc
             view = view[sent:]
+
+
+def take_line(buffer: bytearray, limit: int) -> bytes | None:
+    """Remove and return the first whole line of `buffer`, or None when there is none yet. Raises
+    `WorkerExited` when the line is, or already would be, longer than `limit` bytes."""
+    newline = buffer.find(b"\n", 0, limit + 1)
+    if newline < 0:
+        if len(buffer) > limit:
+            raise WorkerExited(f"the runner sent a protocol line longer than {limit:,} bytes")
+        return None
+    line = bytes(buffer[: newline + 1])
+    del buffer[: newline + 1]
+    return line

@@ -58,7 +58,7 @@ from ..images import (
     runtime_hash,
 )
 from ..policy import Policy
-from ..worker import SocketLineReader, Worker, WorkerExit, WorkerExited
+from ..worker import SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 
 WORKDIR = "/workspace"
 RUNNER_COMMAND = ("python3", "-I", "/opt/kodeagent/runtime/runner.py")
@@ -206,10 +206,8 @@ class DockerWorker(Worker):
 
     async def receive_line(self) -> bytes:
         while True:
-            newline = self.demux.stdout.find(b"\n")
-            if newline >= 0:
-                line = bytes(self.demux.stdout[: newline + 1])
-                del self.demux.stdout[: newline + 1]
+            line = take_line(self.demux.stdout, self.line_limit)
+            if line is not None:
                 return line
             chunk = await self.channel.receive_some()
             if not chunk:

@@ -50,7 +50,7 @@ import anyio
 
 from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
 from ..executor import KILL_TIMEOUT, Executor
-from ..worker import MAX_MESSAGE_BYTES, Worker, WorkerExit, WorkerExited
+from ..worker import Worker, WorkerExit, WorkerExited
 
 RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
 REMOTE_RUNTIME = ".kodeagent/runtime"
@@ -237,18 +237,25 @@ class E2BWorker(Worker):
             if "\n" not in chunk:
                 self._pending.append(chunk)
                 self._pending_size += len(chunk)
-                if self._pending_size > MAX_MESSAGE_BYTES:
-                    self._detail = "the runner sent a protocol line longer than 256 MiB"
-                    self._line_in.close()
+                if self._pending_size > self.line_limit:
+                    self._refuse_long_line()
                 return
             head, *middle, tail = chunk.split("\n")
             first = "".join(self._pending) + head
             for line in (first, *middle):
+                if len(line) > self.line_limit:
+                    self._refuse_long_line()
+                    return
                 self._line_in.send_nowait(line.encode() + b"\n")
             self._pending = [tail] if tail else []
             self._pending_size = len(tail)
         except Exception:  # closed stream after a kill: nothing to deliver to
             pass
+
+    def _refuse_long_line(self) -> None:
+        self._detail = f"the runner sent a protocol line longer than {self.line_limit:,} bytes"
+        self._pending, self._pending_size = [], 0
+        self._line_in.close()
 
     def _on_stderr(self, chunk: str) -> None:
         self._stderr = (self._stderr + chunk)[-STDERR_KEPT:]

@@ -66,7 +66,7 @@ class HostWorker(Worker):
         await self.channel.send(data)
 
     async def receive_line(self) -> bytes:
-        return await self.channel.receive_line()
+        return await self.channel.receive_line(self.line_limit)
 
     async def alive(self) -> bool:
         return self.is_alive()

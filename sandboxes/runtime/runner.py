@@ -20,12 +20,17 @@ Values cross as JSON, never pickle. Only the stdlib and RestrictedPython are nee
 from __future__ import annotations
 
 import builtins
+import codecs
+import fcntl
 import importlib.util
 import io
 import json
 import linecache
 import os
+import select
 import sys
+import threading
+import time
 import traceback
 from typing import Any
 
@@ -48,6 +53,8 @@ def _private_json() -> Any:
 
 json = _private_json()  # noqa: F811
 MAX_ARTIFACT_SCAN = 5000
+PIPE_BYTES = 1 << 20
+READ_BYTES = 1 << 20
 
 
 def _load_sibling(name: str) -> Any:
@@ -61,6 +68,10 @@ def _load_sibling(name: str) -> Any:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+bounds = _load_sibling("bounds")
+omission_marker = bounds.omission_marker
 
 
 class Channel:
@@ -86,11 +97,15 @@ class Channel:
             except OSError:
                 pass
 
-    def send(self, message: dict[str, Any]) -> None:
+    def send(self, message: dict[str, Any], limit: int | None = None) -> None:
+        """Write one message; with `limit`, refuse (ValueError, nothing sent) one longer than that."""
         if self.forked_child:
             raise RuntimeError("a forked process cannot use the sandbox channel")
         message = {**message, "token": self.token}
-        data = memoryview(json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n")
+        encoded = json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n"
+        if limit is not None and len(encoded) > limit:
+            raise ValueError(f"the message is {len(encoded):,} bytes of JSON; the limit is {limit:,}")
+        data = memoryview(encoded)
         while data:
             data = data[os.write(self.write_fd, data) :]
 
@@ -103,35 +118,119 @@ class Channel:
 
 
 class Capture:
-    """One output stream (fd 1 or 2) captured into an in-memory file; head and tail kept when long."""
+    """One output stream (fd 1 or 2) drained from a pipe; head and tail kept, the middle counted.
+
+    The target descriptor is the write end of a pipe that the runner's drain thread empties as the
+    code writes, so a program may print any amount without an error and without the sandbox holding
+    more than `limit` characters: the first half is kept, then a rolling last half, and every
+    character in between is counted. (A file would hit RLIMIT_FSIZE or grow without bound.)
+    """
 
     def __init__(self, target_fd: int, name: str) -> None:
         self.target_fd = target_fd
-        if hasattr(os, "memfd_create"):
-            self.fd = os.memfd_create(f"kodeagent-{name}")
-        else:  # not Linux: an unlinked temporary file does the same job
-            import tempfile
-
-            self.fd = os.dup(tempfile.TemporaryFile().fileno())
+        self.name = name
+        self.read_fd, self.fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        try:  # a larger pipe: fewer wake-ups of the drain thread under a flood of output
+            fcntl.fcntl(self.fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+        except OSError:
+            pass
+        self.limit = 64_000
+        self.clear()
         self.attach()
 
     def attach(self) -> None:
-        """(Re)point the target descriptor at the capture file, even if the code closed or moved it."""
+        """(Re)point the target descriptor at the pipe, even if the code closed or moved it."""
         os.dup2(self.fd, self.target_fd)
 
-    def clear(self) -> None:
-        os.ftruncate(self.fd, 0)
-        os.lseek(self.fd, 0, os.SEEK_SET)
+    def clear(self, limit: int | None = None) -> None:
+        """Forget what was captured (call with the drain lock held, or before the drain runs)."""
+        if limit is not None:
+            self.limit = limit
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self.head: list[str] = []
+        self.head_size = 0
+        self.tail: list[str] = []
+        self.tail_size = 0
+        self.total = 0
 
-    def collect(self, limit: int) -> tuple[str, bool]:
-        size = os.fstat(self.fd).st_size
-        if size <= limit:
-            return os.pread(self.fd, size, 0).decode("utf-8", "replace"), False
-        half = limit // 2
-        head = os.pread(self.fd, half, 0).decode("utf-8", "replace")
-        tail = os.pread(self.fd, half, size - half).decode("utf-8", "replace")
-        omitted = size - 2 * half
-        return f"{head}\n... [{omitted:,} bytes of output omitted] ...\n{tail}", True
+    def drain(self) -> bool:
+        """Read what is in the pipe now, without blocking; False once the pipe has no writer left."""
+        while True:
+            try:
+                chunk = os.read(self.read_fd, READ_BYTES)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            self.add(self.decoder.decode(chunk))
+
+    def add(self, text: str) -> None:
+        self.total += len(text)
+        half = self.limit // 2
+        if self.head_size < half:
+            taken = text[: half - self.head_size]
+            self.head.append(taken)
+            self.head_size += len(taken)
+            text = text[len(taken) :]
+        if text:
+            self.tail.append(text)
+            self.tail_size += len(text)
+            if self.tail_size > 2 * half:  # amortised: join and cut only when twice the need
+                kept = "".join(self.tail)[-half:]
+                self.tail, self.tail_size = [kept], len(kept)
+
+    def collect(self) -> tuple[str, int]:
+        """The captured text (head, marker, tail when cut) and how many characters were left out."""
+        self.add(self.decoder.decode(b"", final=True))
+        head = "".join(self.head)
+        if self.total <= self.limit:
+            return head + "".join(self.tail), 0
+        tail = "".join(self.tail)[-(self.limit // 2) :]
+        omitted = self.total - len(head) - len(tail)
+        return head + omission_marker(omitted) + tail, omitted
+
+
+class Drain:
+    """The thread that empties the capture pipes while the code writes (and between runs).
+
+    `lock` orders it with the main thread: a collect drains what is left under the lock, so no chunk
+    read before the collect can land after it.
+    """
+
+    def __init__(self, captures: tuple[Capture, ...]) -> None:
+        self.captures = captures
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._loop, name="kodeagent-drain", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        poller = select.poll()
+        for capture in self.captures:
+            poller.register(capture.read_fd, select.POLLIN)
+        while True:
+            try:
+                poller.poll()
+                with self.lock:
+                    for capture in self.captures:
+                        capture.drain()
+            except Exception:  # never let the drain stop: a writer would then block for ever
+                time.sleep(0.01)
+
+    def restart(self, limit: int) -> None:
+        """Drop what was written before this run (a background thread's output) and start counting."""
+        with self.lock:
+            for capture in self.captures:
+                capture.drain()
+                capture.clear(limit)
+
+    def collect(self) -> list[tuple[str, int]]:
+        with self.lock:
+            for capture in self.captures:
+                capture.drain()
+            return [capture.collect() for capture in self.captures]
 
 
 class FinalAnswerSignal(BaseException):
@@ -150,10 +249,14 @@ class Runner:
         self.system.install()
         self.stdout = Capture(1, "stdout")
         self.stderr = Capture(2, "stderr")
+        self.drain = Drain((self.stdout, self.stderr))
         sys.stdout = sys.__stdout__ = _text_stream(1)
         sys.stderr = sys.__stderr__ = _text_stream(2)
+        self.initialised = False
+        self.python_guards = True
         self.guard: Any = None
         self.builtins: dict[str, Any] = {}
+        self.trusted_names: dict[str, Any] = {}
         self.namespace: dict[str, Any] = {}
         self.stateless = False
         self.output_limit = 64_000
@@ -179,7 +282,7 @@ class Runner:
             elif op == "reset":
                 self.namespace = self.fresh_namespace()  # finalizers of the old one run confined
                 self.channel.send({"op": "reply"})
-            elif op == "warmup" and self.guard is None:
+            elif op == "warmup" and not self.initialised:
                 self.warm_up()
                 self.channel.send({"op": "reply"})
             else:
@@ -194,43 +297,68 @@ class Runner:
         exec(guard.compile(source, "<warm-up>"), {"__builtins__": guard.builtins({}), "__name__": "__warmup__"})
         _flush_streams()
         _snapshot(self.workdir)
-        for capture in (self.stdout, self.stderr):
-            capture.clear()
+        self.drain.collect()
+        self.drain.restart(self.output_limit)
 
     def init(self, message: dict[str, Any]) -> None:
         policy = message["policy"]
+        self.initialised = True
         os.environ.clear()
         os.environ.update(message.get("env", {}))
         _apply_limits(policy.get("limits", {}))
-        self.guard = self.guard_module.Guard(
-            policy["allowed_imports"], policy["banned_builtins"], policy["allowed_dunders"], self.import_module
-        )
-        extra: dict[str, Any] = {name: self.make_tool(name) for name in message.get("tools", [])}
-        extra["final_answer"] = self.final_answer
-        extra["ToolError"] = ToolError
-        extra["PolicyViolation"] = self.guard_module.PolicyViolation
-        if "eval" not in policy["banned_builtins"]:
-            extra["eval"] = self.guarded_eval
-        if "exec" not in policy["banned_builtins"]:
-            extra["exec"] = self.guarded_exec
-        if "compile" not in policy["banned_builtins"]:
-            extra["compile"] = self.guarded_compile
-        if "open" in policy["banned_builtins"] or policy.get("files") == "none":
-            extra.pop("open", None)
-        self.builtins = self.guard.builtins(extra)
+        self.python_guards = bool(policy.get("python_guards", True))
+        trusted: dict[str, Any] = {name: self.make_tool(name) for name in message.get("tools", [])}
+        trusted["final_answer"] = self.final_answer
+        trusted["ToolError"] = ToolError
+        trusted["PolicyViolation"] = self.guard_module.PolicyViolation
+        self.trusted_names = trusted
+        if self.python_guards:
+            self.guard = self.guard_module.Guard(
+                policy["allowed_imports"], policy["banned_builtins"], policy["allowed_dunders"], self.import_module
+            )
+            extra = dict(trusted)
+            if "eval" not in policy["banned_builtins"]:
+                extra["eval"] = self.guarded_eval
+            if "exec" not in policy["banned_builtins"]:
+                extra["exec"] = self.guarded_exec
+            if "compile" not in policy["banned_builtins"]:
+                extra["compile"] = self.guarded_compile
+            if "open" in policy["banned_builtins"] or policy.get("files") == "none":
+                extra.pop("open", None)
+            self.builtins = self.guard.builtins(extra)
+        else:  # plain Python: only the process boundary, the limits and the supervisor hold
+            self.builtins = {**vars(builtins), **trusted}
         self.stateless = bool(message.get("stateless"))
         self.output_limit = int(message.get("output_limit", 64_000))
         self.namespace = self.fresh_namespace()
-        self.system.configure(
-            files=policy.get("files", "workdir"),
-            network=bool(policy.get("network")),
-            subprocess=bool(policy.get("subprocess")),
-            readable_roots=_library_roots(),
-            protected_fds=(self.channel.reader.fileno(), self.channel.write_fd, self.stdout.fd, self.stderr.fd),
-        )
+        if self.python_guards:
+            self.system.configure(
+                files=policy.get("files", "workdir"),
+                network=bool(policy.get("network")),
+                subprocess=bool(policy.get("subprocess")),
+                readable_roots=_library_roots(),
+                protected_fds=(
+                    self.channel.reader.fileno(), self.channel.write_fd, self.stdout.fd, self.stderr.fd,
+                    self.stdout.read_fd, self.stderr.read_fd,
+                ),
+            )  # fmt: skip
 
     def fresh_namespace(self) -> dict[str, Any]:
         return {"__builtins__": self.builtins, "__name__": "__main__", "__doc__": None}
+
+    def restore_trusted_names(self) -> None:
+        """`final_answer` and the tool stubs mean what the runner says in every run: a global the code
+        bound to one of these names in an earlier run (`final_answer = print`) is dropped, and the
+        builtins table and the namespace's link to it are put back."""
+        for name in self.trusted_names:
+            self.namespace.pop(name, None)
+        self.builtins.update(self.trusted_names)
+        self.namespace["__builtins__"] = self.builtins
+
+    def compile(self, source: str, filename: str) -> Any:
+        if self.python_guards:
+            return self.guard.compile(source, filename)
+        return compile(source, filename, "exec", dont_inherit=True)
 
     # ------------------------------------------------------------------ running code
 
@@ -240,42 +368,49 @@ class Runner:
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
         if self.stateless:
             self.namespace = self.fresh_namespace()
+        self.restore_trusted_names()
         self.final, self.has_final = None, False
         with self.system.trusted():
             for capture in (self.stdout, self.stderr):
                 capture.attach()
-                capture.clear()
+            self.drain.restart(self.output_limit)
             before = _snapshot(self.workdir)
         error: dict[str, Any] | None = None
         oom = False
         # The audit hook stays active from here on (see SystemGuard): describe() may run the code's
         # __str__, and its threads go on after the reply.
-        self.system.active = True
+        self.system.active = self.python_guards
         try:
             with self.system.trusted():
-                code = self.guard.compile(source, filename)
+                code = self.compile(source, filename)
                 os.chdir(self.workdir)
             exec(code, self.namespace)
         except FinalAnswerSignal:
             pass
         except BaseException as exc:  # everything the code raises becomes the result's error
             oom = isinstance(exc, MemoryError)
-            error = self.describe(exc, filename)
+            error = bounds.bound_error(self.describe(exc, filename))
         _flush_streams()
         if self.channel.forked_child:
             os._exit(1 if error else 0)  # a fork of the code finished its copy of the snippet
-        stdout, cut_out = self.stdout.collect(self.output_limit)
-        stderr, cut_err = self.stderr.collect(self.output_limit)
+        (stdout, stdout_omitted), (stderr, stderr_omitted) = self.drain.collect()
+        artifacts, artifacts_omitted = bounds.bound_artifacts(_changed_files(before, self._snapshot_trusted()))
+        final, final_omitted = self.final, 0
+        if self.has_final and isinstance(final, str):
+            final, final_omitted = bounds.clip(final, self.output_limit)
         return {
             "op": "reply",
             "stdout": stdout,
             "stderr": stderr,
-            "truncated": cut_out or cut_err,
+            "stdout_omitted": stdout_omitted,
+            "stderr_omitted": stderr_omitted,
+            "truncated": bool(stdout_omitted or stderr_omitted or final_omitted or artifacts_omitted),
             "error": error,
             "oom": oom,
-            "final_answer": self.final,
+            "final_answer": final,
             "has_final_answer": self.has_final,
-            "artifacts": _changed_files(before, self._snapshot_trusted()),
+            "artifacts": artifacts,
+            "artifacts_omitted": artifacts_omitted,
         }
 
     def _snapshot_trusted(self) -> dict[str, tuple[int, int]]:
@@ -289,7 +424,7 @@ class Runner:
         try:  # str() and repr() may be the code's own methods: they can raise
             message = str(exc)
             if isinstance(exc, SystemExit):
-                message = f"the code called exit({exc.code!r}); the session goes on"
+                message = f"the code called exit({bounds.clipped(repr(exc.code), 200)}); the session goes on"
             elif isinstance(exc, KeyboardInterrupt):
                 message = "KeyboardInterrupt raised by the code; the session goes on"
         except BaseException:
@@ -305,7 +440,7 @@ class Runner:
             line = frames[-1].lineno if frames else getattr(exc, "lineno", None)
         except BaseException:  # a hostile __str__ or __repr__ must not break the runner
             text, line = f"{kind}: <unprintable exception>\n", None
-        return {"type": kind, "message": message, "traceback": text, "line": line}
+        return {"type": kind, "message": message, "traceback": text, "line": line if isinstance(line, int) else None}
 
     # ------------------------------------------------------------------ what the code can call
 
@@ -314,11 +449,22 @@ class Runner:
             return builtins.__import__(name, None, None, fromlist, 0)
 
     def final_answer(self, value: Any = None) -> None:
-        """End this run and hand `value` to the caller as the final answer."""
+        """End this run and hand `value` to the caller as the final answer.
+
+        A value that is not JSON becomes its `str()`; one whose JSON is longer than the output limit
+        becomes that JSON text, cut to head and tail (the result then says `truncated`)."""
         try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            value = str(value)
+            size = len(json.dumps(value, ensure_ascii=False))
+        except (TypeError, ValueError, RecursionError):
+            try:
+                value = str(value)
+            except Exception:
+                value = f"<unprintable final answer of type {bounds.clipped(type(value).__name__, 200)}>"
+            size = 0
+        if isinstance(value, str):
+            value = str.__str__(value)  # an exact str: a subclass could lie about its length
+        elif size > self.output_limit:
+            value = json.dumps(value, ensure_ascii=False)
         self.final, self.has_final = value, True
         raise FinalAnswerSignal
 
@@ -326,10 +472,12 @@ class Runner:
         def call_tool(*args: Any, **kwargs: Any) -> Any:
             self.tool_call_id += 1
             call_id = self.tool_call_id
+            message = {"op": "tool_call", "id": call_id, "name": name, "args": args, "kwargs": kwargs}
             try:
-                self.channel.send({"op": "tool_call", "id": call_id, "name": name, "args": args, "kwargs": kwargs})
-            except (TypeError, ValueError) as exc:
-                raise TypeError(f"arguments of tool {name!r} must be JSON values: {exc}") from None
+                self.channel.send(message, limit=bounds.TOOL_MESSAGE_LIMIT)
+            except (TypeError, ValueError, RecursionError) as exc:
+                raise TypeError(f"arguments of tool {name!r} must be JSON values of at most "
+                                f"{bounds.TOOL_MESSAGE_LIMIT:,} bytes: {exc}") from None  # fmt: skip
             reply = self.channel.receive()
             if reply is None:
                 raise SystemExit(0)
