@@ -25,9 +25,9 @@ from .agent import OnStep, ToolCallingMode
 from .errors import ConfigurationError, ResponseParseError
 from .models import AgentResponse, ChatMessage, CodeActChatMessage, StepRecord
 from .observer import Observer
-from .parsing import parse_codeact_reply
+from .parsing import CODEACT_FORMAT, parse_codeact_reply
 from .prompts import render_template
-from .react import ReActAgent
+from .react import ReActAgent, raw_reply_text
 from .text import cap_text, neutralize_control
 from .tools import Tool
 from .tracing import TracingType
@@ -213,7 +213,11 @@ class CodeActAgent(ReActAgent):
         return parse_codeact_reply(text)
 
     def parse_reply(self, text: str) -> ChatMessage:
+        """A reply in any accepted form (see `kodeagent.parsing`), or `ResponseParseError` saying why not."""
         return parse_codeact_reply(text)
+
+    def expected_format(self) -> str:
+        return CODEACT_FORMAT
 
     def _check_run_arguments(
         self,
@@ -309,6 +313,7 @@ class CodeActAgent(ReActAgent):
         started = time.perf_counter()
         record = StepRecord(index=iteration)
         reply = await self._request_step()
+        record.raw_reply = raw_reply_text(reply)
         text = reply.content or ""
         self.add_to_history({"role": "assistant", "content": text})
         try:

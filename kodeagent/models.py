@@ -146,6 +146,11 @@ class StepRecord(BaseModel):
     """What one step did: passed to `on_step` and carried in the step response's metadata."""
 
     index: int
+    raw_reply: str | None = Field(
+        None,
+        description="What the model said, verbatim (native tool calls included as JSON), so that a "
+        "step the agent could not use still shows why.",
+    )
     thought: str = ""
     action: str | None = None
     code: str | None = None

@@ -139,8 +139,9 @@ The final answer must be a JSON object that validates against this JSON schema:
 """
 
 FORMAT_ERROR = """\
-Observation: your last reply could not be used: {error}
-Reply again with one JSON object in the format described in the system message."""
+Observation: your last reply could not be used: {error}.
+Reply again with one JSON object, in this format:
+{expected}"""
 
 RESPONSE_MODEL_ERROR = """\
 Observation: the final answer does not match the required format: {error}

@@ -29,13 +29,21 @@ from .errors import KodeAgentError, ResponseParseError, ToolArgumentError
 from .llm import supports
 from .models import AgentResponse, ChatMessage, ReActChatMessage, StepRecord, Task, ToolCallRecord
 from .observer import Observer
-from .parsing import parse_react_reply, parse_react_text
+from .parsing import REACT_FORMAT, parse_react_reply, parse_react_text
 from .prompts import render_template
 from .text import cap_text, neutralize_control
 from .tools import Tool, to_jsonable
 from .tracing import TracingType
 
 Mode = Literal["native", "json", "text"]
+
+
+def raw_reply_text(reply: Any) -> str:
+    """The model's reply verbatim: its text, and its native tool calls as JSON after it."""
+    text = reply.content or ""
+    if reply.tool_calls:
+        text += ("\n" if text else "") + json.dumps(reply.tool_calls, ensure_ascii=False)
+    return text
 
 
 class _Outcome:
@@ -142,8 +150,13 @@ class ReActAgent(Agent):
         return parse_react_text(text)
 
     def parse_reply(self, text: str) -> ChatMessage:
-        """A reply in any accepted form: JSON (bare, fenced, embedded, slightly broken), then prose."""
-        return parse_react_reply(text)
+        """A reply in any accepted form (see `kodeagent.parsing`); the run's tools are checked by name
+        and required arguments. Raises `ResponseParseError` naming the problem."""
+        return parse_react_reply(text, self._run_tools)
+
+    def expected_format(self) -> str:
+        """The reply format shown to the model when its reply could not be used."""
+        return REACT_FORMAT
 
     # ------------------------------------------------------------------ run
 
@@ -414,6 +427,7 @@ class ReActAgent(Agent):
         started = time.perf_counter()
         record = StepRecord(index=iteration)
         reply = await self._request_step()
+        record.raw_reply = raw_reply_text(reply)
         if self._mode == "native" and reply.tool_calls:
             self.add_to_history(
                 {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls}
@@ -469,7 +483,9 @@ class ReActAgent(Agent):
         self, record: StepRecord, problem: str, started: float
     ) -> AsyncIterator[AgentResponse]:
         record.error = f"unusable reply: {problem}"
-        record.observation = prompts.FORMAT_ERROR.format(error=problem)
+        record.observation = prompts.FORMAT_ERROR.format(
+            error=problem.rstrip("."), expected=self.expected_format()
+        )
         self.add_to_history({"role": "user", "content": record.observation})
         record.duration = time.perf_counter() - started
         yield self.response(

@@ -22,7 +22,7 @@ def test_react_shapes() -> None:
     failed = parse_react_reply('{"action": "FINISH", "final_answer": "no", "task_successful": false}')
     assert failed.is_final and not failed.task_successful
     prose = parse_react_reply('Thought: look it up\nAction: `search`\nAction Input: {"q": "x"}')
-    assert prose.action == "search" and prose.args == '{"q": "x"}'
+    assert prose.action == "search" and prose.args == {"q": "x"}
     answer = parse_react_reply("Thought: I know.\nFinal Answer: Paris")
     assert answer.is_final and answer.final_answer == "Paris"
 
@@ -38,8 +38,8 @@ def test_codeact_shapes() -> None:
     assert unterminated.code == "print(3)"
     final = parse_codeact_reply("Thought: done\nFinal Answer: 7\nSuccessful: no")
     assert final.is_final and final.final_answer == "7" and not final.task_successful
-    both = parse_codeact_reply('{"thought": "t", "code": "print(1)", "final_answer": "x"}')
-    assert not both.is_final  # code wins: the answer comes after the code has run
+    with pytest.raises(ResponseParseError, match="both runs code and gives a final answer"):
+        parse_codeact_reply('{"thought": "t", "code": "print(1)", "final_answer": "x"}')
 
 
 @pytest.mark.parametrize("text", ["", "I think the answer might be something.", "```\n\n```"])
