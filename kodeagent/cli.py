@@ -40,6 +40,7 @@ BENCHMARKS = {
     "latency": "warm run, session open and cold start of every backend, beside their baselines",
     "security": "the attack corpus (by class) and benign snippets against every available backend",
     "agent": "CodeAct and ReAct on HumanEval-as-agent tasks and multi-tool tasks with a real model",
+    "replies": "the agents' reply parser on a corpus of messy model replies: read, refused or misread",
 }
 
 

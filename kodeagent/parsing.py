@@ -274,6 +274,10 @@ class _Search:
     broken: list[_Broken] = field(default_factory=list)
 
 
+_STEP_KEYS = {"thought", "thoughts", "code", "action", "args", "final_answer", "name", "tool"}
+"""First keys that mark an object as the model's step: one that fails to decode is refused, not skipped."""
+
+
 def _find_objects(text: str, relevant: set[str], *, limit: int = 60) -> _Search:
     """The first object whose (normalised) keys meet `relevant`; also objects that look meant but are broken."""
     search = _Search()
@@ -308,7 +312,7 @@ def _find_objects(text: str, relevant: set[str], *, limit: int = 60) -> _Search:
             continue
         end = _scan_object(text, index)
         hint = key_hint.match(text, index)
-        looks_meant = bool(hint and _snake(hint.group(1)) in relevant)
+        looks_meant = bool(hint and _snake(hint.group(1)) in relevant | _STEP_KEYS)
         if end is None:
             if looks_meant:
                 search.broken.append(_Broken(index, True, "the object is never closed"))
@@ -377,7 +381,18 @@ def _code_blocks(text: str) -> _Blocks:
     """Python fences and code tags, in order, with the spans they cover; output fences counted apart."""
     blocks = _Blocks()
     found: list[tuple[int, int, str]] = []
+    for tag in _CODE_TAGS:
+        for match in re.finditer(rf"<{tag}>(.*?)(?:</{tag}>|\Z)", text, re.S | re.I):
+            if any(s <= match.start() < e for s, e in blocks.spans):
+                continue
+            body = _unfence(match.group(1))
+            if body.strip():
+                found.append((match.start(), match.end(), body))
+            blocks.spans.append((match.start(), match.end()))
+    tag_spans = list(blocks.spans)
     for match in _FENCE.finditer(text):
+        if any(s <= match.start() < e for s, e in tag_spans):
+            continue  # a fence inside a code tag: the tag already holds it
         lang = match.group(1).lower()
         if lang in _CODE_LANGS:
             if lang == "" and match.group(2).lstrip().startswith("{"):
@@ -389,14 +404,6 @@ def _code_blocks(text: str) -> _Blocks:
             blocks.outputs += 1
             blocks.spans.append((match.start(), match.end()))
         elif lang not in ("json", "json5", "jsonc", "javascript", "js"):
-            blocks.spans.append((match.start(), match.end()))
-    for tag in _CODE_TAGS:
-        for match in re.finditer(rf"<{tag}>(.*?)(?:</{tag}>|\Z)", text, re.S | re.I):
-            if any(s <= match.start() < e for s, e in blocks.spans):
-                continue
-            body = _unfence(match.group(1))
-            if body.strip():
-                found.append((match.start(), match.end(), body))
             blocks.spans.append((match.start(), match.end()))
     for _, _, body in sorted(found, key=lambda item: item[0]):
         blocks.code.append(_dedent_block(body))

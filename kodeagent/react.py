@@ -158,6 +158,10 @@ class ReActAgent(Agent):
         """The reply format shown to the model when its reply could not be used."""
         return REACT_FORMAT
 
+    def format_error_observation(self, problem: str) -> str:
+        """What the model is told when its reply could not be used: the problem, and the format to use."""
+        return prompts.FORMAT_ERROR.format(error=problem.rstrip("."), expected=self.expected_format())
+
     # ------------------------------------------------------------------ run
 
     async def run(  # type: ignore[override]
@@ -483,9 +487,7 @@ class ReActAgent(Agent):
         self, record: StepRecord, problem: str, started: float
     ) -> AsyncIterator[AgentResponse]:
         record.error = f"unusable reply: {problem}"
-        record.observation = prompts.FORMAT_ERROR.format(
-            error=problem.rstrip("."), expected=self.expected_format()
-        )
+        record.observation = self.format_error_observation(problem)
         self.add_to_history({"role": "user", "content": record.observation})
         record.duration = time.perf_counter() - started
         yield self.response(

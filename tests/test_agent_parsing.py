@@ -48,3 +48,76 @@ def test_unusable_replies_raise(text: str) -> None:
         parse_codeact_reply(text)
     with pytest.raises(ResponseParseError):
         parse_react_reply(text)
+
+
+# ---------------------------------------------------------------------- the replies corpus, item by item
+
+from benchmarks.replies import judge, load_corpus, make_agents  # noqa: E402
+
+_CORPUS = load_corpus()
+_AGENTS = make_agents()
+
+
+def test_corpus_is_large_and_covers_both_outcomes() -> None:
+    assert len(_CORPUS) >= 100
+    assert {r.expect for r in _CORPUS} == {"read", "refuse"}
+    assert {r.agent for r in _CORPUS} == {"codeact", "react"}
+
+
+@pytest.mark.parametrize("reply", _CORPUS, ids=[f"{r.agent}:{r.name}" for r in _CORPUS])
+def test_corpus_reply_is_read_as_intended(reply) -> None:  # type: ignore[no-untyped-def]
+    verdict = judge(_AGENTS[reply.agent], reply)
+    assert verdict.outcome == "read as intended", verdict.detail
+
+
+def test_refusal_observation_names_problem_and_shows_the_format() -> None:
+    codeact, react = _AGENTS["codeact"], _AGENTS["react"]
+    with pytest.raises(ResponseParseError) as caught:
+        codeact.parse_reply('{"thought": "t", "code": "print(1)", "final_answer": "1"}')
+    observation = codeact.format_error_observation(str(caught.value))
+    assert "both runs code and gives a final answer" in observation
+    assert '{"thought": "...", "code": "<Python source>"}' in observation
+    with pytest.raises(ResponseParseError) as caught:
+        react.parse_reply('{"thought": "t", "action": "get_weather", "args": null}')
+    observation = react.format_error_observation(str(caught.value))
+    assert "missing required argument(s) city" in observation
+    assert '"action": "get_weather", "args": {"city": ...}' in observation
+
+
+def test_code_inside_reasoning_never_runs() -> None:
+    reply = '<think>```python\nimport os\nos.remove("/etc/passwd")\n```</think>\nFinal Answer: no code needed'
+    message = parse_codeact_reply(reply)
+    assert message.is_final and message.code is None and message.final_answer == "no code needed"
+    with pytest.raises(ResponseParseError, match="reasoning"):
+        parse_codeact_reply('<think>```python\nprint("only thinking")\n```')
+
+
+def test_overescaped_code_is_unescaped_only_when_that_makes_it_valid() -> None:
+    broken = parse_codeact_reply('{"thought": "t", "code": "a = 1\\\\nprint(a)"}')
+    assert broken.code == "a = 1\nprint(a)"
+    kept = parse_codeact_reply('{"thought": "t", "code": "print(\'x\\\\ny\')"}')
+    assert kept.code == "print('x\\ny')"  # valid Python with a literal \n escape: left exactly as sent
+    genuine_error = parse_codeact_reply('{"thought": "t", "code": "print(1\\\\n"}')
+    assert genuine_error.code == "print(1\\n"  # neither form compiles: the sandbox reports the real error
+
+
+def test_python_fence_dict_with_step_keys_is_code_not_a_reply() -> None:
+    message = parse_codeact_reply('```python\nstep = {"code": "rm", "final_answer": 1}\nprint(step)\n```')
+    assert message.code == 'step = {"code": "rm", "final_answer": 1}\nprint(step)' and not message.is_final
+
+
+def test_bench_replies_command_reports_no_misread(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "replies.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kodeagent.cli", "bench", "replies", "--json", "--output", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["totals"]["misread"] == 0 and result["n"] >= 100
+    assert result["must_read_read"] == result["must_read"]
+    assert json.loads(out.read_text())["n"] == result["n"]
