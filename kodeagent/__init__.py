@@ -17,6 +17,7 @@ a CodeAct run opens it.
 from .agent import Agent, select_tools, validate_openai_history
 from .codeact import CodeActAgent, format_observation
 from .errors import (
+    AgentBusyError,
     ConfigurationError,
     KodeAgentError,
     LLMError,
@@ -50,6 +51,7 @@ from .usage import UsageTracker
 
 __all__ = [
     "Agent",
+    "AgentBusyError",
     "AgentResponse",
     "ChatMessage",
     "CodeActAgent",

@@ -13,6 +13,7 @@ what a step does. Design choices that hold for all agents:
 from __future__ import annotations
 
 import base64
+import copy
 import fnmatch
 import json
 import keyword
@@ -21,7 +22,7 @@ import os
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ValidationError
 
@@ -35,7 +36,7 @@ from .planner import Planner
 from .text import truncate
 from .tools import Tool, as_tool
 from .tracing import AbstractObservation, AbstractTracerManager, TracingType, make_tracer_manager
-from .usage import UsageTracker
+from .usage import CALLER_USAGE, UsageTracker
 
 OnStep = Callable[[StepRecord], Any] | Callable[[StepRecord], Awaitable[Any]]
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
@@ -199,6 +200,11 @@ class Agent(ABC):
                     max_retries=max_retries)
             if use_planner else None
         )  # fmt: skip
+        self._is_visual: bool | None = None
+        self._reset_state()
+
+    def _reset_state(self) -> None:
+        """Give this agent fresh per-run state (history, steps, usage): at construction and in `clone()`."""
         self.chat_history: list[dict[str, Any]] = []
         self.msg_idx_of_new_task = 0
         self.task: Task | None = None
@@ -208,7 +214,28 @@ class Agent(ABC):
         self._run_tools: dict[str, Tool] = select_tools(self.tools, self.allowed_tools)
         self._response_model: type[BaseModel] | None = None
         self._inputs: dict[str, Any] = {}
-        self._is_visual: bool | None = None
+        self.current_trace = None
+
+    def clone(self) -> Self:
+        """A new agent with this one's configuration and none of its state.
+
+        An agent runs one task at a time (a second concurrent `run()` raises `AgentBusyError`); to run
+        tasks in parallel, give each its own clone. Tools, model and options are shared (tools are
+        stateless); history, steps, usage, observer and planner state, and the sandbox are not.
+        """
+        twin = copy.copy(self)
+        twin.id = uuid.uuid4()
+        twin.tools = list(self.tools)
+        twin.litellm_params = dict(self.litellm_params)
+        twin.usage_tracker = UsageTracker()
+        twin.observer = copy.copy(self.observer)
+        twin.observer.reset()
+        if self.planner is not None:
+            twin.planner = copy.copy(self.planner)
+            twin.planner.usage_tracker = twin.usage_tracker
+            twin.planner.plan = None
+        twin._reset_state()
+        return twin
 
     # ------------------------------------------------------------------ tools
 
@@ -246,16 +273,25 @@ class Agent(ABC):
         """This agent as a tool another agent can call: ``task`` in, the final answer out.
 
         The tool's description is the agent's `purpose`, so the calling model knows what it can ask.
-        A run that ends without an answer raises, which the caller sees as a failed tool call.
+        Each call runs on a fresh `clone()` of this agent, so parallel calls (a manager's concurrent
+        tool calls) never share a conversation; when the call ends, its model usage is added to the
+        calling agent's usage under ``"<tool name>.<component>"``. A run that ends without an answer
+        raises, which the caller sees as a failed tool call.
         """
         agent = self
         tool_name = name or self.name or f"{type(self).__name__.lower()}_helper"
 
         async def delegate(task: str) -> Any:
+            worker = agent.clone()
+            caller = CALLER_USAGE.get()
             final = None
-            async for response in agent.run(task):
-                if response.type == "final":
-                    final = response
+            try:
+                async for response in worker.run(task):
+                    if response.type == "final":
+                        final = response
+            finally:
+                if caller is not None and caller is not worker.usage_tracker:
+                    caller.add_from(worker.usage_tracker, tool_name)
             if final is None or not final.metadata.get("final_answer_found", False):
                 raise RuntimeError(f"the {tool_name} agent did not finish: {final.value if final else ''}")
             value = final.value

@@ -31,6 +31,7 @@ from .react import ReActAgent, raw_reply_text
 from .text import cap_text, neutralize_control
 from .tools import Tool
 from .tracing import TracingType
+from .usage import CALLER_USAGE
 
 RunEnv = Literal["host", "docker", "e2b"]
 
@@ -174,6 +175,11 @@ class CodeActAgent(ReActAgent):
         self._executor: Any = None
         self._executor_token: object | None = None
 
+    def _reset_state(self) -> None:
+        super()._reset_state()
+        self._executor = None
+        self._executor_token = None
+
     # ------------------------------------------------------------------ prompts and parsing
 
     def reply_mode(self) -> Any:
@@ -261,7 +267,7 @@ class CodeActAgent(ReActAgent):
         options: dict[str, Any] = {
             "timeout": self.timeout,
             "env": self.env_vars_to_set or {},
-            "tools": {name: tool.call_from_sandbox for name, tool in self._run_tools.items()},
+            "tools": {name: self._sandbox_tool(tool) for name, tool in self._run_tools.items()},
         }
         if "policy" not in self.executor_options:
             options["policy"] = Policy(allowed_imports=tuple(self._imports()))
@@ -269,6 +275,19 @@ class CodeActAgent(ReActAgent):
             options["pip_packages"] = split_packages(self.pip_packages)
         options.update(self.executor_options)
         return open_executor(self.run_env, **options)
+
+    def _sandbox_tool(self, tool: Tool) -> Callable[..., Any]:
+        """What the sandbox's code calls: the tool, with this agent as the caller whose usage it adds to."""
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            caller = CALLER_USAGE.set(self.usage_tracker)
+            try:
+                return await tool.call_from_sandbox(*args, **kwargs)
+            finally:
+                CALLER_USAGE.reset(caller)
+
+        call.__name__ = tool.name
+        return call
 
     async def pre_run(self) -> AsyncIterator[AgentResponse]:
         """Open the sandbox session, copy the task's files in, and define `inputs` as variables."""

@@ -16,6 +16,14 @@ class ConfigurationError(KodeAgentError, ValueError):
     """An agent or tool was constructed with arguments that cannot work."""
 
 
+class AgentBusyError(KodeAgentError, RuntimeError):
+    """`run()` was called on an agent that is already running a task in another asyncio task.
+
+    An agent instance holds one conversation (its history, steps, sandbox and usage belong to the run in
+    progress), so a second concurrent run would mix the two. Run parallel tasks on `agent.clone()`s.
+    """
+
+
 class ToolError(KodeAgentError):
     """Base class for tool problems."""
 

@@ -14,6 +14,7 @@ answer, with the executor and traces released in a ``finally``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
@@ -25,7 +26,7 @@ from pydantic import BaseModel
 
 from . import prompts
 from .agent import Agent, OnStep, ToolCallingMode, select_tools, validate_openai_history
-from .errors import KodeAgentError, ResponseParseError, ToolArgumentError
+from .errors import AgentBusyError, KodeAgentError, ResponseParseError, ToolArgumentError
 from .llm import supports
 from .models import AgentResponse, ChatMessage, ReActChatMessage, StepRecord, Task, ToolCallRecord
 from .observer import Observer
@@ -34,8 +35,17 @@ from .prompts import render_template
 from .text import cap_text, neutralize_control
 from .tools import Tool, to_jsonable
 from .tracing import TracingType
+from .usage import CALLER_USAGE
 
 Mode = Literal["native", "json", "text"]
+
+
+def _current_task() -> Any:
+    """The asyncio task running this code (None outside asyncio): who owns a run in progress."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 def raw_reply_text(reply: Any) -> str:
@@ -111,6 +121,14 @@ class ReActAgent(Agent):
         self._final: AgentResponse | None = None
         self._trouble = False
         self._run_token: object | None = None
+
+    def _reset_state(self) -> None:
+        super()._reset_state()
+        self._mode = "text"
+        self._final = None
+        self._trouble = False
+        self._run_token = None
+        self._owner: Any = None
 
     # ------------------------------------------------------------------ modes and prompts
 
@@ -204,8 +222,17 @@ class ReActAgent(Agent):
         self._check_run_arguments(
             task, files, max_iterations, recurrent_mode, chat_history, history, inputs, response_model
         )
-        # An agent holds one conversation at a time. A new run supersedes one that was abandoned
-        # unfinished; the token lets each run release only what it opened itself.
+        # An agent holds one conversation at a time. A run started while another asyncio task is still
+        # running one is refused (it would share history, steps and sandbox); a new run in the same task
+        # supersedes one that was abandoned unfinished, and the token lets each run release only what it
+        # opened itself.
+        owner = _current_task()
+        if self._owner is not None and self._owner is not owner and not self._owner.done():
+            raise AgentBusyError(
+                f"this {type(self).__name__} is already running a task in another asyncio task; an agent "
+                "runs one task at a time. Run parallel tasks on agent.clone() (or separate agents)."
+            )
+        self._owner = owner
         token = object()
         self._run_token = token
         previous = self.task
@@ -226,6 +253,8 @@ class ReActAgent(Agent):
                         yield item
             completed = True
         finally:
+            if self._run_token is token:
+                self._owner = None
             await self._release_resources(token)
             if self.current_trace is not None:
                 self.current_trace.end(
@@ -541,12 +570,15 @@ class ReActAgent(Agent):
                 available = ", ".join(sorted(self._run_tools)) or "none"
                 record.error = f"there is no tool named {record.name!r}; the tools are: {available}"
             else:
+                caller = CALLER_USAGE.set(self.usage_tracker)
                 try:
                     record.result = to_jsonable(await tool.ainvoke(arguments))
                 except ToolArgumentError as exc:
                     record.error = str(exc)
                 except Exception as exc:  # the tool's failure is the model's observation
                     record.error = f"{type(exc).__name__}: {exc}"
+                finally:
+                    CALLER_USAGE.reset(caller)
             record.duration = time.perf_counter() - started
 
         async with anyio.create_task_group() as group:

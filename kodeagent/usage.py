@@ -6,9 +6,14 @@ to what the provider will bill, whichever part of the agent asked.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from .models import UsageRecord
+
+CALLER_USAGE: ContextVar[UsageTracker | None] = ContextVar("kodeagent_caller_usage", default=None)
+"""The usage tracker of the agent whose tool call is running: an `as_tool()` sub-agent adds its usage
+there when it finishes, so a manager's report covers the model calls its helpers made."""
 
 
 class UsageTracker:
@@ -19,6 +24,11 @@ class UsageTracker:
 
     def add(self, record: UsageRecord) -> None:
         self.records.append(record)
+
+    def add_from(self, other: UsageTracker, prefix: str) -> None:
+        """Add another tracker's records with their component prefixed (``"helper.agent"``)."""
+        for record in list(other.records):
+            self.add(record.model_copy(update={"component": f"{prefix}.{record.component}"}))
 
     def reset(self) -> None:
         self.records.clear()

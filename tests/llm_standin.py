@@ -18,6 +18,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -65,6 +66,7 @@ class Reply:
     delay: float = 0.0
     usage: tuple[int, int] | None = None
     raw: str | None = None
+    respond: Callable[[dict[str, Any]], Reply] | None = None
 
 
 def reply(
@@ -79,6 +81,17 @@ def reply(
 
 def error(status: int = 500, message: str = "internal error") -> Reply:
     return Reply(status=status, content=message)
+
+
+def dynamic(respond: Callable[[dict[str, Any]], Reply | str]) -> Reply:
+    """A reply computed from the request body (e.g. from the task in its messages): for concurrent runs,
+    whose requests reach the server in no fixed order."""
+
+    def make(body: dict[str, Any]) -> Reply:
+        r = respond(body)
+        return reply(r) if isinstance(r, str) else r
+
+    return Reply(respond=make)
 
 
 def garbled(body: str = '{"choices": [{"message": ') -> Reply:
@@ -271,6 +284,8 @@ class StandinLLM:
                         500, {"error": {"message": "stand-in script exhausted", "type": "server_error"}}
                     )
                     return
+                if r.respond is not None:
+                    r = r.respond(body)
                 if r.delay:
                     time.sleep(r.delay)
                 if r.status != 200:
