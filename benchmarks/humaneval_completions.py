@@ -144,6 +144,7 @@ FEATURES: dict[str, Feature] = {
     "environ-omp": lambda rng: ("", "import os\nassert os.environ['OMP_NUM_THREADS'] == '1'\n"),
     "main-guard": lambda rng: ("", "if __name__ == '__main__':\n    exit()\n"),
     "toplevel-test": lambda rng: ("", "print('self-test')\n"),
+    "site-builtins": lambda rng: ("", "print(copyright, credits, license)\n"),
     "threads": lambda rng: (
         "",
         "import threading\n_t = threading.Thread(target=lambda: None)\n_t.start()\n_t.join()\n",
@@ -216,7 +217,7 @@ WEIGHTS: dict[str, float] = {
     "stderr-print": 2, "stderr-write": 1, "stderr-fd": 1, "warnings": 1, "logging": 1, "debug-print": 2,
     "print-megabytes": 2.5, "print-megabytes-lines": 1, "stdout-write-megabytes": 1, "fd-megabytes": 0.5,
     "setrecursionlimit": 1.5, "recursion-deep-ok": 1, "tempfile": 1.5, "cwd-file": 1, "mkdtemp": 1,
-    "environ": 1.5, "environ-omp": 0.5, "main-guard": 1.5, "toplevel-test": 1.5, "threads": 0.5,
+    "environ": 1.5, "environ-omp": 0.5, "main-guard": 1.5, "toplevel-test": 1.5, "site-builtins": 0.5, "threads": 0.5,
     "raise-value-error": 1.5, "zero-division": 1, "not-implemented": 1, "assert-false": 0.5, "key-error": 0.5,
     "name-error": 1, "huge-message": 0.5, "str-raises": 0.5, "str-not-text": 0.3, "syntax-error": 1,
     "keyboard-interrupt": 0.3, "exit": 0.8, "quit": 0.5, "sys-exit": 0.8, "sys-exit-toplevel": 0.5,

