@@ -257,7 +257,8 @@ async def test_many_sessions_share_one_event_loop_without_cross_talk():
 async def test_messages_larger_than_one_stdin_chunk_cross_intact():
     # A tool result of 3 MB travels as several SendInput calls; its reply is many output chunks.
     blob = "é" * 1_500_000
-    async with make_executor(timeout=30, tools={"blob": lambda: blob}) as ex:
+    # (An output limit above the answer's size: a longer final answer would come back cut.)
+    async with make_executor(timeout=30, output_limit=2_000_000, tools={"blob": lambda: blob}) as ex:
         result = await ex.run("value = blob()\nprint(len(value), value[:3], value[-3:])\nfinal_answer(value)")
     assert result.ok, result.error
     assert result.stdout == "1500000 ééé ééé\n"
