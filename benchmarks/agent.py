@@ -382,7 +382,7 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "success_rate": sum(r["passed"] for r in group) / len(group),
             "mean_steps": sum(r["steps"] for r in group) / len(group),
             "tokens": sum(r["tokens"] for r in group),
-            "cost": sum(r["cost"] for r in group),
+            "cost": None if any(r["cost"] is None for r in group) else sum(r["cost"] for r in group),
             "wall_seconds": sum(r["seconds"] for r in group),
             "per_task": summarize([r["seconds"] for r in group]),
         })  # fmt: skip
@@ -391,7 +391,7 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def report(console: Console, result: dict[str, Any]) -> None:
     rows = [[f"{s['agent']} / {s['task_set']}", f"{s['passed']}/{s['tasks']}", f"{s['success_rate']:.0%}",
-             f"{s['mean_steps']:.1f}", f"{s['tokens']:,}", f"${s['cost']:.4f}", f"{s['wall_seconds']:.1f} s"]
+             f"{s['mean_steps']:.1f}", f"{s['tokens']:,}", "unknown" if s["cost"] is None else f"${s['cost']:.4f}", f"{s['wall_seconds']:.1f} s"]
             for s in result["summary"]]  # fmt: skip
     print_table(console, f"Agents on {result['model']} (code runs on {result['backend']})",
                 ["agent / tasks", "passed", "success", "steps", "tokens", "cost", "wall time"], rows)  # fmt: skip

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 
 from . import prompts
 from .errors import ConfigurationError
-from .llm import LLMReply, call_llm, supports
+from .llm import LLMReply, call_llm, check_litellm_params, supports
 from .models import AgentResponse, ChatMessage, ResponseType, StepRecord, Task
 from .observer import Observer
 from .parsing import extract_json_object
@@ -130,6 +130,8 @@ class Agent(ABC):
             described to the model nor callable. None allows all, [] allows none.
         on_step: called (sync or async) with each step's `StepRecord` once the step is done.
         use_planner: make a plan before the first step and revise it as the run goes.
+        planning_interval: revise the plan after every this many steps (default 3; also on trouble).
+            Setting it turns the planner on.
         observer: a configured `Observer` (e.g. with a `model_name` for advice); rules-only by default.
 
     Attributes set after construction:
@@ -161,12 +163,15 @@ class Agent(ABC):
         allowed_tools: Sequence[str] | None = None,
         on_step: OnStep | None = None,
         use_planner: bool = False,
+        planning_interval: int | None = None,
         observer: Observer | None = None,
     ) -> None:
         if not model_name or not isinstance(model_name, str):
             raise ConfigurationError("model_name must be a non-empty litellm model string")
         if max_iterations < 1:
             raise ConfigurationError(f"max_iterations must be at least 1, got {max_iterations}")
+        if planning_interval is not None and planning_interval < 1:
+            raise ConfigurationError(f"planning_interval must be at least 1 step, got {planning_interval}")
         if max_retries < 0:
             raise ConfigurationError(f"max_retries cannot be negative, got {max_retries}")
         self.id: uuid.UUID = uuid.uuid4()
@@ -178,6 +183,7 @@ class Agent(ABC):
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ConfigurationError(f"two tools share the name(s) {duplicates}; tool names must be unique")
+        check_litellm_params(litellm_params)
         self.litellm_params: dict[str, Any] = dict(litellm_params or {})
         self.persona = persona
         self.system_prompt = system_prompt
@@ -197,8 +203,8 @@ class Agent(ABC):
         self.observer = observer if observer is not None else Observer()
         self.planner: Planner | None = (
             Planner(model_name, litellm_params=self.litellm_params, usage_tracker=self.usage_tracker,
-                    max_retries=max_retries)
-            if use_planner else None
+                    max_retries=max_retries, update_every=planning_interval or 3)
+            if use_planner or planning_interval is not None else None
         )  # fmt: skip
         self._is_visual: bool | None = None
         self._reset_state()
@@ -508,6 +514,37 @@ class Agent(ABC):
         return
         yield  # pragma: no cover
 
+    async def _notify_plan(self, plan: str, index: int) -> None:
+        """Let `on_step` see a plan (or a revised plan) as a record of kind ``"plan"`` (not in `steps`)."""
+        if self.on_step is not None:
+            result = self.on_step(StepRecord(index=index, kind="plan", thought=plan))
+            if hasattr(result, "__await__"):
+                await result
+
+    async def arun(self, task: str, **options: Any) -> AgentResponse:
+        """Run `task` to the end and return the final response, for callers who do not iterate.
+
+        ``(await agent.arun(task)).value`` is the answer; its ``metadata`` holds ``task_successful``,
+        ``steps`` and ``usage``. `options` are those of `run()`.
+        """
+        final: AgentResponse | None = None
+        async for response in self.run(task, **options):
+            if response.type == "final":
+                final = response
+        assert final is not None  # run() always ends with a final response
+        return final
+
+    def run_sync(self, task: str, **options: Any) -> AgentResponse:
+        """The blocking twin of `arun()`, for scripts and notebooks without an event loop."""
+        import anyio
+        import sniffio
+
+        try:
+            sniffio.current_async_library()
+        except sniffio.AsyncLibraryNotFoundError:
+            return anyio.run(lambda: self.arun(task, **options))
+        raise ConfigurationError("run_sync() cannot be called from async code; use `await agent.arun(task)`")
+
     async def _notify_step(self, record: StepRecord) -> None:
         self.steps.append(record)
         if self.on_step is not None:
@@ -570,6 +607,8 @@ class Agent(ABC):
             parts.append(prompts.RECURRENT_NOTE.format(
                 previous_task=previous.description, previous_result=self.normalize_content(previous.result)))  # fmt: skip
         parts.append(prompts.TASK_TEMPLATE.format(task=task.strip()))
+        if self.msg_idx_of_new_task > 1 and self._continuation_note():
+            parts.append(self._continuation_note())
         if self._inputs:
             rendered = "\n".join(
                 f"- {k} = {truncate(json.dumps(v, ensure_ascii=False), 2000)}"
@@ -584,6 +623,10 @@ class Agent(ABC):
         return "\n".join(parts)
 
     def _inputs_suffix(self) -> str:
+        return ""
+
+    def _continuation_note(self) -> str:
+        """Said with the task when the run continues an earlier conversation (none by default)."""
         return ""
 
     def _file_labels(self) -> list[str]:

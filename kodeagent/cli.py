@@ -169,7 +169,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     litellm_params: dict[str, Any] = {}
     if args.api_base:
         litellm_params["api_base"] = args.api_base
-    common: dict[str, Any] = {"litellm_params": litellm_params, "max_iterations": args.max_iterations}
+        if "/" not in args.model:
+            raise CommandError(
+                f"--model {args.model!r} names no provider, so litellm cannot tell how to talk to "
+                f"{args.api_base}; for an OpenAI-compatible server (llama.cpp, vLLM, Ollama's /v1) write "
+                f"--model openai/{args.model}",
+                EXIT_USAGE,
+            )
+    if args.api_key:
+        litellm_params["api_key"] = args.api_key
+    common: dict[str, Any] = {"litellm_params": litellm_params, "max_iterations": args.max_iterations,
+                              "structured_output": args.structured_output}  # fmt: skip
     try:
         if args.agent == "codeact":
             imports = _module_patterns(args.allow_import)
@@ -430,7 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--timeout", type=int, default=30, help="seconds per code run (default 30)")
     run.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
                      help="extra module (pattern) the code may import, besides the defaults; repeatable")  # fmt: skip
-    run.add_argument("--api-base", help="OpenAI-compatible endpoint (e.g. a local server)")
+    run.add_argument("--api-base", help="OpenAI-compatible endpoint (e.g. a local server; model openai/NAME)")
+    run.add_argument("--api-key", help="the provider's API key (default: its environment variable)")
+    run.add_argument("--structured-output", choices=("auto", "json_schema", "json_object", "off"), default="auto",
+                     help="constrain replies with a response format (default auto: when the model or server "
+                          "supports one, falling back to free text)")  # fmt: skip
     run.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE",
                      help="option of the sandbox backend, e.g. image=kodeagent-sandbox:datascience (repeatable)")  # fmt: skip
     run.add_argument("-v", "--verbose", action="store_true", help="also show log messages")

@@ -27,7 +27,7 @@ from .models import AgentResponse, ChatMessage, CodeActChatMessage, StepRecord
 from .observer import Observer
 from .parsing import CODEACT_FORMAT, parse_codeact_reply
 from .prompts import render_template
-from .react import ReActAgent, raw_reply_text
+from .react import ReActAgent, StructuredOutput, raw_reply_text
 from .text import cap_text, neutralize_control
 from .tools import Tool
 from .tracing import TracingType
@@ -129,8 +129,10 @@ class CodeActAgent(ReActAgent):
         allowed_tools: Sequence[str] | None = None,
         on_step: OnStep | None = None,
         use_planner: bool = False,
+        planning_interval: int | None = None,
         observer: Observer | None = None,
         tool_calling: ToolCallingMode = "auto",
+        structured_output: StructuredOutput = "auto",
         run_env: RunEnv = "host",
         allowed_imports: list[str] | None = None,
         pip_packages: str | None = None,
@@ -154,8 +156,10 @@ class CodeActAgent(ReActAgent):
             allowed_tools=allowed_tools,
             on_step=on_step,
             use_planner=use_planner,
+            planning_interval=planning_interval,
             observer=observer,
             tool_calling=tool_calling,
+            structured_output=structured_output,
         )
         if run_env not in ("host", "docker", "e2b"):
             raise ConfigurationError(f"run_env must be 'host', 'docker' or 'e2b', got {run_env!r}")
@@ -248,6 +252,10 @@ class CodeActAgent(ReActAgent):
 
     def _inputs_suffix(self) -> str:
         return "\n" + prompts.CODEACT_INPUTS_NOTE
+
+    def _continuation_note(self) -> str:
+        """The sandbox is opened per run: an earlier conversation's variables do not exist in it."""
+        return prompts.CODEACT_FRESH_SESSION_NOTE
 
     def _local_files(self) -> list[str]:
         return [f for f in (self.task.files if self.task else []) if os.path.isfile(f)]
@@ -364,7 +372,7 @@ class CodeActAgent(ReActAgent):
                 yield item
             return
         record.duration = time.perf_counter() - started
-        yield self.response("step", record, metadata={"step": iteration, "mode": self._mode})
+        yield self.response("step", record, metadata=self._step_metadata(iteration))
         await self._notify_step(record)
 
     async def _collect_artifacts(self, result: Any) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import time
 from functools import cache
 from types import ModuleType
@@ -17,7 +18,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, Field
 
-from .errors import LLMError, MissingDependency, RetryError
+from .errors import ConfigurationError, LLMError, MissingDependency, RetryError
 from .models import UsageRecord
 from .usage import UsageTracker
 
@@ -45,9 +46,31 @@ class LLMReply(BaseModel):
     usage: UsageRecord
 
 
+_AUTH_WORDS = re.compile(
+    r"missing credentials|api[_ ]?key|unauthori[sz]ed|invalid (?:x-)?api|authentication|permission denied",
+    re.I,
+)
+
+
+def is_auth_problem(exc: BaseException) -> bool:
+    """A missing or rejected credential (401/403, or a client that has no key): retrying cannot help.
+
+    litellm reports a missing key for some providers as an InternalServerError, so the status alone
+    does not tell; the message does.
+    """
+    litellm = litellm_module()
+    if isinstance(exc, litellm.AuthenticationError | litellm.PermissionDeniedError):
+        return True
+    if getattr(exc, "status_code", None) in (401, 403):
+        return True
+    return bool(_AUTH_WORDS.search(str(exc)))
+
+
 def _is_transient(exc: BaseException) -> bool:
     """Errors worth retrying: timeouts, connection problems, rate limits, 5xx from the provider."""
     litellm = litellm_module()
+    if is_auth_problem(exc):
+        return False
     permanent = (
         litellm.AuthenticationError,
         litellm.BadRequestError,
@@ -88,11 +111,12 @@ def _tool_calls(message: Any) -> list[dict[str, Any]]:
     return calls
 
 
-def _cost(litellm: ModuleType, response: Any) -> float:
+def _cost(litellm: ModuleType, response: Any) -> float | None:
+    """The call's cost in dollars, or None when litellm has no price for the model (unknown, not $0)."""
     try:
         return float(litellm.completion_cost(completion_response=response) or 0.0)
     except Exception:  # unknown model or provider without pricing: count tokens, not money
-        return 0.0
+        return None
 
 
 async def call_llm(
@@ -115,6 +139,7 @@ async def call_llm(
     otherwise) so that the retry policy, and the count of attempts, is this one.
     """
     litellm = litellm_module()
+    check_litellm_params(litellm_params)
     params: dict[str, Any] = {"num_retries": 0, "max_retries": 0, **(litellm_params or {})}
     if tools:
         params["tools"] = tools
@@ -128,7 +153,13 @@ async def call_llm(
             response = await litellm.acompletion(model=model, messages=messages, **params)
         except Exception as exc:
             if not _is_transient(exc):
-                raise LLMError(f"model call to {model!r} failed: {exc}") from exc
+                hint = ""
+                if is_auth_problem(exc):
+                    hint = (
+                        " (authentication: set the provider's key, e.g. OPENAI_API_KEY, or pass api_key in "
+                        "litellm_params / --api-key; a local OpenAI-compatible server takes any key)"
+                    )
+                raise LLMError(f"model call to {model!r} failed: {exc}{hint}") from exc
             last_error = exc
             if attempt < attempts:
                 delay = retry_base_delay * (2 ** (attempt - 1))
@@ -157,6 +188,26 @@ async def call_llm(
     raise RetryError(
         f"model call to {model!r} failed {attempts} times; last error: {last_error}", last_error=last_error
     )
+
+
+def check_litellm_params(params: dict[str, Any] | None) -> None:
+    """Refuse options the agents cannot honour, with the reason, before any call is made."""
+    if params and params.get("stream"):
+        raise ConfigurationError(
+            "litellm_params={'stream': True} is not supported: an agent needs each whole reply to read "
+            "its step. Follow a run step by step with `async for response in agent.run(task)` or "
+            "`on_step=` instead."
+        )
+
+
+def knows_model(model: str) -> bool:
+    """Whether litellm has facts about `model` (its capabilities and price); a local server's is unknown."""
+    litellm = litellm_module()
+    try:
+        litellm.get_model_info(model=model)
+    except Exception:
+        return False
+    return True
 
 
 def supports(model: str, capability: str) -> bool:

@@ -146,6 +146,9 @@ class StepRecord(BaseModel):
     """What one step did: passed to `on_step` and carried in the step response's metadata."""
 
     index: int
+    kind: Literal["step", "plan"] = Field(
+        "step", description='"plan" for a plan or revised plan (given to on_step, not kept in steps)'
+    )
     raw_reply: str | None = Field(
         None,
         description="What the model said, verbatim (native tool calls included as JSON), so that a "
@@ -169,7 +172,7 @@ class UsageRecord(BaseModel):
     model: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cost: float = 0.0
+    cost: float | None = Field(0.0, description="dollars; None when litellm knows no price for the model")
     duration: float = 0.0
     attempts: int = 1
 

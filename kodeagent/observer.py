@@ -78,18 +78,28 @@ class Observer:
         self._stale.append(observation in self._seen_observations)
         self._seen_observations.add(observation)
 
-        note = self._diagnose(steps_left)
-        if note is None or note == self._last_note:
-            self._last_note = note
+        problem = self._diagnose()
+        repeated = problem is not None and problem == self._last_note
+        self._last_note = problem
+        parts = [] if problem is None or repeated else [problem]
+        # The reminder is separate from the problem notes: a loop note that is not repeated (to avoid
+        # nagging) must not also silence the one warning that the steps are running out.
+        if 0 < steps_left <= self.warn_remaining and not self._warned:
+            self._warned = True
+            parts.append(
+                f"only {steps_left} step(s) remain. Give the final answer with what you have, or a "
+                "clear statement of what is missing."
+            )
+        if not parts:
             return None
-        self._last_note = note
+        note = " Also, ".join(parts)
         self.notes.append(note)
         return note
 
     def _tail_all(self, values: list[bool], n: int) -> bool:
         return len(values) >= n and all(values[-n:])
 
-    def _diagnose(self, steps_left: int) -> str | None:
+    def _diagnose(self) -> str | None:
         n = self.repeat_threshold
         if len(self._actions) >= n and len(set(self._actions[-n:])) == 1:
             if self._failures[-1]:
@@ -110,12 +120,6 @@ class Observer:
             return (
                 f"the last {self.stall_threshold} steps produced nothing new. If you have enough to "
                 "answer, give the final answer; otherwise try a different way to make progress."
-            )
-        if 0 < steps_left <= self.warn_remaining and not self._warned:
-            self._warned = True
-            return (
-                f"only {steps_left} step(s) remain. Give the final answer with what you have, or a "
-                "clear statement of what is missing."
             )
         return None
 

@@ -118,6 +118,10 @@ INPUTS_NOTE = """\
 {inputs}
 """
 
+CODEACT_FRESH_SESSION_NOTE = """\
+Note: this continues an earlier conversation, but the Python session is new. Variables, functions and \
+imports defined by code earlier in the conversation do not exist now; define again what you need."""
+
 CODEACT_INPUTS_NOTE = "They are also defined as Python variables in your session."
 
 REACT_INPUTS_NOTE = """\

@@ -26,8 +26,15 @@ from pydantic import BaseModel
 
 from . import prompts
 from .agent import Agent, OnStep, ToolCallingMode, select_tools, validate_openai_history
-from .errors import AgentBusyError, KodeAgentError, ResponseParseError, ToolArgumentError
-from .llm import supports
+from .errors import (
+    AgentBusyError,
+    ConfigurationError,
+    KodeAgentError,
+    LLMError,
+    ResponseParseError,
+    ToolArgumentError,
+)
+from .llm import knows_model, supports
 from .models import AgentResponse, ChatMessage, ReActChatMessage, StepRecord, Task, ToolCallRecord
 from .observer import Observer
 from .parsing import REACT_FORMAT, parse_react_reply, parse_react_text
@@ -38,6 +45,18 @@ from .tracing import TracingType
 from .usage import CALLER_USAGE
 
 Mode = Literal["native", "json", "text"]
+StructuredOutput = Literal["auto", "json_schema", "json_object", "off"]
+
+
+def _refuses_format(exc: LLMError) -> bool:
+    """The server rejected the request as invalid (400/422): with a response_format, most likely that."""
+    cause = exc.__cause__
+    status = getattr(cause, "status_code", None)
+    if status == 422:  # a validation error of the request (llama.cpp's server; litellm drops the body)
+        return True
+    response = getattr(cause, "response", None)
+    text = f"{cause} {getattr(response, 'text', '')}".lower()
+    return status == 400 and any(word in text for word in ("response_format", "json_schema", "json_object"))
 
 
 def _current_task() -> Any:
@@ -69,6 +88,11 @@ class ReActAgent(Agent):
     Extra args (beyond `Agent`'s):
         tool_calling: ``"auto"`` (ask litellm what the model supports), or force ``"native"``,
             ``"json"`` or ``"text"``.
+        structured_output: how replies that are not native tool calls are constrained:
+            ``"json_schema"`` (the reply schema as litellm's ``response_format``), ``"json_object"``
+            (``{"type": "json_object", "schema": ...}``, which llama.cpp's server enforces), ``"off"``
+            (free text, parsed leniently), or ``"auto"``: a schema when litellm knows the model supports
+            one or an ``api_base`` server may, each refused format falling back to the next, down to text.
     """
 
     response_format_class: ClassVar[type[ChatMessage]] = ReActChatMessage
@@ -93,8 +117,10 @@ class ReActAgent(Agent):
         allowed_tools: Sequence[str] | None = None,
         on_step: OnStep | None = None,
         use_planner: bool = False,
+        planning_interval: int | None = None,
         observer: Observer | None = None,
         tool_calling: ToolCallingMode = "auto",
+        structured_output: StructuredOutput = "auto",
     ) -> None:
         super().__init__(
             model_name,
@@ -112,11 +138,19 @@ class ReActAgent(Agent):
             allowed_tools=allowed_tools,
             on_step=on_step,
             use_planner=use_planner,
+            planning_interval=planning_interval,
             observer=observer,
         )
         if tool_calling not in ("auto", "native", "json", "text"):
             raise ValueError(f"tool_calling must be auto, native, json or text; got {tool_calling!r}")
         self.tool_calling: ToolCallingMode = tool_calling
+        if structured_output not in ("auto", "json_schema", "json_object", "off"):
+            raise ConfigurationError(
+                f"structured_output must be auto, json_schema, json_object or off; got {structured_output!r}"
+            )
+        self.structured_output: StructuredOutput = structured_output
+        self._formats_refused: frozenset[str] = frozenset()
+        self.format_used: str | None = None
         self._mode: Mode = "text"
         self._final: AgentResponse | None = None
         self._trouble = False
@@ -154,14 +188,41 @@ class ReActAgent(Agent):
             tools=self.get_tools_description(),
         )
 
-    def _json_format(self) -> dict[str, Any]:
-        return {
-            "type": "json_schema",
-            "json_schema": {
-                "name": f"{self.channel_name}_step",
-                "schema": self.response_format_class.reply_schema(),
-            },
-        }
+    def _json_format(self, kind: str = "json_schema") -> dict[str, Any] | None:
+        """The `response_format` of one kind: the reply schema as a JSON schema or a JSON object."""
+        schema = self.response_format_class.reply_schema()
+        if kind == "json_schema":
+            return {
+                "type": "json_schema",
+                "json_schema": {"name": f"{self.channel_name}_step", "schema": schema},
+            }
+        if kind == "json_object_schema":  # llama.cpp's server constrains the output to `schema`
+            return {"type": "json_object", "schema": schema}
+        if kind == "json_object":
+            return {"type": "json_object"}
+        return None
+
+    def format_candidates(self) -> list[str]:
+        """Response formats to try for text steps, best first; ``"off"`` is free text, always last.
+
+        ``auto`` asks for a schema when litellm says the model supports one, and probes an OpenAI-compatible
+        server given by ``api_base`` (llama.cpp, vLLM, Ollama), whose support litellm cannot know. A format
+        the server refuses is dropped for the rest of this agent's life, and the next one is tried.
+        """
+        chosen = self.structured_output
+        if chosen == "off":
+            kinds = ["off"]
+        elif chosen == "json_schema":
+            kinds = ["json_schema", "off"]
+        elif chosen == "json_object":
+            kinds = ["json_object_schema", "json_object", "off"]
+        elif self._mode == "json" or (
+            self.litellm_params.get("api_base") and not knows_model(self.model_name)
+        ):
+            kinds = ["json_schema", "json_object_schema", "json_object", "off"]
+        else:
+            kinds = ["off"]
+        return [k for k in kinds if k not in self._formats_refused] or ["off"]
 
     def parse_text_response(self, text: str) -> ChatMessage:
         """The prose fallback: ``Thought:/Action:/Args:`` or ``Thought:/Answer:/Successful:``."""
@@ -324,6 +385,7 @@ class ReActAgent(Agent):
             if plan:
                 self.add_to_history({"role": "user", "content": prompts.PLAN_MESSAGE.format(plan=plan)})
                 yield self.response("log", plan, channel="planner", metadata={"event": "plan"})
+                await self._notify_plan(plan, 0)
         async for item in self._loop(limit):
             yield item
         if self._final is not None:
@@ -417,6 +479,7 @@ class ReActAgent(Agent):
                 if plan:
                     self.add_to_history({"role": "user", "content": prompts.PLAN_MESSAGE.format(plan=plan)})
                     yield self.response("log", plan, channel="planner", metadata={"event": "plan_update"})
+                    await self._notify_plan(plan, iteration)
             async for item in self._step(iteration):
                 yield item
             if self.final_answer_found:
@@ -452,9 +515,21 @@ class ReActAgent(Agent):
         if self._mode == "native":
             schemas = [t.openai_schema() for t in self._run_tools.values()]
             return await self._call_model(tools=schemas or None)
-        if self._mode == "json":
-            return await self._call_model(response_format=self._json_format())
-        return await self._call_model()
+        refused: list[str] = []
+        candidates = self.format_candidates()
+        for kind in candidates:
+            try:
+                reply = await self._call_model(response_format=self._json_format(kind))
+            except LLMError as exc:
+                if kind != "off" and _refuses_format(exc) and kind != candidates[-1]:
+                    refused.append(kind)
+                    continue
+                raise
+            # Only a later success shows that the refused formats, not the request itself, were the problem.
+            self._formats_refused |= frozenset(refused)
+            self.format_used = kind
+            return reply
+        raise AssertionError("format_candidates() always ends with 'off'")  # pragma: no cover
 
     async def _step(self, iteration: int) -> AsyncIterator[AgentResponse]:
         started = time.perf_counter()
@@ -509,8 +584,14 @@ class ReActAgent(Agent):
             record.error = call.error
             self.add_to_history({"role": "user", "content": f"Observation: {record.observation}"})
         record.duration = time.perf_counter() - started
-        yield self.response("step", record, metadata={"step": iteration, "mode": self._mode})
+        yield self.response("step", record, metadata=self._step_metadata(iteration))
         await self._notify_step(record)
+
+    def _step_metadata(self, iteration: int, **extra: Any) -> dict[str, Any]:
+        metadata = {"step": iteration, "mode": self._mode, **extra}
+        if self._mode != "native":
+            metadata["response_format"] = self.format_used
+        return metadata
 
     async def _format_error(
         self, record: StepRecord, problem: str, started: float
@@ -519,9 +600,7 @@ class ReActAgent(Agent):
         record.observation = self.format_error_observation(problem)
         self.add_to_history({"role": "user", "content": record.observation})
         record.duration = time.perf_counter() - started
-        yield self.response(
-            "step", record, metadata={"step": record.index, "mode": self._mode, "parse_error": True}
-        )
+        yield self.response("step", record, metadata=self._step_metadata(record.index, parse_error=True))
         await self._notify_step(record)
 
     async def _finish(
@@ -540,7 +619,7 @@ class ReActAgent(Agent):
         record.output = value
         record.duration = time.perf_counter() - started
         self.final_answer_found = True
-        yield self.response("step", record, metadata={"step": record.index, "mode": self._mode})
+        yield self.response("step", record, metadata=self._step_metadata(record.index))
         await self._notify_step(record)
         self._final = self.response(
             "final",

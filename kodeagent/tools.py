@@ -189,9 +189,10 @@ class Tool:
         """How CodeAct code calls the tool, e.g. ``get_price(symbol: str, days: int = 1) -> float``."""
         properties: dict[str, Any] = self.parameters.get("properties", {})
         required = set(self.required)
+        defs = self.parameters.get("$defs", {})
         parts = []
         for arg, spec in properties.items():
-            text = f"{arg}: {_py_type_name(spec)}"
+            text = f"{arg}: {_py_type_name(spec, defs)}"
             if arg not in required:
                 text += f" = {spec.get('default')!r}"
             parts.append(text)
@@ -215,19 +216,10 @@ class Tool:
         required = set(self.required)
         if not properties:
             lines.append("    (no arguments)")
+        defs = self.parameters.get("$defs", {})
         for arg, spec in properties.items():
-            kind = (
-                spec.get("type")
-                or " | ".join(str(s.get("type", "any")) for s in spec.get("anyOf", []) if isinstance(s, dict))
-                or "any"
-            )
             flag = "required" if arg in required else f"optional, default {spec.get('default')!r}"
-            text = f"    * {arg} ({kind}, {flag})"
-            if spec.get("description"):
-                text += f": {spec['description']}"
-            if spec.get("enum"):
-                text += f" One of: {', '.join(map(repr, spec['enum']))}."
-            lines.append(text)
+            lines.extend(_describe_field(arg, spec, flag, defs, "    "))
         return "\n".join(lines)
 
     # ------------------------------------------------------------------ calling
@@ -361,17 +353,74 @@ def model_from_json_schema(name: str, schema: dict[str, Any]) -> type[BaseModel]
     )
 
 
-def _py_type_name(spec: dict[str, Any]) -> str:
+def _resolve(spec: dict[str, Any], defs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """Follow a local ``$ref`` (pydantic puts model parameters in ``$defs``): (schema, model name)."""
+    ref = spec.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/$defs/"):
+        name = ref.rsplit("/", 1)[-1]
+        target = defs.get(name)
+        if isinstance(target, dict):
+            return {**target, **{k: v for k, v in spec.items() if k != "$ref"}}, name
+    return spec, None
+
+
+def _kind(spec: dict[str, Any], defs: dict[str, Any]) -> str:
+    resolved, name = _resolve(spec, defs)
+    if name:
+        return f"object {name}"
+    options = resolved.get("anyOf") or resolved.get("oneOf")
+    if options:
+        return " | ".join(_kind(s, defs) for s in options if isinstance(s, dict))
+    if resolved.get("type") == "array" and isinstance(resolved.get("items"), dict):
+        return f"array of {_kind(resolved['items'], defs)}"
+    return str(resolved.get("type") or "any")
+
+
+def _describe_field(arg: str, spec: dict[str, Any], flag: str, defs: dict[str, Any], indent: str,
+                    depth: int = 0) -> list[str]:  # fmt: skip
+    """One argument for a prompt, and, for a pydantic-model argument, its fields below it."""
+    resolved, _ = _resolve(spec, defs)
+    text = f"{indent}* {arg} ({_kind(spec, defs)}, {flag})"
+    if spec.get("description") or resolved.get("description"):
+        text += f": {spec.get('description') or resolved.get('description')}"
+    if resolved.get("enum"):
+        text += f" One of: {', '.join(map(repr, resolved['enum']))}."
+    lines = [text]
+    nested = resolved.get("properties")
+    if not nested:
+        for option in resolved.get("anyOf") or []:  # Optional[Model]
+            if isinstance(option, dict):
+                inner, name = _resolve(option, defs)
+                if name and inner.get("properties"):
+                    resolved, nested = inner, inner["properties"]
+                    break
+    if nested and depth < 3:
+        lines[-1] += " Fields:"
+        required = set(resolved.get("required", []))
+        for field_name, field_spec in nested.items():
+            field_flag = (
+                "required" if field_name in required else f"optional, default {field_spec.get('default')!r}"
+            )
+            lines.extend(
+                _describe_field(field_name, field_spec, field_flag, defs, indent + "    ", depth + 1)
+            )
+    return lines
+
+
+def _py_type_name(spec: dict[str, Any], defs: dict[str, Any] | None = None) -> str:
     """A readable Python type for a JSON-schema fragment, for signatures shown to the model."""
+    spec, name = _resolve(spec, defs or {})
+    if name:
+        return "dict"  # a pydantic model argument is passed as a dict of its fields (listed below)
     if spec.get("enum"):
         return "Literal[" + ", ".join(map(repr, spec["enum"])) + "]"
     options = spec.get("anyOf") or spec.get("oneOf")
     if options:
-        return " | ".join(_py_type_name(s) for s in options if isinstance(s, dict))
+        return " | ".join(_py_type_name(s, defs) for s in options if isinstance(s, dict))
     kind = spec.get("type")
     if kind == "array":
         items = spec.get("items")
-        return f"list[{_py_type_name(items)}]" if isinstance(items, dict) else "list"
+        return f"list[{_py_type_name(items, defs)}]" if isinstance(items, dict) else "list"
     names = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "object": "dict",
              "null": "None"}  # fmt: skip
     return names.get(kind or "", "Any")

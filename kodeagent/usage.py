@@ -16,6 +16,10 @@ CALLER_USAGE: ContextVar[UsageTracker | None] = ContextVar("kodeagent_caller_usa
 there when it finishes, so a manager's report covers the model calls its helpers made."""
 
 
+def _money(cost: float | None) -> str:
+    return "unknown (no price known for the model)" if cost is None else f"${cost:.6f}"
+
+
 class UsageTracker:
     """Collects `UsageRecord`s for the current (or last) task of an agent."""
 
@@ -40,7 +44,7 @@ class UsageTracker:
             "prompt_tokens": sum(r.prompt_tokens for r in records),
             "completion_tokens": sum(r.completion_tokens for r in records),
             "total_tokens": sum(r.total_tokens for r in records),
-            "cost": sum(r.cost for r in records),
+            "cost": None if any(r.cost is None for r in records) else sum(r.cost or 0.0 for r in records),
         }
 
     def metrics(self) -> dict[str, Any]:
@@ -61,13 +65,13 @@ class UsageTracker:
             "LLM usage",
             f"  calls: {total['calls']}  prompt tokens: {total['prompt_tokens']}  "
             f"completion tokens: {total['completion_tokens']}  total tokens: {total['total_tokens']}  "
-            f"cost: ${total['cost']:.6f}",
+            f"cost: {_money(total['cost'])}",
         ]
         if include_breakdown and data["by_component"]:
             lines.append("  by component:")
             for name, part in data["by_component"].items():
                 lines.append(
                     f"    {name}: calls {part['calls']}, tokens {part['prompt_tokens']} in / "
-                    f"{part['completion_tokens']} out, cost ${part['cost']:.6f}"
+                    f"{part['completion_tokens']} out, cost {_money(part['cost'])}"
                 )
         return "\n".join(lines)

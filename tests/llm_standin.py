@@ -18,7 +18,7 @@ import json
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -154,7 +154,10 @@ def request_problem(body: dict[str, Any]) -> str | None:
 class StandinLLM:
     """The server. Use as a context manager; `model(kind)` and `params()` configure litellm to reach it."""
 
-    def __init__(self) -> None:
+    def __init__(self, response_formats: Collection[str] | None = None) -> None:
+        # The response_format types this server accepts (None: all). llama.cpp's server accepts only
+        # "text" and "json_object" and answers anything else with a 422 naming those two.
+        self.response_formats = None if response_formats is None else set(response_formats)
         self.script: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []
         self.rejected: list[str] = []
@@ -272,6 +275,15 @@ class StandinLLM:
                     self._send(
                         400, {"error": {"message": "request body is not JSON", "type": "invalid_request"}}
                     )
+                    return
+                fmt = body.get("response_format")
+                accepted = standin.response_formats
+                if accepted is not None and isinstance(fmt, dict) and fmt.get("type") not in accepted:
+                    names = " or ".join(repr(t) for t in sorted(accepted))
+                    standin.rejected.append(f"response_format type {fmt.get('type')!r}")
+                    detail = {"type": "literal_error", "loc": ["body", "response_format", "type"],
+                              "msg": f"Input should be {names}", "input": fmt.get("type")}  # fmt: skip
+                    self._send(422, {"detail": [detail]})
                     return
                 problem = request_problem(body)
                 if problem is not None:  # as the provider would: 400, and the script does not advance
