@@ -287,6 +287,7 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
         if policy is None:
             policy = policies[job.task_id] = policy_for(job.problem, extra_imports)
         code = harness_snippet(job.program, timeout) if harness else job.program
+        executor = None
         async with limiter:
             started = time.perf_counter()
             if reuse:
@@ -297,11 +298,17 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
                     await executor.open()
                     opened_at = time.perf_counter()
                     result = await executor.run(code)
-                    closing_at = time.perf_counter()
-                finally:
-                    await executor.close()
-                phases[index] = (opened_at - started, time.perf_counter() - closing_at)
+                except BaseException:
+                    with anyio.CancelScope(shield=True):
+                        await executor.close()
+                    raise
             seconds = time.perf_counter() - started
+        if executor is not None:
+            # The session is closed after its slot is handed on: killing and reaping a worker is mostly
+            # waiting, and the task group (so the wall time) still waits for every close.
+            closing_at = time.perf_counter()
+            await executor.close()
+            phases[index] = (opened_at - started, time.perf_counter() - closing_at)
         verdict = harness_verdict(result) if harness else policy_verdict(result)
         open_s, close_s = phases.get(index, (None, None))
         outcomes[index] = Outcome(job.task_id, job.completion_id, verdict == "passed", verdict, seconds,
