@@ -22,7 +22,7 @@ from .sync import SyncExecutor, open_executor_sync
 
 def __getattr__(name: str) -> object:
     # The backend classes are imported lazily so that `import sandboxes` stays cheap.
-    if name in {"HostExecutor", "DockerExecutor", "E2BExecutor"}:
+    if name in {"HostExecutor", "DockerExecutor", "E2BExecutor", "RayExecutor"}:
         return executor_class(name[: -len("Executor")].lower())
     raise AttributeError(f"module 'sandboxes' has no attribute {name!r}")
 
@@ -41,6 +41,7 @@ __all__ = [
     "Limits",
     "Policy",
     "ProtocolError",
+    "RayExecutor",
     "SandboxError",
     "SandboxFileError",
     "SyncExecutor",

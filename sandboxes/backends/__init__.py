@@ -1,7 +1,7 @@
 """Backends: one module each. A backend is transport and isolation, nothing else.
 
-`open_executor(name, ...)` imports the backend's module on demand, so the Docker and E2B SDKs are
-imported only by those who use them.
+`open_executor(name, ...)` imports the backend's module on demand, so the Docker, E2B and Ray SDKs
+are imported only by those who use them.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "host": ("sandboxes.backends.host", "HostExecutor"),
     "docker": ("sandboxes.backends.docker", "DockerExecutor"),
     "e2b": ("sandboxes.backends.e2b", "E2BExecutor"),
+    "ray": ("sandboxes.backends.ray", "RayExecutor"),
 }
 
 
@@ -32,7 +33,7 @@ def executor_class(backend: str) -> type[Executor]:
 
 
 def open_executor(backend: str = "host", **options: Any) -> Executor:
-    """Create the executor of `backend` ("host", "docker" or "e2b") with its options.
+    """Create the executor of `backend` ("host", "docker", "e2b" or "ray") with its options.
 
     Use the result as an async context manager; it opens on entry and closes on exit::
 

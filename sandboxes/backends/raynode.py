@@ -1,0 +1,192 @@
+"""The node side of the ray backend: one `NodeAgent` actor per cluster node, hosting that node's sessions.
+
+Each session here is an ordinary executor of the node's own backend (`HostExecutor` or
+`DockerExecutor`) living in this long-lived process, so the node's warm pools, its fork server and
+its Docker client serve every session placed on the node. The agent adds nothing to what a run means:
+the node-local executor checks the policy, talks to the runner, enforces the timeout next to the
+worker and builds the result; the agent only carries requests in and results out.
+
+Tools cross the cluster: the node-local executor is given an async stub per tool name. When the code
+calls a tool the stub puts a ``tool`` event on the session's queue and waits; the parent receives the
+event (as the answer of `run` or `next_event`), calls the real function in its own process, and
+answers through `answer`. Tool values cross as JSON-ready data, never as code.
+
+Nothing here imports ray: the parent wraps this class with ``ray.remote`` (see `ray.py`), so that the
+agent's own options (node affinity, no restarts, no task retries) are decided in one place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any
+
+from .. import errors
+from ..executor import Executor
+from . import executor_class
+
+REAP_INTERVAL = 10.0
+"""Seconds between checks for sessions whose owner is gone (its placement group was removed)."""
+
+RAISABLE = {
+    name: getattr(errors, name)
+    for name in ("BackendUnavailable", "ExecutorClosed", "WorkerStartError", "ProtocolError", "SandboxFileError")
+} | {"TypeError": TypeError, "ValueError": ValueError}
+"""Exceptions a node-side call reports by name for the parent to raise again as the same class."""
+
+
+class _Session:
+    """One session on this node: its executor, and the queue of events the parent collects."""
+
+    def __init__(self, placement_group: str) -> None:
+        self.placement_group = placement_group
+        self.executor: Executor | None = None
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.task: asyncio.Task[None] | None = None
+        self.ids = itertools.count(1)
+
+    def stub(self, name: str) -> Any:
+        """The tool function the node-local executor calls: it asks the parent and waits for its answer."""
+
+        async def call_in_parent(*args: Any, **kwargs: Any) -> Any:
+            call_id = next(self.ids)
+            answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            self.pending[call_id] = answer
+            self.events.put_nowait({"kind": "tool", "id": call_id, "name": name, "args": list(args),
+                                    "kwargs": kwargs})  # fmt: skip
+            try:
+                reply = await answer
+            finally:
+                self.pending.pop(call_id, None)
+            error = reply.get("error")
+            if error:
+                # Raised under the parent's exception name, so the code sees the same error type and
+                # message as it would on a local backend (the executor reports `type(exc).__name__`).
+                raise type(str(error.get("type") or "ToolError"), (Exception,), {})(error.get("message", ""))
+            return reply.get("value")
+
+        call_in_parent.__name__ = name
+        return call_in_parent
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    name = type(exc).__name__
+    return {"kind": "error", "type": name if name in RAISABLE else "WorkerStartError", "message": str(exc)}
+
+
+class NodeAgent:
+    """Hosts the sandbox sessions placed on one node. Every method is a coroutine on the actor's loop.
+
+    Calls answer with plain data: an event dict (``tool``, ``done``, ``error``, ``lost``) or a value.
+    """
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, _Session] = {}
+        self._reaper: asyncio.Task[None] | None = None
+
+    async def info(self) -> dict[str, Any]:
+        import os
+
+        return {"pid": os.getpid(), "sessions": len(self.sessions)}
+
+    async def open(self, session_id: str, placement_group: str, backend: str, options: dict[str, Any],
+                   tool_names: list[str]) -> dict[str, Any]:  # fmt: skip
+        """Open a session of the node's `backend`; answers ``{"kind": "opened", "isolation": ...}``."""
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        session = _Session(placement_group)
+        try:
+            tools = {name: session.stub(name) for name in tool_names}
+            executor = executor_class(backend)(tools=tools, **options)
+            await executor.open()
+        except Exception as exc:
+            return _failure(exc)
+        session.executor = executor
+        self.sessions[session_id] = session
+        return {"kind": "opened", "isolation": executor.isolation}
+
+    async def run(self, session_id: str, code: str | bytes) -> dict[str, Any]:
+        """Start a run; answers with its first event (a tool call, or ``done`` with the result)."""
+        session = self.sessions.get(session_id)
+        if session is None or session.executor is None:
+            return {"kind": "lost", "message": "this node no longer holds the session"}
+        if session.task is not None and not session.task.done():
+            return {"kind": "error", "type": "ProtocolError", "message": "a run of this session is in progress"}
+        session.task = asyncio.get_running_loop().create_task(self._run(session, session.executor, code))
+        return await session.events.get()
+
+    async def _run(self, session: _Session, executor: Executor, code: str | bytes) -> None:
+        try:
+            result = await executor.run(code)
+        except Exception as exc:  # misuse or a backend failure: the parent raises it again
+            session.events.put_nowait(_failure(exc))
+            return
+        session.events.put_nowait({"kind": "done", "result": result.model_dump(mode="json")})
+
+    async def next_event(self, session_id: str) -> dict[str, Any]:
+        """The run's next event, after the parent answered a tool call (or while it still works on it)."""
+        session = self.sessions.get(session_id)
+        if session is None:
+            return {"kind": "lost", "message": "this node no longer holds the session"}
+        return await session.events.get()
+
+    async def answer(self, session_id: str, call_id: int, reply: dict[str, Any]) -> None:
+        """The parent's answer to a tool call: ``{"value": ...}`` or ``{"error": {"type", "message"}}``.
+        An answer that comes after the run gave up on it (timeout) is dropped."""
+        session = self.sessions.get(session_id)
+        future = session.pending.get(call_id) if session else None
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    async def reset(self, session_id: str) -> dict[str, Any]:
+        return await self._call(session_id, "reset")
+
+    async def upload(self, session_id: str, path: str, data: bytes) -> dict[str, Any]:
+        return await self._call(session_id, "upload", path, data)
+
+    async def download(self, session_id: str, path: str) -> dict[str, Any]:
+        return await self._call(session_id, "download", path)
+
+    async def _call(self, session_id: str, method: str, *args: Any) -> dict[str, Any]:
+        session = self.sessions.get(session_id)
+        if session is None or session.executor is None:
+            return {"kind": "lost", "message": "this node no longer holds the session"}
+        try:
+            value = await getattr(session.executor, method)(*args)
+        except Exception as exc:
+            return _failure(exc)
+        return {"kind": "value", "value": value}
+
+    async def close(self, session_id: str) -> None:
+        """Close the session (kills its worker, returns it to nothing: workers are never handed on)."""
+        session = self.sessions.pop(session_id, None)
+        if session is None:
+            return
+        if session.task is not None and not session.task.done():
+            session.task.cancel()  # the executor discards a worker whose run was cancelled
+            try:
+                await session.task
+            except BaseException:  # noqa: BLE001 - the cancellation itself, or the run's own failure
+                pass
+        if session.executor is not None:
+            await session.executor.close()
+
+    async def _reap(self) -> None:
+        """Close sessions whose parent went away without closing them (crashed driver, lost network).
+
+        A session holds its capacity through a placement group the parent's job owns; Ray removes a
+        job's placement groups when the job ends, so a session whose group is gone has no owner left.
+        """
+        from ray.util import placement_group_table
+
+        while True:
+            await asyncio.sleep(REAP_INTERVAL)
+            try:
+                table = await asyncio.to_thread(placement_group_table)
+            except Exception:  # the GCS is briefly unreachable: try again next time
+                continue
+            for session_id, session in list(self.sessions.items()):
+                entry = table.get(session.placement_group)
+                if entry is None or entry.get("state") == "REMOVED":
+                    await self.close(session_id)
