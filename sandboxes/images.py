@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from .errors import BackendUnavailable, SandboxError
+from .runtime import RUNTIME_DIR
 
 if TYPE_CHECKING:
     import docker
@@ -65,7 +66,6 @@ LABEL_OWNER = f"{LABEL}.owner"
 
 ROOT = Path(__file__).resolve().parent.parent
 IMAGES_DIR = ROOT / "images"
-RUNTIME_DIR = Path(__file__).resolve().parent / "runtime"
 WHEELHOUSE = Path(os.environ.get("KODEAGENT_WHEELHOUSE", Path.home() / ".cache" / "kodeagent" / "wheelhouse"))
 
 Progress = Callable[[str], None]

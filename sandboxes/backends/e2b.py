@@ -43,16 +43,15 @@ import shlex
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import anyio
 
 from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
 from ..executor import KILL_TIMEOUT, Executor
+from ..runtime import RUNTIME_DIR
 from ..worker import Worker, WorkerExit, WorkerExited
 
-RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
 REMOTE_RUNTIME = ".kodeagent/runtime"
 """Where the runtime goes in the sandbox, relative to the user's home (the files API's base)."""
 DEFAULT_WORKDIR = "work"
@@ -62,85 +61,12 @@ STDERR_KEPT = 4000
 SANDBOX_MARGIN = 10
 """Seconds the sandbox's lifetime exceeds the run timeout at least, so it cannot expire mid-run."""
 
-# Started by bash in the working directory: become the leader of a process group (a no-op when envd
-# already made us a session leader) so that a kill reaches everything the code started, then become
-# the runner without forking, keeping the pid envd knows.
-_LAUNCHER = (
-    "import os,sys\n"
-    "try:\n os.setpgid(0,0)\nexcept OSError:\n pass\n"
-    "runner=os.path.expanduser(sys.argv[1])\n"
-    "os.execv(sys.executable,[sys.executable,'-I',runner,'--subreaper'])\n"
-)
-
-# Run in the sandbox on a timeout or close: the runner is a subreaper, so everything the code started
-# (`setsid` children and double forks included) is in its process tree. Freeze the tree (a stopped
-# process cannot fork), then kill it.
-_TREE_KILLER = (
-    "import os,signal,sys\n"
-    "root=int(sys.argv[1])\n"
-    "def tree():\n"
-    " kids={}\n"
-    " for d in os.listdir('/proc'):\n"
-    "  if d.isdigit():\n"
-    "   try:\n"
-    "    f=open('/proc/%s/stat'%d).read().rsplit(')',1)[1].split()\n"
-    "    kids.setdefault(int(f[1]),[]).append(int(d))\n"
-    "   except (OSError,IndexError,ValueError):\n"
-    "    pass\n"
-    " found=[];todo=[root]\n"
-    " while todo:\n"
-    "  for c in kids.get(todo.pop(),()):\n"
-    "   found.append(c);todo.append(c)\n"
-    " return found\n"
-    "def sig(p,s):\n"
-    " try:\n  os.kill(p,s)\n except OSError:\n  pass\n"
-    "sig(root,signal.SIGSTOP)\n"
-    "seen=set()\n"
-    "for _ in range(100):\n"
-    " new=[p for p in tree() if p not in seen]\n"
-    " if not new:\n  break\n"
-    " for p in new:\n  sig(p,signal.SIGSTOP)\n"
-    " seen.update(new)\n"
-    "for p in [*seen,root]:\n"
-    " sig(p,signal.SIGKILL)\n"
-    "try:\n os.killpg(root,signal.SIGKILL)\nexcept OSError:\n pass\n"
-)
-
-# File transfers never follow a link the code may have planted: envd's files API does, so a transfer
-# goes through a private file under ~/.kodeagent and these scripts place (or fetch) it by opening
-# every component of the path with O_NOFOLLOW below the working directory. Exit 2: missing; 3: refused.
-_OPEN_DIRS = (
-    "import os,stat,sys\n"
-    "def walk(root,rel,create):\n"
-    " parts=[p for p in rel.split('/') if p]\n"
-    " fd=os.open(root,os.O_RDONLY|os.O_DIRECTORY|os.O_NOFOLLOW)\n"
-    " for p in parts[:-1]:\n"
-    "  if create:\n"
-    "   try:\n    os.mkdir(p,dir_fd=fd)\n   except FileExistsError:\n    pass\n"
-    "  try:\n   nfd=os.open(p,os.O_RDONLY|os.O_DIRECTORY|os.O_NOFOLLOW,dir_fd=fd)\n"
-    "  except FileNotFoundError:\n   sys.exit(2)\n"
-    "  except OSError:\n   sys.exit(3)\n"
-    "  os.close(fd);fd=nfd\n"
-    " return fd,parts[-1]\n"
-)
-_PLACE_UPLOAD = _OPEN_DIRS + (
-    "src,root,rel=sys.argv[1:4]\n"
-    "fd,name=walk(root,rel,True)\n"
-    "try:\n"
-    " if not stat.S_ISREG(os.stat(name,dir_fd=fd,follow_symlinks=False).st_mode):\n  sys.exit(3)\n"
-    "except FileNotFoundError:\n pass\n"
-    "os.rename(src,name,dst_dir_fd=fd)\n"
-)
-_FETCH_DOWNLOAD = _OPEN_DIRS + (
-    "root,rel,dst=sys.argv[1:4]\n"
-    "fd,name=walk(root,rel,False)\n"
-    "try:\n ffd=os.open(name,os.O_RDONLY|os.O_NOFOLLOW|os.O_NONBLOCK,dir_fd=fd)\n"
-    "except FileNotFoundError:\n sys.exit(2)\n"
-    "except OSError:\n sys.exit(3)\n"
-    "if not stat.S_ISREG(os.fstat(ffd).st_mode):\n sys.exit(3)\n"
-    "with os.fdopen(ffd,'rb') as a, open(dst,'wb') as b:\n"
-    " while True:\n  chunk=a.read(1<<20)\n  if not chunk:\n   break\n  b.write(chunk)\n"
-)
+PROCTOOLS = f"~/{REMOTE_RUNTIME}/proctools.py"
+"""The runtime's process and file helpers (`sandboxes/runtime/proctools.py`), run as a script in the
+sandbox: the launcher, the process-tree killer, and the no-follow file placing and fetching (envd's
+files API follows links the code may have planted, so a transfer goes through a private staging file
+under ~/.kodeagent that the script copies into place, or out of place, one O_NOFOLLOW component at a
+time)."""
 
 _limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, anyio.CapacityLimiter]] = (
     weakref.WeakKeyDictionary()
@@ -333,7 +259,7 @@ class E2BWorker(Worker):
                 pid = int(self.handle.pid)
                 try:
                     await self.session.sandbox.commands.run(
-                        f"python3 -c {shlex.quote(_TREE_KILLER)} {pid} 2>/dev/null; "
+                        f"python3 -I {PROCTOOLS} kill-tree {pid} 2>/dev/null; "
                         f"kill -KILL -- -{pid} 2>/dev/null; kill -KILL {pid} 2>/dev/null; true",
                         timeout=KILL_TIMEOUT,
                         request_timeout=KILL_TIMEOUT,
@@ -365,9 +291,9 @@ class E2BWorker(Worker):
     def _remote(self, path: str) -> str:
         return posixpath.join(self.workdir, path)
 
-    async def _transfer_script(self, script: str, path: str, *args: str) -> None:
+    async def _transfer_script(self, action: str, path: str, *args: str) -> None:
         e2b = _sdk()
-        command = " ".join(["python3", "-c", shlex.quote(script), *(shlex.quote(a) for a in args)])
+        command = " ".join(["python3", "-I", PROCTOOLS, action, *(shlex.quote(a) for a in args)])
         try:
             await self.session.sandbox.commands.run(command, timeout=60, request_timeout=60)
         except e2b.CommandExitException as exc:
@@ -389,7 +315,7 @@ class E2BWorker(Worker):
         except Exception as exc:
             raise SandboxFileError(f"could not write {path!r} in the E2B sandbox: {exc}") from exc
         try:
-            await self._transfer_script(_PLACE_UPLOAD, path, staged, self.workdir, path)
+            await self._transfer_script("place", path, staged, self.workdir, path)
         finally:
             with anyio.CancelScope(shield=True):
                 try:
@@ -399,7 +325,7 @@ class E2BWorker(Worker):
 
     async def read_file(self, path: str) -> bytes:
         staged = self._transfer_name()
-        await self._transfer_script(_FETCH_DOWNLOAD, path, self.workdir, path, staged)
+        await self._transfer_script("fetch", path, self.workdir, path, staged)
         try:
             return bytes(await self.session.sandbox.files.read(staged, format="bytes"))
         except Exception as exc:
@@ -537,11 +463,12 @@ class E2BExecutor(Executor):
         raise AssertionError("unreachable")
 
     def _runner_command(self) -> str:
+        # Started by bash in the working directory: the launcher makes the runner the leader of a
+        # process group (so that a kill reaches everything the code started) without a fork, keeping
+        # the pid envd knows.
         runner = f"~/{REMOTE_RUNTIME}/runner.py"
         workdir = shlex.quote(self.remote_workdir)
-        return (
-            f"mkdir -p -- {workdir} && cd -- {workdir} && exec python3 -c {shlex.quote(_LAUNCHER)} {runner}"
-        )
+        return f"mkdir -p -- {workdir} && cd -- {workdir} && exec python3 -I {PROCTOOLS} launch {runner}"
 
     async def _new_session(self) -> _Session:
         e2b = _sdk()

@@ -14,7 +14,6 @@ Two ways to make one:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import functools
 import itertools
 import json
@@ -24,7 +23,6 @@ import shutil
 import signal
 import site
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -34,9 +32,10 @@ import time
 import anyio
 
 from ..errors import SandboxFileError, WorkerStartError
+from ..runtime import RUNTIME_DIR
+from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
 from ..worker import SocketLineReader, Worker, WorkerExit
 
-RUNTIME_DIR = pathlib.Path(__file__).resolve().parent.parent / "runtime"
 RUNNER = RUNTIME_DIR / "runner.py"
 FORKSERVER = RUNTIME_DIR / "forkserver.py"
 UID_BASE = 200_000 + (os.getpid() % 500) * 1000
@@ -87,8 +86,8 @@ class HostWorker(Worker):
             self._killed = True
             if self.pid is not None and (self.process is not None or self._still_ours()):
                 if self.isolation == "process":
-                    _kill_process_tree(self.pid)
-                _signal_group(self.pid, signal.SIGKILL)
+                    kill_process_tree(self.pid)
+                signal_group(self.pid, signal.SIGKILL)
             if self.uid is not None and (self.isolation == "process" or self.process is None):
                 _kill_user_processes(self.uid)
             self.channel.sock.close()
@@ -145,7 +144,7 @@ class HostWorker(Worker):
 
     async def write_file(self, path: str, data: bytes) -> None:
         def write() -> None:
-            fd = _open_beneath(self.workdir, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, uid=self.uid)
+            fd = _open_file(self.workdir, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, uid=self.uid)
             try:
                 view = memoryview(data)
                 while view:
@@ -159,7 +158,7 @@ class HostWorker(Worker):
 
     async def read_file(self, path: str) -> bytes:
         def read() -> bytes:
-            fd = _open_beneath(self.workdir, path, os.O_RDONLY)
+            fd = _open_file(self.workdir, path, os.O_RDONLY)
             try:
                 chunks = []
                 while chunk := os.read(fd, 1 << 20):
@@ -171,54 +170,11 @@ class HostWorker(Worker):
         return await anyio.to_thread.run_sync(read)
 
 
-def _open_beneath(root: str, path: str, flags: int, uid: int | None = None) -> int:
-    """Open the regular file `path` below `root` without following a symlink anywhere on the way.
-
-    Each component is opened with O_NOFOLLOW relative to its parent's descriptor, so code still
-    running in the sandbox cannot win a race by swapping a directory for a symlink between a check
-    and the open (which, as root, would read or overwrite, then chown, a file of the host). Missing
-    directories are created when writing. FIFOs and devices are refused without blocking.
-    """
-    parts = [part for part in path.split("/") if part not in ("", ".")]
-    if not parts or ".." in parts:
-        raise SandboxFileError(f"{path!r} is outside the working directory")
-    directory_flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+def _open_file(root: str, path: str, flags: int, uid: int | None = None) -> int:
     try:
-        for part in parts[:-1]:
-            try:
-                child = os.open(part, directory_flags, dir_fd=fd)
-            except FileNotFoundError:
-                if not flags & os.O_CREAT:
-                    raise SandboxFileError(f"no file {path!r} in the working directory") from None
-                with contextlib.suppress(FileExistsError):  # lost a race: the open below decides
-                    os.mkdir(part, 0o755, dir_fd=fd)
-                if uid is not None:
-                    os.chown(part, uid, uid, dir_fd=fd, follow_symlinks=False)
-                child = os.open(part, directory_flags, dir_fd=fd)
-            except OSError as exc:  # ELOOP / ENOTDIR: a symlink or a file where a directory should be
-                raise SandboxFileError(f"{path!r}: {part!r} is not a directory of the working directory "
-                                       f"(a symlink?); refused ({exc.strerror})") from None  # fmt: skip
-            os.close(fd)
-            fd = child
-        try:
-            opened = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=fd)
-        except FileNotFoundError:
-            raise SandboxFileError(f"no file {path!r} in the working directory") from None
-        except IsADirectoryError:
-            raise SandboxFileError(f"{path!r} is a directory, not a file") from None
-        except OSError as exc:
-            raise SandboxFileError(f"{path!r} is not a regular file of the working directory "
-                                   f"(a symlink?); refused ({exc.strerror})") from None  # fmt: skip
-    finally:
-        os.close(fd)
-    info = os.fstat(opened)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(opened)
-        kind = "a directory" if stat.S_ISDIR(info.st_mode) else "not a regular file"
-        raise SandboxFileError(f"{path!r} is {kind}; refused")
-    os.set_blocking(opened, True)
-    return opened
+        return open_beneath(root, path, flags, uid)
+    except BeneathError as exc:
+        raise SandboxFileError(str(exc)) from None
 
 
 _LIVE_WORKERS: set[HostWorker] = set()
@@ -294,78 +250,6 @@ def _path_is_world_traversable(path: str) -> bool:
         except OSError:
             return False
     return True
-
-
-def _kill_process_tree(root: int) -> None:
-    """SIGKILL every descendant of the runner `root`, which is a subreaper (``--subreaper``): `setsid`
-    children and double forks stay in its tree even when there is no private user to kill by.
-    A fork bomb races each pass, so the tree is first frozen (SIGSTOP until no new process appears:
-    a stopped process cannot fork), then killed; zombies are already dead."""
-    if not os.path.isdir("/proc"):
-        return
-    _signal_group(root, signal.SIGSTOP)  # most of a fork bomb is still in the runner's group: freeze it at once
-    stopped: set[int] = set()
-    own_group = os.getpgrp()
-    for _ in range(200):
-        found = _descendants(root)
-        fresh = set(found) - stopped
-        if not fresh:
-            break
-        # Whole groups first (a `setsid` shell bomb is one group), then the stragglers.
-        for group in {found[pid] for pid in fresh} - {own_group, 0, 1}:
-            _signal_group(group, signal.SIGSTOP)
-        for pid in fresh:
-            _signal(pid, signal.SIGSTOP)
-        stopped |= fresh
-    for _ in range(20):
-        found = _descendants(root)
-        if not found:
-            return
-        for group in set(found.values()) - {own_group, 0, 1}:
-            _signal_group(group, signal.SIGKILL)
-        for pid in found:
-            _signal(pid, signal.SIGKILL)
-
-
-def _signal_group(group: int, sig: int) -> None:
-    try:
-        os.killpg(group, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _descendants(root: int) -> dict[int, int]:
-    """Live (non-zombie) descendants of `root`, from /proc: pid -> process group."""
-    children: dict[int, list[int]] = {}
-    groups: dict[int, int] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-            if fields[0] == b"Z":
-                continue
-            pid = int(entry.name)
-            children.setdefault(int(fields[1]), []).append(pid)
-            groups[pid] = int(fields[2])
-        except (OSError, IndexError, ValueError):
-            continue
-    found: dict[int, int] = {}
-    stack = list(children.get(root, ()))
-    while stack:
-        pid = stack.pop()
-        if pid not in found:
-            found[pid] = groups[pid]
-            stack.extend(children.get(pid, ()))
-    return found
 
 
 def _start_time(pid: int | None) -> int | None:
@@ -533,7 +417,7 @@ class ForkServer:
 
     def stop(self) -> None:
         self.control.close()
-        _signal_group(self.process.pid, signal.SIGKILL)
+        signal_group(self.process.pid, signal.SIGKILL)
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:

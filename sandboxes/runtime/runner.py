@@ -78,7 +78,7 @@ class Channel:
     """JSON lines over the two descriptors the runner keeps private."""
 
     def __init__(self, read_fd: int, write_fd: int) -> None:
-        self.reader = io.open(read_fd, "rb", buffering=1 << 16, closefd=True)
+        self.reader = open(read_fd, "rb", buffering=1 << 16, closefd=True)
         self.write_fd = write_fd
         # Every message carries this token; the parent learns it from the init reply, before any
         # user code runs, and refuses lines without it: the code can write to the channel's
@@ -517,7 +517,7 @@ class Runner:
 
 def _text_stream(fd: int) -> io.TextIOWrapper:
     return io.TextIOWrapper(
-        io.open(fd, "wb", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+        open(fd, "wb", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
     )
 
 
