@@ -66,10 +66,20 @@ def is_auth_problem(exc: BaseException) -> bool:
     return bool(_AUTH_WORDS.search(str(exc)))
 
 
+def names_response_format(exc: BaseException | None) -> bool:
+    """The error is the server refusing the request's response_format (a validation error naming it)."""
+    if exc is None:
+        return False
+    response = getattr(exc, "response", None)
+    text = f"{exc} {getattr(response, 'text', '')}".lower()
+    return "response_format" in text and ("validation" in text or "input should be" in text or "unsupported" in text
+                                          or "not supported" in text or "invalid" in text)  # fmt: skip
+
+
 def _is_transient(exc: BaseException) -> bool:
     """Errors worth retrying: timeouts, connection problems, rate limits, 5xx from the provider."""
     litellm = litellm_module()
-    if is_auth_problem(exc):
+    if is_auth_problem(exc) or names_response_format(exc):
         return False
     permanent = (
         litellm.AuthenticationError,

@@ -34,7 +34,7 @@ from .errors import (
     ResponseParseError,
     ToolArgumentError,
 )
-from .llm import knows_model, supports
+from .llm import knows_model, names_response_format, supports
 from .models import AgentResponse, ChatMessage, ReActChatMessage, StepRecord, Task, ToolCallRecord
 from .observer import Observer
 from .parsing import REACT_FORMAT, parse_react_reply, parse_react_text
@@ -49,14 +49,13 @@ StructuredOutput = Literal["auto", "json_schema", "json_object", "off"]
 
 
 def _refuses_format(exc: LLMError) -> bool:
-    """The server rejected the request as invalid (400/422): with a response_format, most likely that."""
+    """The server rejected the request's response_format: 422, or a 400/500 whose message names it
+    (llama-cpp-python's server answers an unsupported type with a 500 carrying the validation error)."""
     cause = exc.__cause__
     status = getattr(cause, "status_code", None)
-    if status == 422:  # a validation error of the request (llama.cpp's server; litellm drops the body)
+    if status == 422:  # a validation error of the request (FastAPI servers; litellm may drop the body)
         return True
-    response = getattr(cause, "response", None)
-    text = f"{cause} {getattr(response, 'text', '')}".lower()
-    return status == 400 and any(word in text for word in ("response_format", "json_schema", "json_object"))
+    return status in (400, 500) and names_response_format(cause)
 
 
 def _current_task() -> Any:

@@ -155,8 +155,9 @@ class StandinLLM:
     """The server. Use as a context manager; `model(kind)` and `params()` configure litellm to reach it."""
 
     def __init__(self, response_formats: Collection[str] | None = None) -> None:
-        # The response_format types this server accepts (None: all). llama.cpp's server accepts only
-        # "text" and "json_object" and answers anything else with a 422 naming those two.
+        # The response_format types this server accepts (None: all). llama-cpp-python's server (0.3.x)
+        # accepts only "text" and "json_object" and answers anything else with a 500 whose message is
+        # the pydantic validation error naming those two (seen here against the real server).
         self.response_formats = None if response_formats is None else set(response_formats)
         self.script: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []
@@ -281,9 +282,11 @@ class StandinLLM:
                 if accepted is not None and isinstance(fmt, dict) and fmt.get("type") not in accepted:
                     names = " or ".join(repr(t) for t in sorted(accepted))
                     standin.rejected.append(f"response_format type {fmt.get('type')!r}")
-                    detail = {"type": "literal_error", "loc": ["body", "response_format", "type"],
+                    detail = {"type": "literal_error", "loc": ("body", "response_format", "type"),
                               "msg": f"Input should be {names}", "input": fmt.get("type")}  # fmt: skip
-                    self._send(422, {"detail": [detail]})
+                    message = f"1 validation error:\n  {detail}\n"
+                    self._send(500, {"error": {"message": message, "type": "internal_server_error",
+                                               "param": None, "code": None}})  # fmt: skip
                     return
                 problem = request_problem(body)
                 if problem is not None:  # as the provider would: 400, and the script does not advance
