@@ -36,6 +36,41 @@ from .usage import CALLER_USAGE
 RunEnv = Literal["host", "docker", "e2b"]
 
 
+_OMITTED = re.compile(r"\n\.\.\. \[([\d,]+) characters omitted\] \.\.\.\n")
+
+
+def _marker(omitted: int) -> str:
+    return f"\n... [{omitted:,} characters omitted] ...\n"
+
+
+def cut_stream(text: str, sandbox_omitted: int, limit: int) -> str:
+    """One output stream for the model: about `limit` characters kept, head and tail, and one marker
+    stating how many characters were really left out — what the sandbox dropped plus what this cut
+    drops — so the model is never told a wrong count. Control characters are neutralised after the cut,
+    so the count is of the characters the code printed."""
+    head, tail, located = text, "", False
+    if sandbox_omitted:
+        found = [m for m in _OMITTED.finditer(text) if int(m.group(1).replace(",", "")) == sandbox_omitted]
+        if found:  # the sandbox's own marker (printed look-alikes rarely carry the same count)
+            middle = found[len(found) // 2]
+            head, tail, located = text[: middle.start()], text[middle.end() :], True
+    if len(head) + len(tail) <= limit:
+        if sandbox_omitted and not located:
+            return (
+                neutralize_control(text) + f"\n(... and {sandbox_omitted:,} characters the sandbox left out)"
+            )
+        return neutralize_control(text)  # with the sandbox's marker, if it cut
+    keep_head = limit * 2 // 3
+    keep_tail = max(1, limit - keep_head)
+    if not located:
+        omitted = sandbox_omitted + len(text) - keep_head - keep_tail
+        return neutralize_control(text[:keep_head]) + _marker(omitted) + neutralize_control(text[-keep_tail:])
+    new_head = head[:keep_head]
+    new_tail = tail[-keep_tail:] if len(tail) > keep_tail else tail
+    omitted = sandbox_omitted + (len(head) - len(new_head)) + (len(tail) - len(new_tail))
+    return neutralize_control(new_head) + _marker(omitted) + neutralize_control(new_tail)
+
+
 def format_observation(result: Any, *, limit: int = 8000, timeout: float | None = None) -> str:
     """What the model is told about one run of its code (an `ExecutionResult`)."""
     parts: list[str] = []
@@ -48,13 +83,15 @@ def format_observation(result: Any, *, limit: int = 8000, timeout: float | None 
             "Notice: the Python session was restarted before this code ran. Variables, functions and "
             "imports from earlier steps are gone; define again what you need."
         )
-    stdout = neutralize_control(result.stdout or "")
-    stderr = neutralize_control(result.stderr or "")
+    stdout = cut_stream((result.stdout or "").rstrip("\n"), getattr(result, "stdout_omitted", 0), limit)
+    stderr = cut_stream((result.stderr or "").rstrip("\n"), getattr(result, "stderr_omitted", 0), limit // 2)
     if stdout.strip():
-        parts.append("Output:\n" + cap_text(stdout.rstrip("\n"), limit))
+        parts.append("Output:\n" + stdout)
     if stderr.strip():
-        parts.append("Standard error:\n" + cap_text(stderr.rstrip("\n"), limit // 2))
-    if result.truncated:
+        parts.append("Standard error:\n" + stderr)
+    if result.truncated and not (
+        getattr(result, "stdout_omitted", 0) or getattr(result, "stderr_omitted", 0)
+    ):
         parts.append("(The output was longer than the sandbox keeps; only its beginning and end are shown.)")
     error = result.error
     if result.timed_out:

@@ -264,3 +264,42 @@ def test_cli_hints_at_openai_prefix_when_api_base_has_no_provider() -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "openai/smollm" in proc.stderr
+
+
+# ---------------------------------------------------------------------- the truth about cut output
+
+
+def _kept_and_omitted(observation: str) -> tuple[str, int]:
+    import re
+
+    body = observation.split("Output:\n", 1)[1].split("\nStandard error:", 1)[0]
+    markers = re.findall(r"\n\.\.\. \[([\d,]+) characters omitted\] \.\.\.\n", body)
+    assert len(markers) == 1, body[:300]
+    kept = re.sub(r"\n\.\.\. \[[\d,]+ characters omitted\] \.\.\.\n", "", body)
+    return kept, int(markers[0].replace(",", ""))
+
+
+@pytest.mark.parametrize("output_limit", [None, 1000])
+async def test_observation_states_the_real_number_of_characters_omitted(
+    llm: StandinLLM, output_limit: int | None
+) -> None:
+    """The sandbox cuts at its output_limit, the agent at its observation budget: one count, both added."""
+    llm.add(code_step("print('A' * 60000 + 'B' * 60000)"), code_final("done"))
+    options = {"output_limit": output_limit} if output_limit else {}
+    agent = CodeActAgent(llm.model("json"), litellm_params=llm.params(), executor_options=options)
+    responses = await collect(agent.run("print a lot"))
+    step = next(r.value for r in responses if r.type == "step")
+    kept, omitted = _kept_and_omitted(step.observation)
+    assert kept.startswith("A") and kept.endswith("B") and set(kept) == {"A", "B"}
+    assert len(kept) + omitted == 120000  # every printed character is either shown or counted
+    assert len(kept) <= (output_limit or CodeActAgent.OUTPUT_LIMIT)
+
+
+def test_cut_stream_adds_the_sandbox_count_to_its_own() -> None:
+    from kodeagent.codeact import cut_stream
+
+    sandbox_kept = "h" * 600 + "\n... [5,000 characters omitted] ...\n" + "t" * 600
+    text = cut_stream(sandbox_kept, 5000, 300)
+    assert text == "h" * 200 + "\n... [5,900 characters omitted] ...\n" + "t" * 100
+    assert cut_stream(sandbox_kept, 5000, 2000) == sandbox_kept  # within budget: the sandbox's marker stands
+    assert cut_stream("x" * 50, 0, 100) == "x" * 50
