@@ -24,7 +24,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 TESTS = pathlib.Path(__file__).parent
 BACKEND_NAMES = sorted(p.stem.removeprefix("backend_") for p in TESTS.glob("backend_*.py"))
-REQUIRED_IN_CI = {"host", "docker", "e2b"}
+REQUIRED_IN_CI = {"host", "docker", "e2b", "ray"}
 
 
 def backend_module(name: str) -> Any:
