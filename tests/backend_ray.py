@@ -67,11 +67,7 @@ def _descendants(roots: set[int]) -> set[int]:
 
 
 def _node_pids(started: Any) -> set[int]:
-    pids = set()
-    for node in [started.head_node, *started.worker_nodes]:
-        for infos in getattr(node, "all_processes", {}).values():
-            pids |= {info.process.pid for info in infos if getattr(info, "process", None) is not None}
-    return pids
+    return set().union(*(_node_pids_of(node) for node in [started.head_node, *started.worker_nodes]))
 
 
 def _shutdown(started: Any) -> None:
@@ -87,6 +83,28 @@ def _shutdown(started: Any) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+
+
+def kill_node(started: Any, node: Any) -> None:
+    """Kill a worker node as a crash would (SIGKILL, no graceful shutdown), with all its processes."""
+    leftover = _descendants(_node_pids_of(node))
+    started.remove_node(node, allow_graceful=False)
+    for pid in leftover - {os.getpid()}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def replace_node(started: Any) -> None:
+    """Add a fresh sandbox node (after `kill_node`), so later tests find the cluster at full capacity."""
+    started.add_node(**node_arguments())
+    started.wait_for_nodes()
+
+
+def _node_pids_of(node: Any) -> set[int]:
+    return {info.process.pid for infos in getattr(node, "all_processes", {}).values()
+            for info in infos if getattr(info, "process", None) is not None}  # fmt: skip
 
 
 def unavailable() -> str | None:

@@ -432,10 +432,16 @@ class RayExecutor(Executor):
             except RayError:
                 pass  # the node is gone: `next_event` below reports it
 
+        failure: RayError | None = None
         async with anyio.create_task_group() as group:
             group.start_soon(answer)
-            event: dict[str, Any] = await placement.agent.next_event.remote(placement.session_id)
+            try:
+                event: dict[str, Any] = await placement.agent.next_event.remote(placement.session_id)
+            except RayError as exc:  # raised outside the group, so the caller sees it, not a group of it
+                failure = exc
             group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
         return event
 
     # ----------------------------------------------------------------- state and files

@@ -1,0 +1,256 @@
+"""The ray backend's own behaviour, on the real local cluster of `backend_ray` (what it shares with every
+backend is in the conformance and security suites): placement across nodes and capacity, the tool bridge
+across the cluster, faults (a node killed mid-run, an agent killed mid-run, no cluster), the node's
+Docker backend, and a second driver joining the running cluster."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from typing import Any
+
+import anyio
+import backend_ray
+import pytest
+
+from sandboxes import HostExecutor, Policy, WorkerStartError
+
+pytestmark = pytest.mark.anyio
+
+SLEEPER = Policy(allowed_imports=["time"])
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    reason = backend_ray.unavailable()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the ray backend must run in CI but is unavailable: {reason}")
+        pytest.skip(reason)
+    return backend_ray.cluster()
+
+
+def executor(**options: Any) -> Any:
+    return backend_ray.make_executor(**options)
+
+
+def alive_nodes() -> set[str]:
+    import ray
+
+    return {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+async def test_sessions_spread_over_the_nodes_up_to_their_capacity(cluster: Any) -> None:
+    from sandboxes.backends.ray import capacity
+
+    total = capacity()
+    assert total == 2 * backend_ray.PER_NODE  # the head node declares none
+    async with anyio.create_task_group() as group:
+        sessions = [executor(timeout=10) for _ in range(total)]
+        for session in sessions:
+            group.start_soon(session.open)
+    try:
+        placed = [s.node_id for s in sessions]
+        assert len(set(placed)) == 2, placed  # more sessions than one node takes: both nodes serve
+        assert all(placed.count(node) == backend_ray.PER_NODE for node in set(placed))
+        for session in sessions:
+            assert (await session.run("print(1)")).stdout == "1\n"
+        # The cluster is full: a further session waits for capacity, and says so when it runs out of time.
+        with pytest.raises(WorkerStartError, match="capacity"):
+            await executor(timeout=10, placement_timeout=1).open()
+        waiting = executor(timeout=10, placement_timeout=30)
+        async with anyio.create_task_group() as group:
+            group.start_soon(waiting.open)
+            await anyio.sleep(0.5)
+            assert waiting.node_id is None  # still queued in Ray's scheduler
+            await sessions[0].close()
+        assert waiting.node_id == placed[0]  # it took the freed place
+        assert (await waiting.run("print(2)")).stdout == "2\n"
+        await waiting.close()
+    finally:
+        for session in sessions:
+            await session.close()
+
+
+async def test_tools_run_in_the_parent_process_across_the_cluster(cluster: Any) -> None:
+    seen: list[int] = []
+
+    def where() -> int:
+        seen.append(os.getpid())
+        return os.getpid()
+
+    async def twice(n: int) -> int:
+        await anyio.sleep(0)
+        return 2 * n
+
+    def refuse(reason: str) -> None:
+        raise PermissionError(reason)
+
+    tools = {"where": where, "twice": twice, "refuse": refuse}
+    code = (
+        "print(where(), twice(21))\n"
+        "try:\n    refuse('no access')\nexcept Exception as e:\n    print(type(e).__name__, e)\n"
+        "print(twice(n=4))"
+    )
+    async with executor(timeout=10, tools=tools) as ex:
+        result = await ex.run(code)
+    async with HostExecutor(timeout=10, tools=tools) as local:
+        expected = await local.run(code)
+    assert result.ok, result
+    assert result.stdout.startswith(f"{os.getpid()} 42\n") and "PermissionError: no access" in result.stdout
+    assert result.stdout == expected.stdout  # the same observation as on the node's backend run locally
+    assert seen == [os.getpid(), os.getpid()]
+
+
+async def test_a_node_killed_mid_run_loses_that_run_and_the_next_lands_on_a_live_node(cluster: Any) -> None:
+    import ray
+
+    started = threading.Event()
+    calls: list[int] = []
+
+    def begin() -> None:
+        calls.append(1)
+        started.set()
+
+    async with executor(policy=SLEEPER, timeout=60, tools={"begin": begin}) as ex:
+        assert (await ex.run("x = 1")).ok
+        doomed = ex.node_id
+        node = next(n for n in cluster.worker_nodes if n.node_id == doomed)
+
+        def kill_when_started() -> None:
+            assert started.wait(30)
+            backend_ray.kill_node(cluster, node)
+
+        killer = threading.Thread(target=kill_when_started)
+        killer.start()
+        try:
+            crashed = await ex.run("begin()\nimport time\ntime.sleep(40)\nprint('survived')")
+        finally:
+            killer.join()
+        try:
+            assert crashed.state_lost and crashed.error is not None, crashed
+            assert crashed.error.type == "WorkerCrashed" and "node" in crashed.error.message
+            assert "survived" not in crashed.stdout
+            after = await ex.run("print('back')")
+            gone = await ex.run("print(x)")
+            assert after.ok and after.stdout == "back\n" and not after.state_lost, after
+            assert ex.node_id != doomed and ex.node_id in alive_nodes()
+            assert gone.error is not None and gone.error.type == "NameError"
+            assert calls == [1]  # the lost snippet was never run again
+        finally:
+            backend_ray.replace_node(cluster)
+    assert doomed not in {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+
+
+async def test_an_agent_killed_mid_run_never_runs_the_snippet_twice(cluster: Any) -> None:
+    import ray
+
+    from sandboxes.backends.ray import agent
+
+    started = threading.Event()
+    calls: list[int] = []
+
+    def begin() -> None:
+        calls.append(1)
+        started.set()
+
+    async with executor(policy=SLEEPER, timeout=60, tools={"begin": begin}) as ex:
+        await ex.run("x = 1")
+        node = ex.node_id
+        handle = agent(node)
+
+        def kill_when_started() -> None:
+            assert started.wait(30)
+            ray.kill(handle, no_restart=False)  # as a crash: Ray would restart it if allowed to
+
+        killer = threading.Thread(target=kill_when_started)
+        killer.start()
+        try:
+            crashed = await ex.run("begin()\nimport time\ntime.sleep(40)\nprint('survived')")
+        finally:
+            killer.join()
+        assert crashed.state_lost and crashed.error is not None and crashed.error.type == "WorkerCrashed", crashed
+        after = await ex.run("print('back')")
+        assert after.ok and after.stdout == "back\n", after
+        await anyio.sleep(1)
+    assert calls == [1]  # neither a restart nor a retry ran it again
+
+
+async def test_a_cancelled_run_replaces_the_session(cluster: Any) -> None:
+    async with executor(policy=SLEEPER, timeout=60) as ex:
+        await ex.run("x = 1")
+        with anyio.move_on_after(1):
+            await ex.run("import time\ntime.sleep(30)")
+        after = await ex.run("print('fresh')")
+        gone = await ex.run("print(x)")
+    assert after.ok and after.stdout == "fresh\n" and after.state_lost
+    assert gone.error is not None and gone.error.type == "NameError"
+
+
+async def test_docker_on_the_node(cluster: Any) -> None:
+    import backend_docker
+
+    backend_docker.require()
+    from sandboxes.backends.ray import RayExecutor
+
+    async with RayExecutor(node_backend="docker", image=backend_docker.IMAGE, timeout=20, memory_mb=256) as ex:
+        result = await ex.run("import math\nprint(math.factorial(10))")
+        assert ex.isolation == "container"
+    assert result.ok and result.stdout == "3628800\n", result
+
+
+def test_node_options_are_checked_when_the_executor_is_made() -> None:
+    from sandboxes.backends.ray import RayExecutor
+
+    with pytest.raises(TypeError, match="isolaton"):
+        RayExecutor(node_backend="host", isolaton="process")
+    with pytest.raises(ValueError, match="node_backend"):
+        RayExecutor(node_backend="e2b")
+
+
+def _driver(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `script` as another driver process (a fresh interpreter, not connected to Ray yet)."""
+    environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | (env or {})
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env=environment)  # fmt: skip
+
+
+def test_no_cluster_at_the_address_is_backend_unavailable_with_the_fix() -> None:
+    script = (
+        "import anyio\nfrom sandboxes import open_executor, BackendUnavailable\n"
+        "async def main():\n    async with open_executor('ray', address='127.0.0.1:9'):\n        pass\n"
+        "try:\n    anyio.run(main)\nexcept BackendUnavailable as exc:\n    print('unavailable:', exc)\n"
+    )
+    done = _driver(script)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("unavailable: no Ray cluster answers at '127.0.0.1:9'"), done.stdout
+    assert "ray start --head" in done.stdout
+
+
+def test_another_driver_joins_the_running_cluster(cluster: Any) -> None:
+    """With address=None a driver joins the running cluster (here found through RAY_ADDRESS, as
+    `ray.init(address="auto")` does) and its sessions land on that cluster's nodes."""
+    script = (
+        "import anyio\nfrom sandboxes import open_executor\n"
+        "async def main():\n    async with open_executor('ray', timeout=10) as ex:\n"
+        "        r = await ex.run('print(6 * 7)')\n        print(ex.node_id, r.stdout.strip(), ex.isolation)\n"
+        "anyio.run(main)\n"
+    )
+    done = _driver(script, {"RAY_ADDRESS": cluster.address})
+    assert done.returncode == 0, done.stderr[-2000:]
+    node_id, answer, isolation = done.stdout.split()
+    assert node_id in alive_nodes() and answer == "42" and isolation in ("namespaces", "process")
+
+
+def test_sandboxes_imports_without_ray() -> None:
+    script = (
+        "import sys\nsys.modules['ray'] = None\nimport sandboxes\n"
+        "from sandboxes import open_executor, BackendUnavailable\n"
+        "import anyio\nasync def main():\n    async with open_executor('ray'):\n        pass\n"
+        "try:\n    anyio.run(main)\nexcept BackendUnavailable as exc:\n    print(exc)\n"
+    )
+    done = _driver(script)
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'kodeagent[ray]'" in done.stdout
