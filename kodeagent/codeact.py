@@ -33,7 +33,7 @@ from .tools import Tool
 from .tracing import TracingType
 from .usage import CALLER_USAGE
 
-RunEnv = Literal["host", "docker", "e2b"]
+RunEnv = Literal["host", "docker", "e2b", "ray"]
 
 
 _OMITTED = re.compile(r"\n\.\.\. \[([\d,]+) characters omitted\] \.\.\.\n")
@@ -135,7 +135,7 @@ class CodeActAgent(ReActAgent):
     """Thought, code, observation: the model writes Python that runs in a sandbox with the tools.
 
     Extra args (beyond `Agent`'s):
-        run_env: where the code runs: ``"host"``, ``"docker"`` or ``"e2b"``.
+        run_env: where the code runs: ``"host"``, ``"docker"``, ``"e2b"`` or ``"ray"`` (a Ray cluster's node).
         allowed_imports: modules the code may import (``"pkg.*"`` for a package and its submodules);
             None means the sandbox's default pure-computation set.
         pip_packages: extra packages installed in the sandbox (E2B only), space- or comma-separated.
@@ -198,8 +198,8 @@ class CodeActAgent(ReActAgent):
             tool_calling=tool_calling,
             structured_output=structured_output,
         )
-        if run_env not in ("host", "docker", "e2b"):
-            raise ConfigurationError(f"run_env must be 'host', 'docker' or 'e2b', got {run_env!r}")
+        if run_env not in ("host", "docker", "e2b", "ray"):
+            raise ConfigurationError(f"run_env must be 'host', 'docker', 'e2b' or 'ray', got {run_env!r}")
         if not timeout or timeout <= 0:
             raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if pip_packages and run_env != "e2b":

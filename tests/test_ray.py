@@ -6,6 +6,7 @@ Docker backend, and a second driver joining the running cluster."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -254,3 +255,18 @@ def test_sandboxes_imports_without_ray() -> None:
     done = _driver(script)
     assert done.returncode == 0, done.stderr
     assert "pip install 'kodeagent[ray]'" in done.stdout
+
+
+def test_doctor_reports_the_cluster(cluster: Any) -> None:
+    import json
+
+    done = subprocess.run([sys.executable, "-m", "kodeagent.cli", "doctor", "--backend", "ray", "--json"],
+                          capture_output=True, text=True, timeout=180,
+                          env=os.environ | {"RAY_ADDRESS": cluster.address})  # fmt: skip
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    ray_check = checks["backend ray"]
+    assert ray_check["ok"], ray_check
+    assert "runs code (isolation: namespaces" in ray_check["detail"] or "isolation: process" in ray_check["detail"]
+    assert f"capacity {2 * backend_ray.PER_NODE} (kodeagent_sandbox)" in ray_check["detail"], ray_check
+    sizes = re.search(r"3 nodes taking ([\d, ]+) sandboxes", ray_check["detail"])
+    assert sizes and sorted(int(n) for n in sizes.group(1).split(", ")) == [0, 2, 2], ray_check

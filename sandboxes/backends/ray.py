@@ -107,7 +107,7 @@ def _reachable(address: str) -> bool:
         return False
 
 
-def _connect(address: str | None, init_options: Mapping[str, Any]) -> None:
+def _connect(address: str | None, init_options: Mapping[str, Any], start_local: bool = True) -> None:
     """Join the cluster at `address`; with None join a running one or start a local one (blocking)."""
     ray = _ray()
     if ray.is_initialized():
@@ -118,7 +118,8 @@ def _connect(address: str | None, init_options: Mapping[str, Any]) -> None:
             ray.init(address="auto", **options)
             return
         except ConnectionError:
-            pass  # no running cluster here: start a local one
+            if not start_local:
+                raise BackendUnavailable(f"no Ray cluster is running here; {START_HINT}") from None
         cpus = os.cpu_count() or 1
         local = {"resources": {SANDBOX_RESOURCE: cpus}, "include_dashboard": False,
                  "object_store_memory": LOCAL_OBJECT_STORE_BYTES}  # fmt: skip
@@ -135,9 +136,11 @@ def _connect(address: str | None, init_options: Mapping[str, Any]) -> None:
         raise BackendUnavailable(f"could not join the Ray cluster at {address!r} ({exc}); {START_HINT}") from exc
 
 
-def connect(address: str | None = None, init_options: Mapping[str, Any] | None = None) -> None:
-    """Connect this process to a Ray cluster once (blocking; see `RayExecutor` for `address`)."""
-    future = _INIT_THREAD.submit(_connect, address, dict(init_options or {}))
+def connect(address: str | None = None, init_options: Mapping[str, Any] | None = None,
+            start_local: bool = True) -> None:  # fmt: skip
+    """Connect this process to a Ray cluster once (blocking; see `RayExecutor` for `address`). With
+    `start_local` False and no cluster running, raise `BackendUnavailable` instead of starting one."""
+    future = _INIT_THREAD.submit(_connect, address, dict(init_options or {}), start_local)
     try:
         future.result(timeout=CONNECT_TIMEOUT)
     except concurrent.futures.TimeoutError:
@@ -164,9 +167,10 @@ def capacity(address: str | None = None, init_options: Mapping[str, Any] | None 
     return int(_ray().cluster_resources().get(sandbox_resource(refresh=True), 0))
 
 
-def describe(address: str | None = None, init_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def describe(address: str | None = None, init_options: Mapping[str, Any] | None = None,
+             start_local: bool = True) -> dict[str, Any]:  # fmt: skip
     """The cluster as `kodeagent doctor` reports it: live nodes and the sandboxes each takes."""
-    connect(address, init_options)
+    connect(address, init_options, start_local)
     ray = _ray()
     resource = sandbox_resource(refresh=True)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
