@@ -17,7 +17,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from types import TracebackType
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypedDict, Unpack
 
 import anyio
 
@@ -37,6 +37,30 @@ KILL_TIMEOUT = 10.0
 ToolFunction = Callable[..., Any]
 
 
+class ExecutorOptions(TypedDict, total=False):
+    """The options every backend takes, declared once (each backend adds its own beside them).
+
+    policy: what the code may do (imports, builtins, files, network, limits). Default `Policy()`.
+    timeout: wall-clock seconds per `run()`; past it the worker and all it started are killed. Default 30.
+    env: the only environment variables the code sees. Default none.
+    tools: functions the code may call by name; they run here, in the parent, not in the sandbox.
+    workdir: the code's working directory (backend-specific meaning; a fresh one if None).
+    stateless: run every snippet in a fresh namespace instead of keeping state. Default False.
+    output_limit: characters kept of stdout and of stderr (head and tail). Default 64,000.
+    """
+
+    policy: Policy | None
+    timeout: float
+    env: Mapping[str, str] | None
+    tools: Mapping[str, ToolFunction] | None
+    workdir: str | None
+    stateless: bool
+    output_limit: int
+
+
+COMMON_OPTIONS = frozenset(ExecutorOptions.__annotations__)
+
+
 class Executor(ABC):
     """Runs Python code in a sandbox session whose state persists between runs, like a notebook.
 
@@ -45,44 +69,36 @@ class Executor(ABC):
         async with HostExecutor(policy=Policy(allowed_imports=["math"]), timeout=10) as ex:
             result = await ex.run("import math; print(math.pi)")
 
-    Args:
-        policy: what the code may do (imports, builtins, files, limits). Defaults to `Policy()`.
-        timeout: wall-clock seconds per `run()`; past it the worker and all it started are killed.
-        env: the only environment variables the code sees.
-        tools: functions the code may call by name; they run here, in the parent, not in the sandbox.
-        workdir: the code's working directory (backend-specific meaning; a fresh one if None).
-        stateless: run every snippet in a fresh namespace instead of keeping state.
-        output_limit: characters kept of stdout and of stderr (head and tail).
+    Takes the common `ExecutorOptions` (policy, timeout, env, tools, workdir, stateless,
+    output_limit); each backend adds options of its own. An unknown option is a `TypeError`.
     """
 
     backend: ClassVar[str] = ""
 
-    def __init__(
-        self,
-        *,
-        policy: Policy | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-        env: Mapping[str, str] | None = None,
-        tools: Mapping[str, ToolFunction] | None = None,
-        workdir: str | None = None,
-        stateless: bool = False,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
-    ) -> None:
+    def __init__(self, **options: Unpack[ExecutorOptions]) -> None:
+        unknown = set(options) - COMMON_OPTIONS
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unknown options: {', '.join(sorted(unknown))}")
+        policy = options.get("policy")
+        timeout = options.get("timeout", DEFAULT_TIMEOUT)
+        output_limit = options.get("output_limit", DEFAULT_OUTPUT_LIMIT)
         if not (isinstance(timeout, int | float) and timeout > 0 and math.isfinite(timeout)):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if output_limit < 100:
-            raise ValueError(f"output_limit must be at least 100 characters, got {output_limit}")
+        if not isinstance(output_limit, int) or output_limit < 100:
+            raise ValueError(f"output_limit must be at least 100 characters, got {output_limit!r}")
+        if policy is not None and not isinstance(policy, Policy):
+            raise TypeError(f"policy must be a sandboxes.Policy, not {type(policy).__name__}")
         self.policy = policy if policy is not None else Policy()
         self.timeout = float(timeout)
-        self.env = {str(k): str(v) for k, v in (env or {}).items()}
-        self.tools: dict[str, ToolFunction] = dict(tools or {})
+        self.env = {str(k): str(v) for k, v in (options.get("env") or {}).items()}
+        self.tools: dict[str, ToolFunction] = dict(options.get("tools") or {})
         for name, function in self.tools.items():
             if not name.isidentifier() or name.startswith("_"):
                 raise ValueError(f"tool name {name!r} must be a Python identifier not starting with '_'")
             if not callable(function):
                 raise TypeError(f"tool {name!r} is not callable")
-        self.workdir = workdir
-        self.stateless = stateless
+        self.workdir: str | None = options.get("workdir")
+        self.stateless = bool(options.get("stateless", False))
         self.output_limit = output_limit
         self._worker: Worker | None = None
         self._opened = False

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.anyio
 IMAGE = "kodeagent-sandbox:datascience"
 POLICY = Policy(
     allowed_imports=("numpy", "numpy.*", "pandas", "pandas.*", "matplotlib", "matplotlib.*"),
-    limits=Limits(memory_mb=4096),
+    limits=Limits(memory_mb=1024),
 )
 
 
@@ -23,7 +23,7 @@ def _datascience_image() -> None:
 
 
 async def test_numpy_and_pandas():
-    async with backend_docker.make_executor(image=IMAGE, policy=POLICY, timeout=60, memory_mb=1024) as ex:
+    async with backend_docker.make_executor(image=IMAGE, policy=POLICY, timeout=60) as ex:
         result = await ex.run("import numpy as np; print(np.arange(3).sum())")
         assert result.stdout == "3\n", result
         result = await ex.run("import pandas as pd\nprint(pd.DataFrame({'a': [1, 2, 3]})['a'].mean())")
@@ -31,7 +31,7 @@ async def test_numpy_and_pandas():
 
 
 async def test_shown_and_saved_figures_come_back_as_png_artifacts():
-    async with backend_docker.make_executor(image=IMAGE, policy=POLICY, timeout=60, memory_mb=1024) as ex:
+    async with backend_docker.make_executor(image=IMAGE, policy=POLICY, timeout=60) as ex:
         result = await ex.run("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
         assert result.error is None, result
         assert [a.path for a in result.artifacts] == ["figure_1.png"]

@@ -7,7 +7,8 @@ daemon multiplexes stdout and stderr on that socket in frames with an 8-byte hea
 takes them apart. A run costs one round trip on that socket (well under a millisecond), not a
 ``docker exec`` (tens of milliseconds).
 
-Why it is safe by default (each one can be loosened by a plainly named option):
+Why it is safe by default (each can be loosened by a plainly named option; the network and memory by
+the policy, as on every backend):
 no network (``network_mode=none``), read-only root filesystem, a tmpfs ``/tmp``, a writable working
 directory on an anonymous volume (the only writable place besides /tmp), every capability dropped,
 ``no-new-privileges``, a non-root user, PID / memory (swap = memory) / CPU limits, ulimits, and an
@@ -37,14 +38,13 @@ import tarfile
 import threading
 import time
 import weakref
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
-from ..executor import Executor, ToolFunction
+from ..executor import Executor, ExecutorOptions
 from ..images import (
     DEFAULT_IMAGE,
     LABEL_OWNER,
@@ -57,7 +57,6 @@ from ..images import (
     owner_label,
     runtime_hash,
 )
-from ..policy import Policy
 from ..worker import SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 
 WORKDIR = "/workspace"
@@ -95,10 +94,10 @@ class ContainerSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     image: str = DEFAULT_IMAGE
-    memory_mb: int = Field(512, ge=16, description="Memory limit; swap is limited to the same (no swap).")
+    memory_mb: int = Field(2048, ge=16, description="Memory limit (`Limits.memory_mb`); swap limited to the same.")
     cpus: float = Field(1.0, gt=0, description="CPU quota in cores.")
     pids_limit: int = Field(128, ge=2, description="Processes and threads in the container.")
-    network: bool = Field(False, description="Give the container a bridge network (default: none at all).")
+    network: bool = Field(False, description="A bridge network (`Policy.network`); default none at all.")
     read_only: bool = Field(True, description="Mount the root filesystem read-only.")
     tmp_mb: int = Field(64, ge=1, description="Size of the tmpfs at /tmp.")
     user: str = Field(SANDBOX_UID, description="uid:gid the runner runs as.")
@@ -508,13 +507,15 @@ def _remove_all_at_exit() -> None:
 class DockerExecutor(Executor):
     """Runs code in a hardened Docker container. See the module docs for what is hardened and why.
 
-    Args:
+    The policy decides what the container may do, as on every backend: `policy.network` gives it a
+    bridge network (default: none at all), `policy.limits.memory_mb` is its memory limit (a cgroup
+    limit here, swap limited to the same; exceeding it kills the runner and the result says ``oom``
+    and ``state_lost``), `policy.limits.max_processes` caps its PIDs.
+
+    Args (besides the common `ExecutorOptions`; `workdir` is a host directory mounted at /workspace):
         image: the sandbox image (build it with ``python -m sandboxes.images build``).
-        memory_mb: memory limit of the container (swap limited to the same: no swap). Exceeding it
-            kills the runner; the result says ``oom`` and ``state_lost``.
         cpus: CPU quota, in cores.
-        pids_limit: processes and threads in the container.
-        network: give the container a network (default: none). The policy must allow sockets too.
+        pids_limit: processes and threads in the container (at most `max_processes` + 1 for the init).
         read_only: mount the root filesystem read-only (the working directory and /tmp stay writable).
         tmp_mb: size of the tmpfs at /tmp.
         user: ``uid:gid`` to run as (default the image's unprivileged 1000:1000). The image's
@@ -524,7 +525,6 @@ class DockerExecutor(Executor):
         open_files, file_size_mb: ulimits of the container.
         pool: take a started container from the warm pool (not with `workdir`, a bind-mounted host dir).
         pool_size: how many warm containers to keep for this configuration.
-        (and the common options of `Executor`; `workdir` is a host directory mounted at /workspace)
     """
 
     backend = "docker"
@@ -532,18 +532,9 @@ class DockerExecutor(Executor):
     def __init__(
         self,
         *,
-        policy: Policy | None = None,
-        timeout: float = 30.0,
-        env: Mapping[str, str] | None = None,
-        tools: Mapping[str, ToolFunction] | None = None,
-        workdir: str | None = None,
-        stateless: bool = False,
-        output_limit: int = 64_000,
         image: str = DEFAULT_IMAGE,
-        memory_mb: int = 512,
         cpus: float = 1.0,
         pids_limit: int = 128,
-        network: bool = False,
         read_only: bool = True,
         tmp_mb: int = 64,
         user: str = SANDBOX_UID,
@@ -553,23 +544,21 @@ class DockerExecutor(Executor):
         file_size_mb: int = 1024,
         pool: bool = True,
         pool_size: int = POOL_SIZE,
-        **unknown: Any,
+        **options: Unpack[ExecutorOptions],
     ) -> None:
-        if unknown:
-            raise TypeError(f"DockerExecutor got unknown options: {', '.join(sorted(unknown))}")
-        super().__init__(policy=policy, timeout=timeout, env=env, tools=tools, workdir=workdir,
-                         stateless=stateless, output_limit=output_limit)  # fmt: skip
+        super().__init__(**options)
         # The policy's process limit becomes the container's PID limit (+1 for the init). The runner's
         # RLIMIT_NPROC is not used here: it counts every process of the uid on the whole host, and all
         # sandbox containers share uid 1000, so sessions would starve each other of threads.
-        pids_limit = min(pids_limit, self.policy.limits.max_processes + 1)
+        limits = self.policy.limits
+        pids_limit = min(pids_limit, limits.max_processes + 1)
         self.settings = ContainerSettings(
-            image=image, memory_mb=memory_mb, cpus=cpus, pids_limit=pids_limit, network=network,
-            read_only=read_only, tmp_mb=tmp_mb, user=user, drop_capabilities=drop_capabilities,
-            no_new_privileges=no_new_privileges, open_files=open_files, file_size_mb=file_size_mb,
-            host_workdir=workdir,
+            image=image, memory_mb=limits.memory_mb, cpus=cpus, pids_limit=pids_limit,
+            network=self.policy.network, read_only=read_only, tmp_mb=tmp_mb, user=user,
+            drop_capabilities=drop_capabilities, no_new_privileges=no_new_privileges, open_files=open_files,
+            file_size_mb=file_size_mb, host_workdir=self.workdir,
         )  # fmt: skip
-        self.pool_size = max(0, pool_size) if pool and workdir is None else 0
+        self.pool_size = max(0, pool_size) if pool and self.workdir is None else 0
         self._refill_due = False
 
     async def _release_worker(self, worker: Worker) -> None:
@@ -583,7 +572,10 @@ class DockerExecutor(Executor):
     def _init_message(self) -> dict[str, Any]:
         message = super()._init_message()
         limits = dict(message["policy"].get("limits", {}))
-        limits["max_processes"] = 0  # 0: the runner leaves RLIMIT_NPROC alone; pids_limit applies instead
+        # 0: the runner leaves RLIMIT_NPROC and RLIMIT_AS alone; the container's PID and memory limits
+        # apply instead (a cgroup counts memory in use, not address space that threads reserve).
+        limits["max_processes"] = 0
+        limits["memory_mb"] = 0
         message["policy"] = {**message["policy"], "limits": limits}
         return message
 

@@ -43,12 +43,12 @@ import shlex
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 import anyio
 
 from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
-from ..executor import KILL_TIMEOUT, Executor
+from ..executor import KILL_TIMEOUT, Executor, ExecutorOptions
 from ..runtime import RUNTIME_DIR
 from ..worker import Worker, WorkerExit, WorkerExited
 
@@ -341,7 +341,7 @@ class E2BWorker(Worker):
 class E2BExecutor(Executor):
     """Runs code in an E2B sandbox (a Firecracker microVM in E2B's cloud), one sandbox per session.
 
-    Args (besides the common ones of `Executor`):
+    Args (besides the common `ExecutorOptions`):
         template: the E2B template to start; it needs ``python3`` (``"base"`` has it).
         pip_packages: requirement specifiers (``"pandas>=2"``) installed once per sandbox with pip,
             passed as separate, quoted arguments after ``--`` (never interpreted by a shell).
@@ -371,7 +371,7 @@ class E2BExecutor(Executor):
         sandbox_url: str | None = None,
         domain: str | None = None,
         request_timeout: float = 30.0,
-        **options: Any,
+        **options: Unpack[ExecutorOptions],
     ) -> None:
         super().__init__(**options)
         _sdk()

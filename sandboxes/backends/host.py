@@ -26,14 +26,12 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import os
-from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Literal, Unpack
 
 import anyio
 
 from ..errors import BackendUnavailable, WorkerStartError
-from ..executor import Executor, ToolFunction
-from ..policy import Policy
+from ..executor import Executor, ExecutorOptions
 from ..worker import Worker
 from .hostprocess import _LIVE_WORKERS, HostWorker, fork_worker, namespaces_available, spawn_worker
 
@@ -105,35 +103,21 @@ class HostExecutor(Executor):
         isolation: ``"auto"`` (namespaces when bubblewrap works here, else process), ``"namespaces"``
             (fail if unavailable) or ``"process"``.
         pool: take a pre-started worker from the warm pool (not possible with an explicit `workdir`).
-        (and the common options of `Executor`)
+        (and the common `ExecutorOptions`)
     """
 
     backend = "host"
 
     def __init__(
-        self,
-        *,
-        policy: Policy | None = None,
-        timeout: float = 30.0,
-        env: Mapping[str, str] | None = None,
-        tools: Mapping[str, ToolFunction] | None = None,
-        workdir: str | None = None,
-        stateless: bool = False,
-        output_limit: int = 64_000,
-        isolation: Isolation = "auto",
-        pool: bool = True,
-        **unknown: Any,
+        self, *, isolation: Isolation = "auto", pool: bool = True, **options: Unpack[ExecutorOptions]
     ) -> None:
-        if unknown:
-            raise TypeError(f"HostExecutor got unknown options: {', '.join(sorted(unknown))}")
-        super().__init__(policy=policy, timeout=timeout, env=env, tools=tools, workdir=workdir,
-                         stateless=stateless, output_limit=output_limit)  # fmt: skip
+        super().__init__(**options)
         if isolation not in ("auto", "namespaces", "process"):
             raise ValueError(f"isolation must be 'auto', 'namespaces' or 'process', not {isolation!r}")
         if os.name != "posix":
             raise BackendUnavailable("the host backend needs a POSIX system (Linux or macOS)")
         self.requested_isolation = isolation
-        self.use_pool = pool and workdir is None
+        self.use_pool = pool and self.workdir is None
 
     def _isolation_level(self) -> str:
         if self.requested_isolation == "process":
