@@ -241,28 +241,14 @@ def policy_for(problem: dict[str, Any], extra_imports: Iterable[str] = ()) -> An
 # ---------------------------------------------------------------------- the sandbox side
 
 
-def _docker_has_own_memory_option() -> bool:
-    """True where the Docker backend sizes its container by a `memory_mb` option of its own rather
-    than by `Policy.limits.memory_mb` (which the harness policy already sets)."""
-    import inspect
-
-    try:
-        from sandboxes.backends.docker import DockerExecutor
-    except ImportError:
-        return False
-    return "memory_mb" in inspect.signature(DockerExecutor.__init__).parameters
-
-
 def session_options(backend: str, semantics: str, timeout: float,
                     backend_options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
-    """Options of every session but the policy: the harness semantics adds its environment, a
-    session timeout past the driver's own `timeout + 1`, and Docker's own memory limit."""
+    """Options of every session but the policy: the harness semantics adds its environment and a
+    session timeout past the driver's own `timeout + 1` (its policy's `Limits.memory_mb` sizes the
+    memory on every backend, a container's included)."""
     options = dict(backend_options or {})
     if semantics == "harness":
         options.setdefault("env", HARNESS_ENV)
-        docker = backend == "docker" or (backend == "ray" and options.get("node_backend") == "docker")
-        if docker and "memory_mb" not in options and _docker_has_own_memory_option():
-            options["memory_mb"] = HARNESS_MEMORY_MB
         return {"timeout": timeout + 1 + SESSION_SLACK, **options}
     return {"timeout": timeout, **options}
 
