@@ -4,6 +4,8 @@ One interface (`Executor`), three backends, one runner inside every sandbox. Not
 about language models.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .backends import executor_class, open_executor
 from .errors import (
     BackendUnavailable,
@@ -14,16 +16,25 @@ from .errors import (
     UnknownBackend,
     WorkerStartError,
 )
-from .executor import Executor
+from .executor import Executor, ExecutorOptions
 from .models import Artifact, ExecutionError, ExecutionResult
 from .policy import DEFAULT_ALLOWED_IMPORTS, Limits, Policy
 from .sync import SyncExecutor, open_executor_sync
 
+if TYPE_CHECKING:  # type checkers see the real classes; at run time they load on first use
+    from .backends.docker import DockerExecutor
+    from .backends.e2b import E2BExecutor
+    from .backends.host import HostExecutor
+    from .backends.ray import RayExecutor
 
-def __getattr__(name: str) -> object:
-    # The backend classes are imported lazily so that `import sandboxes` stays cheap.
-    if name in {"HostExecutor", "DockerExecutor", "E2BExecutor", "RayExecutor"}:
-        return executor_class(name[: -len("Executor")].lower())
+_LAZY_BACKENDS = {"HostExecutor": "host", "DockerExecutor": "docker", "E2BExecutor": "e2b", "RayExecutor": "ray"}
+
+
+def __getattr__(name: str) -> Any:
+    # The backend classes load on first use, so that `import sandboxes` stays cheap and needs neither
+    # the Docker, the E2B nor the Ray SDK.
+    if name in _LAZY_BACKENDS:
+        return executor_class(_LAZY_BACKENDS[name])
     raise AttributeError(f"module 'sandboxes' has no attribute {name!r}")
 
 
@@ -37,6 +48,7 @@ __all__ = [
     "ExecutionResult",
     "Executor",
     "ExecutorClosed",
+    "ExecutorOptions",
     "HostExecutor",
     "Limits",
     "Policy",

@@ -65,7 +65,15 @@ LABEL_OWNER = f"{LABEL}.owner"
 """`<host>:<pid>:<process start ticks>` of the process that created the container."""
 
 ROOT = Path(__file__).resolve().parent.parent
-IMAGES_DIR = ROOT / "images"
+
+
+def _images_dir() -> Path:
+    """The Dockerfiles: a checkout's top-level `images/`, else the copy an installed wheel carries."""
+    checkout = ROOT / "images"
+    return checkout if (checkout / "Dockerfile").is_file() else Path(__file__).resolve().parent / "_images"
+
+
+IMAGES_DIR = _images_dir()
 WHEELHOUSE = Path(os.environ.get("KODEAGENT_WHEELHOUSE", Path.home() / ".cache" / "kodeagent" / "wheelhouse"))
 
 Progress = Callable[[str], None]
