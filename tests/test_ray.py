@@ -196,7 +196,7 @@ async def test_docker_on_the_node(cluster: Any) -> None:
     backend_docker.require()
     from sandboxes.backends.ray import RayExecutor
 
-    async with RayExecutor(node_backend="docker", image=backend_docker.IMAGE, timeout=20, memory_mb=256) as ex:
+    async with RayExecutor(node_backend="docker", image=backend_docker.IMAGE, timeout=20) as ex:
         result = await ex.run("import math\nprint(math.factorial(10))")
         assert ex.isolation == "container"
     assert result.ok and result.stdout == "3628800\n", result
