@@ -48,14 +48,12 @@ from ..executor import Executor, ExecutorOptions
 from ..images import (
     DEFAULT_IMAGE,
     LABEL_OWNER,
-    LABEL_RUNTIME,
     LABEL_SANDBOX,
-    build_command,
     cleanup,
     docker_client,
     image_missing_message,
     owner_label,
-    runtime_hash,
+    stale_runner,
 )
 from ..worker import SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 
@@ -614,13 +612,8 @@ class DockerExecutor(Executor):
                 raise BackendUnavailable(image_missing_message(self.settings.image)) from exc
             except docker.errors.APIError as exc:
                 raise BackendUnavailable(f"cannot inspect the image {self.settings.image!r}: {exc}") from exc
-            baked = (found.labels or {}).get(LABEL_RUNTIME)
-            if baked is not None and baked != runtime_hash():
-                # An image of ours with another runner would fail the protocol in obscure ways.
-                command = build_command(self.settings.image) or "the command that built it"
-                raise BackendUnavailable(
-                    f"the image {self.settings.image!r} was built with a different runner than this "
-                    f"version of sandboxes; rebuild it with {command}"
-                )
+            problem = stale_runner(self.settings.image, found.labels)
+            if problem:
+                raise BackendUnavailable(problem)
             _checked_images.add(self.settings.image)
             _BACKGROUND.submit(_sweep_orphans)
