@@ -1,0 +1,476 @@
+"""The Docker backend's containers: how one is configured, started (cold or from the warm pool),
+talked to (`DockerWorker`: the attach socket, demultiplexed) and removed. `docker.py` builds the
+executor on top; see its docstring for why the containers are made this way."""
+
+from __future__ import annotations
+
+import atexit
+import concurrent.futures
+import io
+import socket
+import struct
+import tarfile
+import threading
+import time
+import weakref
+from typing import Any
+
+import anyio
+from pydantic import BaseModel, ConfigDict, Field
+
+from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
+from ..images import (
+    DEFAULT_IMAGE,
+    LABEL_OWNER,
+    LABEL_SANDBOX,
+    cleanup,
+    docker_client,
+    image_missing_message,
+    owner_label,
+)
+from ..worker import SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
+
+WORKDIR = "/workspace"
+RUNNER_COMMAND = ("python3", "-I", "/opt/kodeagent/runtime/runner.py")
+SANDBOX_UID = "1000:1000"
+POOL_SIZE = 2
+GO_MODE_SYMLINK = 1 << 27
+"""The symlink bit of Go's os.FileMode, as the daemon reports it in an archive's stat header."""
+STDERR_KEPT = 4096
+"""Bytes of the runner's own stderr kept to explain a crash (user output never goes there)."""
+
+_client_lock = threading.Lock()
+_client: Any = None
+_orphans_swept = False
+# Pool refills and background removals run here, never in the event loop.
+_BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kodeagent-docker")
+# Removals of closed sessions' containers queue here, apart from refills so they never delay them.
+# Queued work still runs at interpreter exit (the executor drains its queue before its threads end).
+_REMOVER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kodeagent-docker-rm")
+
+
+def client() -> Any:
+    """The process-wide Docker client (connects and pings once), or `BackendUnavailable`."""
+    global _client
+    with _client_lock:
+        if _client is None:
+            _client = docker_client()
+        return _client
+
+
+class ContainerSettings(BaseModel):
+    """Everything that decides how a sandbox container is created; equal settings share a warm pool."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str = DEFAULT_IMAGE
+    memory_mb: int = Field(2048, ge=16, description="Memory limit (`Limits.memory_mb`); swap limited to the same.")
+    cpus: float = Field(1.0, gt=0, description="CPU quota in cores.")
+    pids_limit: int = Field(128, ge=2, description="Processes and threads in the container.")
+    network: bool = Field(False, description="A bridge network (`Policy.network`); default none at all.")
+    read_only: bool = Field(True, description="Mount the root filesystem read-only.")
+    tmp_mb: int = Field(64, ge=1, description="Size of the tmpfs at /tmp.")
+    user: str = Field(SANDBOX_UID, description="uid:gid the runner runs as.")
+    drop_capabilities: bool = Field(True, description="Drop every Linux capability.")
+    no_new_privileges: bool = Field(True, description="Forbid gaining privileges (setuid binaries).")
+    open_files: int = Field(1024, ge=16, description="RLIMIT_NOFILE of the container.")
+    file_size_mb: int = Field(1024, ge=1, description="RLIMIT_FSIZE of the container: the largest file.")
+    host_workdir: str | None = Field(
+        None, description="A host directory bind-mounted as the working directory."
+    )
+
+    def create_arguments(self, api: Any) -> dict[str, Any]:
+        """Keyword arguments of the low-level `create_container` call."""
+        from docker.types import Mount, Ulimit
+
+        if self.host_workdir is not None:
+            workspace = Mount(WORKDIR, self.host_workdir, type="bind")
+        else:  # anonymous volume: gets /workspace's owner from the image, removed with the container
+            workspace = Mount(WORKDIR, None, type="volume")
+        file_size = self.file_size_mb * 1024 * 1024
+        host_config = api.create_host_config(
+            network_mode="bridge" if self.network else "none",
+            read_only=self.read_only,
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmp_mb}m,mode=1777"},
+            mounts=[workspace],
+            cap_drop=["ALL"] if self.drop_capabilities else None,
+            security_opt=["no-new-privileges"] if self.no_new_privileges else None,
+            pids_limit=self.pids_limit,
+            mem_limit=f"{self.memory_mb}m",
+            memswap_limit=f"{self.memory_mb}m",
+            nano_cpus=int(self.cpus * 1e9),
+            ulimits=[
+                Ulimit(name="nofile", soft=self.open_files, hard=self.open_files),
+                Ulimit(name="fsize", soft=file_size, hard=file_size),
+                Ulimit(name="core", soft=0, hard=0),
+            ],
+            oom_score_adj=1000,  # under host memory pressure, sandboxes die first
+            init=True,
+            ipc_mode="private",
+        )
+        return {
+            "image": self.image,
+            "command": list(RUNNER_COMMAND),
+            "stdin_open": True,
+            "detach": False,  # with stdin_open: StdinOnce, so a vanished parent closes the stdin
+            "tty": False,
+            "user": self.user,
+            "working_dir": WORKDIR,
+            "hostname": "sandbox",
+            "environment": {"HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},
+            "labels": {LABEL_SANDBOX: "1", LABEL_OWNER: owner_label()},
+            "host_config": host_config,
+        }
+
+
+# ---------------------------------------------------------------------- the channel
+
+
+class Demultiplexer:
+    """Splits Docker's multiplexed attach stream (8-byte header: stream, 0, 0, 0, big-endian size)."""
+
+    def __init__(self) -> None:
+        self._raw = bytearray()
+        self.stdout = bytearray()
+        self.stderr_tail = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._raw += data
+        while len(self._raw) >= 8:
+            stream, size = self._raw[0], struct.unpack(">I", self._raw[4:8])[0]
+            if len(self._raw) < 8 + size:
+                return
+            payload = bytes(self._raw[8 : 8 + size])
+            del self._raw[: 8 + size]
+            if stream == 1:
+                self.stdout += payload
+            else:
+                self.stderr_tail += payload
+                del self.stderr_tail[:-STDERR_KEPT]
+
+
+class DockerWorker(Worker):
+    """One container running the runner, and the attach socket to it."""
+
+    isolation = "container"
+
+    def __init__(self, container_id: str, attach: Any, user: str = SANDBOX_UID) -> None:
+        self.container_id = container_id
+        self.user = user  # uploaded files get this owner, so the code can change them
+        self._attach = attach  # the SDK's socket object; holding it keeps the HTTP response alive
+        raw = getattr(attach, "_sock", attach)
+        self.sock: socket.socket = raw
+        self.channel = SocketLineReader(raw)
+        self.demux = Demultiplexer()
+        self._removed = False
+        self._finalizer = weakref.finalize(self, _remove_later, container_id, raw)
+        self._finalizer.atexit = False  # at exit, `_remove_all_at_exit` removes it synchronously
+        _LIVE[container_id] = self
+
+    def __repr__(self) -> str:
+        return f"<DockerWorker {self.container_id[:12]}>"
+
+    async def send(self, data: bytes) -> None:
+        await self.channel.send(data)
+
+    async def receive_line(self) -> bytes:
+        while True:
+            line = take_line(self.demux.stdout, self.line_limit)
+            if line is not None:
+                return line
+            chunk = await self.channel.receive_some()
+            if not chunk:
+                raise WorkerExited("the container's attach stream ended")
+            self.demux.feed(chunk)
+
+    async def alive(self) -> bool:
+        return self.socket_open()
+
+    def socket_open(self) -> bool:
+        """Whether the attach stream is still open. No daemon call: the daemon ends the stream when the
+        container stops, is removed, or the daemon itself goes away, so this is cheap and sufficient."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def remove_now(self) -> None:
+        """Kill and remove the container and its volume (blocking). Idempotent, never raises."""
+        _LIVE.pop(self.container_id, None)
+        if not self._removed:
+            self._removed = True
+            self._finalizer.detach()
+            _remove(self.container_id, self.sock)
+
+    async def kill(self) -> None:
+        await anyio.to_thread.run_sync(self.remove_now)
+
+    def release(self) -> None:
+        """End the session without waiting: close the stream, remove the container in the background.
+
+        Only for an idle runner (it is blocked reading its stdin): the closed stream is end-of-file
+        for it, so it exits at once and the container stops; the removal (a few hundred ms of daemon
+        work) then happens off the caller's path. A busy runner needs `kill()`.
+        """
+        _LIVE.pop(self.container_id, None)
+        if not self._removed:
+            self._removed = True
+            self._finalizer.detach()
+            try:
+                self.sock.close()
+            except OSError:
+                pass
+            try:
+                _REMOVER.submit(_remove, self.container_id, None)
+            except RuntimeError:  # interpreter shutting down
+                _remove(self.container_id, None)
+
+    async def exit_info(self) -> WorkerExit:
+        return await anyio.to_thread.run_sync(self._exit_info)
+
+    def _exit_info(self) -> WorkerExit:
+        import docker.errors
+
+        stderr = self.demux.stderr_tail.decode(errors="replace").strip()
+        suffix = f"; runner stderr: {stderr[-500:]}" if stderr else ""
+        try:
+            api = client().api
+            deadline = time.monotonic() + 3
+            while True:  # the stream can end a moment before the daemon records the exit
+                state = api.inspect_container(self.container_id)["State"]
+                if not state.get("Running") or time.monotonic() > deadline:
+                    break
+                time.sleep(0.02)
+        except docker.errors.NotFound:
+            return WorkerExit(detail="the container was removed from outside" + suffix)
+        except Exception as exc:  # daemon down or restarting: say so, never raise here
+            return WorkerExit(detail=f"the Docker daemon did not answer ({exc.__class__.__name__})" + suffix)
+        if state.get("OOMKilled"):
+            return WorkerExit(detail="killed for exceeding the container's memory limit (OOM)", oom=True)
+        if state.get("Running"):
+            return WorkerExit(detail="the container closed its stream but is still running" + suffix)
+        return WorkerExit(detail=f"the container exited with code {state.get('ExitCode')}" + suffix)
+
+    # ------------------------------------------------------------------ files, through the Docker API
+
+    def _refuse_symlinks(self, path: str) -> None:
+        """Refuse `path` if it, or a directory on the way to it, is a symbolic link (blocking).
+
+        Docker resolves links inside the container's root, so a link cannot reach the host; but it
+        can point out of the working directory, and the files API promises the working directory
+        only. Asked with HEAD requests: the stat header, no content.
+        """
+        import docker.errors
+        from docker.utils import decode_json_header
+
+        api = client().api
+        parts = path.split("/")
+        for depth in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:depth])
+            response = api.head(api._url("/containers/{0}/archive", self.container_id),
+                                params={"path": f"{WORKDIR}/{prefix}"})  # fmt: skip
+            if response.status_code == 404:
+                try:
+                    api.inspect_container(self.container_id)
+                except docker.errors.NotFound as exc:
+                    raise SandboxFileError("the sandbox container is gone") from exc
+                return  # nothing there yet: the rest will be created as plain directories and files
+            api._raise_for_status(response)
+            header = response.headers.get("x-docker-container-path-stat")
+            stat = decode_json_header(header) if header else {}
+            if stat.get("mode", 0) & GO_MODE_SYMLINK or stat.get("linkTarget"):
+                raise SandboxFileError(f"{prefix!r} in the sandbox is a symbolic link; refused")
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        await anyio.to_thread.run_sync(self._write_file, path, data)
+
+    def _write_file(self, path: str, data: bytes) -> None:
+        import docker.errors
+
+        self._refuse_symlinks(path)
+        uid_text, _, gid_text = self.user.partition(":")
+        uid = int(uid_text) if uid_text.isdigit() else 1000  # a user name: the image's sandbox user
+        gid = int(gid_text) if gid_text.isdigit() else uid
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w") as archive:
+            parts = path.split("/")
+            for depth in range(1, len(parts)):  # parent directories, owned by the sandbox user
+                directory = tarfile.TarInfo("/".join(parts[:depth]))
+                directory.type, directory.mode = tarfile.DIRTYPE, 0o755
+                directory.uid, directory.gid, directory.mtime = uid, gid, int(time.time())
+                archive.addfile(directory)
+            entry = tarfile.TarInfo(path)
+            entry.size, entry.mode, entry.mtime = len(data), 0o644, int(time.time())
+            entry.uid, entry.gid = uid, gid
+            archive.addfile(entry, io.BytesIO(data))
+        try:
+            client().api.put_archive(self.container_id, WORKDIR, buffer.getvalue())
+        except docker.errors.NotFound as exc:
+            raise SandboxFileError(f"cannot write {path!r}: the sandbox container is gone ({exc})") from exc
+        except docker.errors.APIError as exc:
+            raise SandboxFileError(f"cannot write {path!r} in the sandbox: {exc.explanation or exc}") from exc
+
+    async def read_file(self, path: str) -> bytes:
+        return await anyio.to_thread.run_sync(self._read_file, path)
+
+    def _read_file(self, path: str) -> bytes:
+        import docker.errors
+
+        self._refuse_symlinks(path)
+        try:
+            stream, _ = client().api.get_archive(self.container_id, f"{WORKDIR}/{path}")
+            archive_bytes = b"".join(stream)
+        except docker.errors.NotFound as exc:
+            raise SandboxFileError(f"no file {path!r} in the sandbox's working directory") from exc
+        except docker.errors.APIError as exc:
+            raise SandboxFileError(
+                f"cannot read {path!r} from the sandbox: {exc.explanation or exc}"
+            ) from exc
+        with tarfile.open(fileobj=io.BytesIO(archive_bytes)) as archive:
+            member = archive.next()
+            if member is None or not member.isfile():
+                raise SandboxFileError(f"{path!r} in the sandbox is not a regular file")
+            extracted = archive.extractfile(member)
+            assert extracted is not None
+            return extracted.read()
+
+
+# ---------------------------------------------------------------------- containers: start, remove, pool
+
+_LIVE: weakref.WeakValueDictionary[str, DockerWorker] = weakref.WeakValueDictionary()
+"""Containers of sessions and pools of this process, removed at interpreter exit. Weak, so that an
+executor nobody closed can still be garbage collected (its finalizer removes the container)."""
+
+
+def _remove(container_id: str, sock: socket.socket | None) -> None:
+    if sock is not None:
+        try:
+            sock.close()
+        except OSError:
+            pass
+    try:
+        client().api.remove_container(container_id, force=True, v=True)
+    except Exception:  # already gone, or the daemon is down (then stdin_once stops it anyway)
+        pass
+
+
+def _remove_later(container_id: str, sock: socket.socket) -> None:
+    """Finalizer of a worker nobody closed: closing the socket stops it, the removal runs in the background."""
+    _LIVE.pop(container_id, None)
+    try:
+        sock.close()
+    except OSError:
+        pass
+    try:
+        _BACKGROUND.submit(_remove, container_id, None)
+    except RuntimeError:  # interpreter shutting down: no more threads, remove it here
+        _remove(container_id, None)
+
+
+def start_container(settings: ContainerSettings) -> DockerWorker:
+    """Create a container, attach to its stdio, start it (blocking; run in a thread)."""
+    import docker.errors
+
+    api = client().api
+    try:
+        created = api.create_container(**settings.create_arguments(api))
+    except docker.errors.ImageNotFound as exc:
+        raise BackendUnavailable(image_missing_message(settings.image)) from exc
+    except docker.errors.APIError as exc:
+        raise WorkerStartError(
+            f"Docker could not create the sandbox container: {exc.explanation or exc}"
+        ) from exc
+    container_id = created["Id"]
+    try:
+        attach = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+        worker = DockerWorker(container_id, attach, settings.user)
+    except BaseException:
+        _remove(container_id, None)
+        raise
+    try:
+        api.start(container_id)
+    except BaseException as exc:
+        worker.remove_now()
+        if isinstance(exc, docker.errors.APIError):
+            raise WorkerStartError(
+                f"Docker could not start the sandbox container: {exc.explanation or exc}"
+            ) from exc
+        raise
+    return worker
+
+
+_POOLS: dict[ContainerSettings, list[DockerWorker]] = {}
+_pool_lock = threading.Lock()
+
+
+def take_pooled(settings: ContainerSettings) -> DockerWorker | None:
+    """A warm container for `settings`, if the pool has a live one (dead ones are removed)."""
+    while True:
+        with _pool_lock:
+            pool = _POOLS.get(settings)
+            if not pool:
+                return None
+            worker = pool.pop(0)
+        if worker.socket_open():
+            return worker
+        _BACKGROUND.submit(worker.remove_now)
+
+
+def refill(settings: ContainerSettings, size: int) -> None:
+    """Top up the pool of `settings` to `size` in a background thread; nobody waits for it."""
+
+    def fill() -> None:
+        while True:
+            with _pool_lock:
+                if len(_POOLS.setdefault(settings, [])) >= size:
+                    return
+            try:
+                worker = start_container(settings)
+            except Exception:  # the next session's cold start reports the problem properly
+                return
+            with _pool_lock:
+                _POOLS[settings].append(worker)
+
+    _BACKGROUND.submit(fill)
+
+
+def pooled_count(settings: ContainerSettings) -> int:
+    """How many warm containers wait for `settings` (benchmarks wait for a full pool with it)."""
+    with _pool_lock:
+        return len(_POOLS.get(settings, []))
+
+
+def drain_pools() -> None:
+    """Remove every pooled container of this process (blocking)."""
+    with _pool_lock:
+        workers = [w for pool in _POOLS.values() for w in pool]
+        _POOLS.clear()
+    for worker in workers:
+        worker.remove_now()
+
+
+def sweep_orphans_soon() -> None:
+    """Once per process, in the background: remove containers left behind by parents that died
+    without cleaning up."""
+    global _orphans_swept
+    if not _orphans_swept:
+        _orphans_swept = True
+        _BACKGROUND.submit(_sweep_orphans)
+
+
+def _sweep_orphans() -> None:
+    try:
+        cleanup(progress=lambda _message: None)
+    except Exception:
+        pass
+
+
+@atexit.register
+def _remove_all_at_exit() -> None:
+    if _client is None:
+        return
+    drain_pools()
+    for worker in list(_LIVE.values()):
+        worker.remove_now()
