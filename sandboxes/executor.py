@@ -237,6 +237,7 @@ class Executor(ABC):
         try:
             with anyio.fail_after(self.timeout):
                 reply = await self._request(worker, {"op": "run", "code": text})
+            result = self._result_from_reply(reply)
         except ProtocolError as exc:
             await self._discard_worker()
             self._state_lost_pending = False
@@ -269,7 +270,6 @@ class Executor(ABC):
                     "variables from earlier runs are lost",
                 ),
             )
-        result = self._result_from_reply(reply)
         result.state_lost = result.state_lost or state_lost
         return result
 
@@ -317,9 +317,9 @@ class Executor(ABC):
             if not isinstance(reply, dict):
                 raise ProtocolError(f"the runner sent a line that is not a message: {line[:200]!r}")
             token = reply.pop("token", None)
-            known = getattr(worker, "channel_token", None)
+            known = worker.channel_token
             if known is None and message.get("op") == "init" and isinstance(token, str):
-                worker.channel_token = token  # type: ignore[attr-defined]  # learnt before any code runs
+                worker.channel_token = token  # learnt before any code runs
             elif known is None or token != known:
                 raise ProtocolError("a message on the sandbox channel did not come from the runner "
                                     "(the code wrote to the channel's descriptor)")  # fmt: skip

@@ -40,6 +40,8 @@ class Worker(ABC):
     isolation: str = "process"
     line_limit: int = MAX_MESSAGE_BYTES
     """Bytes of one protocol line this worker buffers at most; `receive_line` ends the worker past it."""
+    channel_token: str | None = None
+    """The runner's channel token, learnt from its `init` reply before any code runs (set by `Executor`)."""
 
     @abstractmethod
     async def send(self, data: bytes) -> None:

@@ -48,10 +48,7 @@ def make_executor(**options: Any) -> Any:
 
 def require(image: str = IMAGE, variant: str = "py") -> None:
     """For docker-only tests: skip with the reason here, fail under CI (where Docker must work)."""
-    import pytest
 
-    reason = image_unavailable(image, variant)
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the docker backend must run in CI but is unavailable: {reason}")
-        pytest.skip(reason)
+    from needs import require as need
+
+    need(image_unavailable(image, variant), "the docker backend")

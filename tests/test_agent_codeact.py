@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from llm_standin import StandinLLM, code_final, code_step, collect, register_standin_models, reply
+from needs import require
 from pydantic import BaseModel
 
 from kodeagent import AgentResponse, CodeActAgent, ConfigurationError, StepRecord, format_observation, tool
@@ -43,11 +44,10 @@ def _e2b_reason() -> str | None:
     return backend_e2b.unavailable()
 
 
-@pytest.fixture(params=["host", "docker", "e2b"])
+@pytest.fixture(params=["host", pytest.param("docker", marks=pytest.mark.docker), "e2b"])
 def run_env(request: pytest.FixtureRequest) -> str:
     reason = {"host": lambda: None, "docker": _docker_reason, "e2b": _e2b_reason}[request.param]()
-    if reason:
-        pytest.skip(reason)
+    require(reason, f"CodeAct on {request.param}")
     return str(request.param)
 
 

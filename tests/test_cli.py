@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import require
 
 from kodeagent import cli
 
@@ -191,9 +192,7 @@ def _docker_problem() -> str | None:
 
 @pytest.mark.docker
 def test_images_list_talks_to_the_daemon() -> None:
-    problem = _docker_problem()
-    if problem:
-        pytest.skip(problem)
+    require(_docker_problem(), "the docker backend")
     done = kodeagent("images", "list", "--json")
     assert done.returncode == cli.EXIT_OK, done.stderr
     listed = json.loads(done.stdout)

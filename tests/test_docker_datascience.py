@@ -7,7 +7,7 @@ import pytest
 
 from sandboxes import Limits, Policy
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
 IMAGE = "kodeagent-sandbox:datascience"
 POLICY = Policy(

@@ -13,7 +13,7 @@ import pytest
 
 from sandboxes import Limits, Policy
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
 # No Python-level guard at all (python_guards=False), so only the container can say no.
 OPEN = Policy(python_guards=False, limits=Limits(memory_mb=8192))

@@ -17,7 +17,7 @@ import pytest
 from sandboxes import Policy
 from sandboxes.errors import BackendUnavailable, SandboxFileError
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,0 +1,335 @@
+"""The fast tier: every branch of the executor's side of the runner protocol, against a scripted
+`Worker` (no process, no container: the `Worker` contract is the seam backends plug into).
+
+Run alone with ``python -m pytest tests/unit`` (seconds). What the runner and the backends really do
+is the integration tier's job (the rest of `tests/`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+
+from sandboxes import BackendUnavailable, ExecutorClosed, Policy
+from sandboxes.errors import SandboxFileError, WorkerStartError
+from sandboxes.executor import Executor
+from sandboxes.runtime.bounds import TOOL_MESSAGE_LIMIT, line_limit, result_size_limit
+from sandboxes.worker import Worker, WorkerExit, WorkerExited
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "t0ken"
+Script = Callable[[dict[str, Any]], list[Any]]
+HANG = object()
+
+
+def reply(**fields: Any) -> dict[str, Any]:
+    return {"op": "reply", "token": TOKEN, **fields}
+
+
+def runner_like(message: dict[str, Any]) -> list[Any]:
+    """A well-behaved runner: init and reset answer; `run` prints the code back."""
+    if message["op"] == "run":
+        return [reply(stdout=message["code"] + "\n")]
+    return [reply()]
+
+
+class ScriptedWorker(Worker):
+    """Answers each request with what `script` returns for it: messages (dicts, sent as JSON lines),
+    raw `bytes` lines, exceptions to raise from `receive_line`, or `HANG` (never answers)."""
+
+    def __init__(self, script: Script, isolation: str = "namespaces", exit_info: WorkerExit | None = None) -> None:
+        self.script = script
+        self.isolation = isolation
+        self.sent: list[dict[str, Any]] = []
+        self.killed = False
+        self.files: dict[str, bytes] = {}
+        self.living = True
+        self._exit = exit_info or WorkerExit(detail="exit code 1")
+        self._send, self._receive = anyio.create_memory_object_stream[Any](math.inf)
+
+    async def send(self, data: bytes) -> None:
+        if self.killed:
+            raise WorkerExited("killed")
+        assert data.endswith(b"\n") and data.count(b"\n") == 1, "one protocol line per send"
+        message = json.loads(data)
+        self.sent.append(message)
+        for item in self.script(message):
+            self._send.send_nowait(item)
+
+    async def receive_line(self) -> bytes:
+        item = await self._receive.receive()
+        if item is HANG:
+            await anyio.sleep_forever()
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, bytes):
+            return item
+        return json.dumps(item).encode() + b"\n"
+
+    async def alive(self) -> bool:
+        return self.living and not self.killed
+
+    async def kill(self) -> None:
+        self.killed = True
+
+    async def exit_info(self) -> WorkerExit:
+        return self._exit
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        self.files[path] = data
+
+    async def read_file(self, path: str) -> bytes:
+        return self.files[path]
+
+
+class ScriptedExecutor(Executor):
+    """An executor whose workers are `ScriptedWorker`s made by `factory`, one per (re)start."""
+
+    backend = "scripted"
+
+    def __init__(self, factory: Callable[[], ScriptedWorker], **options: Any) -> None:
+        super().__init__(**options)
+        self.factory = factory
+        self.workers: list[ScriptedWorker] = []
+
+    async def _start_worker(self) -> Worker:
+        worker = self.factory()
+        self.workers.append(worker)
+        return worker
+
+
+def executor(script: Script = runner_like, **options: Any) -> ScriptedExecutor:
+    return ScriptedExecutor(lambda: ScriptedWorker(script), **options)
+
+
+# ------------------------------------------------------------------------------------------------ lifecycle
+
+
+async def test_open_sends_init_with_the_policy_and_learns_the_token() -> None:
+    ex = executor(env={"A": "1"}, tools={"lookup": lambda: 1}, stateless=True, output_limit=500)
+    async with ex:
+        (worker,) = ex.workers
+        init = worker.sent[0]
+        assert init["op"] == "init" and init["env"] == {"A": "1"} and init["tools"] == ["lookup"]
+        assert init["stateless"] is True and init["output_limit"] == 500
+        assert init["policy"]["python_guards"] is True
+        assert worker.channel_token == TOKEN
+        assert worker.line_limit == line_limit(500)
+    assert worker.killed
+
+
+async def test_a_fatal_reply_at_init_is_a_start_error_and_the_worker_is_killed() -> None:
+    ex = executor(lambda m: [{"op": "fatal", "token": TOKEN, "message": "no RestrictedPython"}])
+    with pytest.raises(WorkerStartError, match="no RestrictedPython"):
+        await ex.open()
+    assert ex.workers[0].killed
+
+
+async def test_unguarded_code_is_refused_at_the_bare_process_level_before_init() -> None:
+    ex = ScriptedExecutor(lambda: ScriptedWorker(runner_like, isolation="process"), policy=Policy(python_guards=False))
+    with pytest.raises(BackendUnavailable, match="bubblewrap"):
+        await ex.open()
+    assert ex.workers[0].killed and ex.workers[0].sent == []
+
+
+async def test_use_before_open_and_after_close_is_refused() -> None:
+    ex = executor()
+    with pytest.raises(ExecutorClosed):
+        await ex.run("x")
+    await ex.open()
+    await ex.close()
+    await ex.close()  # twice is fine
+    with pytest.raises(ExecutorClosed):
+        await ex.run("x")
+
+
+async def test_unknown_and_invalid_options_are_refused() -> None:
+    with pytest.raises(TypeError, match="unknown options: colour"):
+        executor(colour="red")
+    with pytest.raises(ValueError, match="timeout"):
+        executor(timeout=0)
+    with pytest.raises(ValueError, match="output_limit"):
+        executor(output_limit=10)
+    with pytest.raises(ValueError, match="identifier"):
+        executor(tools={"not a name": print})
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+async def test_a_run_returns_the_reply_as_a_result() -> None:
+    async with executor() as ex:
+        result = await ex.run("print(1)")
+    assert result.ok and result.stdout == "print(1)\n" and result.backend == "scripted"
+    assert result.duration > 0 and not result.state_lost
+
+
+async def test_a_policy_violation_never_reaches_the_worker() -> None:
+    async with executor() as ex:
+        result = await ex.run("import os")
+        assert result.error is not None and result.error.type == "PolicyViolation"
+        assert [m["op"] for m in ex.workers[0].sent] == ["init"]
+
+
+async def test_a_forged_oversized_reply_is_cut_in_the_parent() -> None:
+    huge = "x" * 100_000
+
+    def script(message: dict[str, Any]) -> list[Any]:
+        if message["op"] != "run":
+            return [reply()]
+        error = {"type": "E" * 5000, "message": huge, "traceback": huge}
+        artifacts = [{"path": "p" * 1000, "size": 1}] * 500
+        return [reply(stdout=huge, stderr=huge, final_answer=huge, has_final_answer=True, error=error,
+                      artifacts=artifacts)]  # fmt: skip
+
+    async with executor(script, output_limit=1000) as ex:
+        result = await ex.run("x")
+    assert result.truncated and result.stdout_omitted == 99_000 and result.stderr_omitted == 99_000
+    assert result.artifacts_omitted == 400 and len(result.artifacts) == 100
+    assert len(result.model_dump_json()) <= result_size_limit(1000)
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        (b"not json\n", "not JSON"),
+        (b"[1, 2]\n", "not a message"),
+        (json.dumps({"op": "reply", "token": "forged"}).encode() + b"\n", "did not come from the runner"),
+        (json.dumps({"op": "reply"}).encode() + b"\n", "did not come from the runner"),
+        (json.dumps({"op": "surprise", "token": TOKEN}).encode() + b"\n", "unexpected message"),
+        (json.dumps({"op": "reply", "token": TOKEN, "error": "oops"}).encode() + b"\n", "malformed result"),
+    ],
+)
+async def test_a_bad_line_replaces_the_worker_and_says_the_state_is_lost(line: bytes, why: str) -> None:
+    def script(message: dict[str, Any]) -> list[Any]:
+        return [line] if message["op"] == "run" and message["code"] == "bad" else runner_like(message)
+
+    async with executor(script) as ex:
+        result = await ex.run("bad")
+        assert result.error is not None and result.error.type == "WorkerCrashed" and why in result.error.message
+        assert result.state_lost and ex.workers[0].killed
+        again = await ex.run("good")
+        assert again.ok and not again.state_lost and len(ex.workers) == 2
+
+
+async def test_a_worker_that_ends_mid_run_reports_why_and_oom() -> None:
+    def script(message: dict[str, Any]) -> list[Any]:
+        return [WorkerExited("gone")] if message["op"] == "run" else runner_like(message)
+
+    ex = ScriptedExecutor(lambda: ScriptedWorker(script, exit_info=WorkerExit(detail="killed by SIGKILL", oom=True)))
+    async with ex:
+        result = await ex.run("x")
+    assert result.oom and result.state_lost and result.error is not None
+    assert "killed by SIGKILL" in result.error.message
+
+
+async def test_a_timeout_kills_the_worker_and_the_next_run_gets_a_new_one() -> None:
+    def script(message: dict[str, Any]) -> list[Any]:
+        return [HANG] if message["op"] == "run" and message["code"] == "loop" else runner_like(message)
+
+    async with executor(script, timeout=0.2) as ex:
+        result = await ex.run("loop")
+        assert result.timed_out and result.state_lost and result.error is not None
+        assert result.error.type == "Timeout" and ex.workers[0].killed
+        assert (await ex.run("after")).stdout == "after\n" and len(ex.workers) == 2
+
+
+async def test_a_worker_that_died_while_idle_is_replaced_before_the_run_with_state_lost() -> None:
+    async with executor() as ex:
+        ex.workers[0].living = False
+        result = await ex.run("x")
+    assert result.ok and result.state_lost and len(ex.workers) == 2
+
+
+async def test_cancelling_a_run_discards_the_worker() -> None:
+    def script(message: dict[str, Any]) -> list[Any]:
+        return [HANG] if message["op"] == "run" else runner_like(message)
+
+    async with executor(script, timeout=30) as ex:
+        with anyio.move_on_after(0.1):
+            await ex.run("x")
+        assert ex.workers[0].killed
+
+
+# ------------------------------------------------------------------------------------------------ tools
+
+
+def tool_round_trip(name: str, *args: Any) -> Script:
+    """A runner that, for a run, calls tool `name` and replies with what came back."""
+    pending: list[dict[str, Any]] = []
+
+    def script(message: dict[str, Any]) -> list[Any]:
+        if message["op"] == "run":
+            pending.append(message)
+            return [{"op": "tool_call", "token": TOKEN, "id": 1, "name": name, "args": list(args), "kwargs": {}}]
+        if message["op"] == "tool_result":
+            return [reply(final_answer=message, has_final_answer=True)]
+        return runner_like(message)
+
+    return script
+
+
+async def test_a_tool_call_runs_the_tool_in_the_parent() -> None:
+    async with executor(tool_round_trip("add", 2, 3), tools={"add": lambda a, b: a + b}) as ex:
+        result = await ex.run("x")
+    assert result.final_answer == {"op": "tool_result", "id": 1, "value": 5}
+
+
+async def test_an_async_tool_is_awaited() -> None:
+    async def slow_double(x: int) -> int:
+        await anyio.sleep(0)
+        return 2 * x
+
+    async with executor(tool_round_trip("double", 21), tools={"double": slow_double}) as ex:
+        result = await ex.run("x")
+    assert result.final_answer["value"] == 42
+
+
+@pytest.mark.parametrize(
+    ("tools", "kind"),
+    [
+        ({}, "NameError"),
+        ({"f": lambda: 1 / 0}, "ZeroDivisionError"),
+        ({"f": lambda: object()}, "TypeError"),
+        ({"f": lambda: "x" * (TOOL_MESSAGE_LIMIT + 1)}, "ToolResultTooLarge"),
+    ],
+)
+async def test_a_failing_tool_sends_an_error_back_to_the_code(tools: dict[str, Any], kind: str) -> None:
+    async with executor(tool_round_trip("f"), tools=tools) as ex:
+        result = await ex.run("x")
+    answer = result.final_answer
+    assert "value" not in answer and answer["error"]["type"] == kind
+
+
+# ------------------------------------------------------------------------------------------------ state and files
+
+
+async def test_reset_asks_the_runner_and_a_hung_reset_replaces_the_worker() -> None:
+    def script(message: dict[str, Any]) -> list[Any]:
+        return [HANG] if message["op"] == "reset" and len(calls) > 1 else runner_like(message)
+
+    calls: list[int] = []
+    async with executor(script, timeout=0.2) as ex:
+        calls.append(1)
+        await ex.reset()
+        assert ex.workers[0].sent[-1]["op"] == "reset" and not ex.workers[0].killed
+        calls.append(2)
+        await ex.reset()
+        assert ex.workers[0].killed
+        assert (await ex.run("x")).ok and len(ex.workers) == 2
+
+
+async def test_files_go_through_the_worker_with_paths_kept_inside_the_workdir() -> None:
+    async with executor() as ex:
+        await ex.upload("data/../in.txt", "text")
+        assert ex.workers[0].files == {"in.txt": b"text"}
+        assert await ex.download("./in.txt") == b"text"
+        for bad in ("/etc/passwd", "../up", "..", ".", "", "a\x00b"):
+            with pytest.raises(SandboxFileError):
+                await ex.upload(bad, b"x")
