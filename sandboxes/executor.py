@@ -1,9 +1,17 @@
 """`Executor`: the one interface every backend shares, and the protocol logic they all reuse.
 
-A subclass provides `_start_worker()` (and may override `_release_worker()` for pooling); this class
-does the rest: the static policy check, the request/reply conversation with the runner, tool calls
-back into the parent, the wall-clock timeout that kills, respawn after a crash with `state_lost`,
-and building the `ExecutionResult`.
+The hooks a backend implements or may override:
+
+- `_start_worker()` (required): start a runner (or take one from a warm pool) and return its `Worker`;
+  this class then sends `init` and waits for the handshake.
+- `_release_worker(worker)`: dispose of the worker at `close()` (default: kill it).
+- `_init_message()`: adjust the `init` request (Docker leaves rlimits to the container's cgroup).
+- `_ensure_worker()`: wrap the start-and-handshake (Docker refills its pool after the handshake).
+
+This class does the rest: the options every backend shares (`ExecutorOptions`), the static policy
+check, the request/reply conversation with the runner, tool calls back into the parent, the
+wall-clock timeout that kills, respawn after a crash with `state_lost`, and building a bounded
+`ExecutionResult` (`runtime/bounds.py`).
 """
 
 from __future__ import annotations

@@ -1,15 +1,23 @@
 """The program that runs inside every sandbox (host process, container, microVM).
 
-It is started as ``python3 -I runner.py [--sys-path DIR]... [--uid N --gid N]`` and talks to the
-parent over its original stdin (requests) and stdout (replies), one JSON object per line. Before any
-user code runs it moves that channel to private descriptors and points fd 0 at /dev/null and fd 1/2
-at in-memory files, so everything the code (or a C extension, or a child process) writes is captured
-and nothing it writes can reach the channel.
+It is started as ``python3 -I runner.py [--sys-path DIR]... [--uid N --gid N] [--subreaper]`` (or
+forked from `forkserver.py`, which calls `main` with the same flags) and talks to the parent over its
+original stdin (requests) and stdout (replies), one JSON object per line, each reply carrying the
+channel token. Before any user code runs it moves that channel to private descriptors and points
+fd 0 at /dev/null and fd 1/2 at pipes that a drain thread empties (head and tail kept, the middle
+counted), so everything the code (or a C extension, or a child process) writes is captured, writing
+never fails, and nothing it writes can reach the channel. ``--subreaper`` makes orphans of the code's
+processes children of the runner, so a kill finds all of them (`proctools.kill_process_tree`).
 
 Requests and replies::
 
+    {"op": "warmup"}                       -> {"op": "reply"}   (pool workers, before init only)
     {"op": "init", "policy": {...}, "env": {...}, "tools": [...], "stateless": b, "output_limit": n}
-    {"op": "run", "code": "..."}           -> {"op": "reply", "stdout", "stderr", "error", ...}
+                                           -> {"op": "reply", "pid", "uid", "token"}
+    {"op": "run", "code": "..."}           -> {"op": "reply", "stdout", "stderr", "stdout_omitted",
+                                               "stderr_omitted", "truncated", "error", "oom",
+                                               "final_answer", "has_final_answer", "artifacts",
+                                               "artifacts_omitted"}   (every part bounded: bounds.py)
     {"op": "reset"}                        -> {"op": "reply"}
     during a run:  {"op": "tool_call", "id", "name", "args", "kwargs"}  <- {"op": "tool_result", ...}
     on a startup failure: {"op": "fatal", "message": "..."}, then exit
