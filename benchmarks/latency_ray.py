@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -73,32 +72,12 @@ class LocalCluster:
     def shutdown(self) -> None:
         import ray
 
-        roots = {info.process.pid for node in [self.cluster.head_node, *self.cluster.worker_nodes]
-                 for infos in node.all_processes.values() for info in infos if info.process is not None}  # fmt: skip
-        leftover = _descendants(roots)
+        from sandboxes.backends.ray import descendants, kill_leftovers, node_processes
+
+        leftover = descendants(node_processes([self.cluster.head_node, *self.cluster.worker_nodes]))
         ray.shutdown()
         self.cluster.shutdown()
-        for pid in leftover - {os.getpid()}:  # Ray's per-node agents can outlive their raylet
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
-def _descendants(roots: set[int]) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = set(), set(roots)
-    while frontier:
-        found |= frontier
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-    return found
+        kill_leftovers(leftover)  # Ray's per-node agents can outlive their raylet
 
 
 # ---------------------------------------------------------------------- measurements

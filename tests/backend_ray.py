@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
-import os
-import signal
 import threading
 from typing import Any
 
@@ -50,61 +48,32 @@ def cluster() -> Any:
         return _cluster
 
 
-def _descendants(roots: set[int]) -> set[int]:
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-    found, frontier = set(), set(roots)
-    while frontier:
-        found |= frontier
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-    return found
-
-
-def _node_pids(started: Any) -> set[int]:
-    return set().union(*(_node_pids_of(node) for node in [started.head_node, *started.worker_nodes]))
-
-
 def _shutdown(started: Any) -> None:
     """Disconnect and stop every node; then kill what Ray's own shutdown left behind (its per-node agents
     can outlive their raylet), so the test process leaves no processes running."""
     import ray
 
-    leftover = _descendants(_node_pids(started)) if os.path.isdir("/proc") else set()
+    from sandboxes.backends.ray import descendants, kill_leftovers, node_processes
+
+    leftover = descendants(node_processes([started.head_node, *started.worker_nodes]))
     ray.shutdown()
     started.shutdown()
-    for pid in leftover - {os.getpid()}:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    kill_leftovers(leftover)
 
 
 def kill_node(started: Any, node: Any) -> None:
     """Kill a worker node as a crash would (SIGKILL, no graceful shutdown), with all its processes."""
-    leftover = _descendants(_node_pids_of(node))
+    from sandboxes.backends.ray import descendants, kill_leftovers, node_processes
+
+    leftover = descendants(node_processes([node]))
     started.remove_node(node, allow_graceful=False)
-    for pid in leftover - {os.getpid()}:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    kill_leftovers(leftover)
 
 
 def replace_node(started: Any) -> None:
     """Add a fresh sandbox node (after `kill_node`), so later tests find the cluster at full capacity."""
     started.add_node(**node_arguments())
     started.wait_for_nodes()
-
-
-def _node_pids_of(node: Any) -> set[int]:
-    return {info.process.pid for infos in getattr(node, "all_processes", {}).values()
-            for info in infos if getattr(info, "process", None) is not None}  # fmt: skip
 
 
 def unavailable() -> str | None:

@@ -6,7 +6,9 @@ Placement. Every node declares how many sandboxes it takes as the custom resourc
 ``kodeagent_sandbox`` (``ray start --resources='{"kodeagent_sandbox": 8}'``; a cluster that declares
 none is sized by its CPUs instead). A session reserves one unit in a placement group of a single
 bundle; Ray's scheduler picks the node, and a session that finds the cluster full waits in Ray's queue
-until a unit frees (up to `placement_timeout`). No scheduler of our own.
+until a unit frees (up to `placement_timeout`). No scheduler of our own. A closed session's unit stays
+with this process for `LINGER` seconds, so that the next session takes it at once instead of waiting for
+Ray to learn from the node's next resource report that it is free.
 
 Transport: one actor per node, sessions multiplexed on it (`raynode.NodeAgent`), not an actor per
 session. Measured here on a local 3-node cluster: creating an actor costs 0.8-1.9 s (a new worker
@@ -40,6 +42,7 @@ import concurrent.futures
 import hashlib
 import os
 import pathlib
+import signal
 import socket
 import threading
 import time
@@ -103,6 +106,9 @@ class Reservation:
 
 
 _idle: list[Reservation] = []
+_waiters: list[tuple[str, concurrent.futures.Future[Reservation]]] = []
+"""Sessions of this process waiting in Ray's queue for a unit: a closing session hands its unit to the
+first of them directly (Ray would see it free only at the node's next resource report, seconds later)."""
 _sweeper: threading.Thread | None = None
 
 
@@ -150,6 +156,7 @@ def _connect(address: str | None, init_options: Mapping[str, Any], start_local: 
             ray.init(**{**local, **options})
         except Exception as exc:
             raise BackendUnavailable(f"could not start a local Ray cluster ({exc}); {START_HINT}") from exc
+        atexit.register(_stop_local_cluster, node_processes())  # runs before Ray's own exit handler
         return
     if not _reachable(address):
         raise BackendUnavailable(f"no Ray cluster answers at {address!r}: {START_HINT}")
@@ -157,6 +164,55 @@ def _connect(address: str | None, init_options: Mapping[str, Any], start_local: 
         ray.init(address=address, **options)
     except Exception as exc:
         raise BackendUnavailable(f"could not join the Ray cluster at {address!r} ({exc}); {START_HINT}") from exc
+
+
+def node_processes(nodes: Any = None) -> set[int]:
+    """Process ids of Ray's own processes on `nodes` (`ray._private.node.Node` objects; default: the
+    local node this process started), for `kill_leftovers`."""
+    if nodes is None:
+        import ray._private.worker as ray_worker
+
+        nodes = [ray_worker._global_node] if getattr(ray_worker, "_global_node", None) is not None else []
+    return {info.process.pid for node in nodes for infos in getattr(node, "all_processes", {}).values()
+            for info in infos if getattr(info, "process", None) is not None}  # fmt: skip
+
+
+def descendants(roots: set[int]) -> set[int]:
+    """`roots` and every process below them now (read from /proc; empty elsewhere)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    found, frontier = set(), set(roots) & set(parents)
+    while frontier:
+        found |= frontier
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+    return found
+
+
+def kill_leftovers(pids: set[int]) -> None:
+    """SIGKILL what is left of `pids` (and never this process). Ray's per-node agents and the workers of
+    detached actors can outlive their raylet by a minute and ignore SIGTERM meanwhile."""
+    for pid in pids - {os.getpid()}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _stop_local_cluster(roots: set[int]) -> None:
+    """At exit of the process that started a local cluster: stop it, and everything it started."""
+    leftover = descendants(roots)
+    with _lock:
+        _idle.clear()
+    try:
+        _ray().shutdown()
+    finally:
+        kill_leftovers(leftover)
 
 
 def connect(address: str | None = None, init_options: Mapping[str, Any] | None = None,
@@ -272,6 +328,15 @@ def _take_reservation(resource: str) -> Reservation | None:
 def _keep_reservation(reservation: Reservation) -> None:
     """Hold a closed session's reservation for the next session of this process (see `LINGER`)."""
     global _sweeper
+    with _lock:
+        while _waiters:
+            resource, waiter = _waiters[0]
+            if resource != reservation.resource:
+                break
+            del _waiters[0]
+            if waiter.set_running_or_notify_cancel():
+                waiter.set_result(reservation)
+                return
     if LINGER <= 0:
         _remove_quietly(reservation.group)
         return
@@ -445,24 +510,43 @@ class RayExecutor(Executor):
             return
 
     async def _reserve(self, resource: str) -> Reservation:
-        """A new placement group of one unit; Ray's scheduler picks the node, or queues it while full."""
+        """A new placement group of one unit; Ray's scheduler picks the node, or queues it while full.
+        While queued, a unit another session of this process gives up is taken instead."""
+        import asyncio
+
         from ray.util.placement_group import placement_group, placement_group_table
 
         group = placement_group([{resource: 1}])
+        handoff: concurrent.futures.Future[Reservation] = concurrent.futures.Future()
+        with _lock:
+            _waiters.append((resource, handoff))
+        ready = asyncio.ensure_future(group.ready())
+        handed = asyncio.wrap_future(handoff)
+        finished = False
         try:
             with anyio.fail_after(self.placement_timeout):
-                await group.ready()
-            node_id = placement_group_table(group)["bundles_to_node_id"][0]
+                await asyncio.wait({ready, handed}, return_when=asyncio.FIRST_COMPLETED)
+            finished = True
         except TimeoutError:
-            _remove_quietly(group)
             raise WorkerStartError(
                 f"no sandbox capacity became free on the Ray cluster within {self.placement_timeout:g} s: "
                 "close idle sessions, add nodes, or raise placement_timeout"
             ) from None
-        except BaseException:
-            _remove_quietly(group)
-            raise
-        return Reservation(group, node_id, resource)
+        finally:
+            with _lock:
+                if (resource, handoff) in _waiters:
+                    _waiters.remove((resource, handoff))
+                handed_over = not handoff.cancel()  # False once a closing session set it: the unit is ours
+            ready.cancel()
+            placed = ready.done() and not ready.cancelled() and ready.exception() is None
+            if handed_over or not placed or not finished:
+                _remove_quietly(group)
+            if handed_over and not finished:
+                _keep_reservation(handoff.result())  # cancelled or timed out: pass the unit on
+        if handed_over:
+            return handoff.result()
+        ready.result()  # raises the placement's own failure, if it failed
+        return Reservation(group, placement_group_table(group)["bundles_to_node_id"][0], resource)
 
     async def _lose(self, placement: Placement, exc: BaseException | None = None) -> None:
         """Drop a session whose node failed or went silent; the next run places a new one."""
