@@ -8,7 +8,7 @@ the runtime guard in the runner (`runtime/guard.py`) enforces the same policy wh
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -183,13 +183,14 @@ class _StaticChecker(ast.NodeVisitor):
         self.violation: ExecutionError | None = None
 
     def check(self, tree: ast.AST) -> None:
-        methods: dict[type, Any] = {}
+        methods: dict[type, Callable[[Any], None] | None] = {}  # None: this kind has no visit method
         for node in ast.walk(tree):
             kind = type(node)
-            method = methods.get(kind)
-            if method is None:
-                method = methods[kind] = getattr(self, "visit_" + kind.__name__, False)
-            if method:
+            try:
+                method = methods[kind]
+            except KeyError:
+                method = methods[kind] = getattr(self, "visit_" + kind.__name__, None)
+            if method is not None:
                 method(node)
 
     def fail(self, node: ast.AST, message: str) -> None:

@@ -353,7 +353,7 @@ def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWork
     parent_end, child_end = socket.socketpair()
     try:
         process = subprocess.Popen(
-            command, stdin=child_end, stdout=child_end, stderr=subprocess.DEVNULL, cwd=directory,
+            command, stdin=child_end.fileno(), stdout=child_end.fileno(), stderr=subprocess.DEVNULL, cwd=directory,
             env={}, start_new_session=True, close_fds=True,
         )  # fmt: skip
     except OSError as exc:
@@ -379,7 +379,7 @@ class ForkServer:
         command = _sandboxed(_python(FORKSERVER), isolation, network, self.base)
         try:
             self.process = subprocess.Popen(
-                command, stdin=child_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                command, stdin=child_end.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                 cwd=self.base, env={}, start_new_session=True, close_fds=True,
             )  # fmt: skip
         except OSError as exc:

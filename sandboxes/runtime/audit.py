@@ -25,6 +25,7 @@ import symtable
 import sys
 import threading
 from collections.abc import Iterable, Iterator
+from types import FrameType
 from typing import Any
 
 _PATH_EVENTS = {
@@ -278,7 +279,7 @@ def _running_a_module_body() -> bool:
     """True when the import machinery is executing a module's top-level code and no code of the user
     (a ``<cell N>`` or ``<string>`` frame) runs between it and us: the module's own constant text is
     being compiled (PIL's ``typing`` annotations, for one), not a string the user chose."""
-    frame = sys._getframe(3)
+    frame: FrameType | None = sys._getframe(3)
     while frame is not None:
         filename = frame.f_code.co_filename
         if filename.startswith("<cell ") or filename == "<string>":

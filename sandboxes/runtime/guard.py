@@ -145,7 +145,7 @@ def make_transformer(allowed_dunders: frozenset[str], allowed_calls: frozenset[s
 
     blocked_attributes = frozenset(INSPECT_ATTRIBUTES) | FRAME_ATTRIBUTES
 
-    class SandboxTransformer(RestrictingNodeTransformer):  # type: ignore[misc]
+    class SandboxTransformer(RestrictingNodeTransformer):
         def check_name(self, node: ast.AST, name: str | None, allow_magic_methods: bool = False) -> None:
             if name is None:
                 return
@@ -203,8 +203,10 @@ def make_transformer(allowed_dunders: frozenset[str], allowed_calls: frozenset[s
             # goes through `_write_` like any store, and the attribute name was checked above at
             # compile time; names keep RestrictedPython's `_inplacevar_` rewrite.
             if isinstance(node.target, ast.Name):
-                return super().visit_AugAssign(node)
-            return self.node_contents_visit(node)
+                rewritten: Any = super().visit_AugAssign(node)  # a node: RestrictedPython returns it
+                return rewritten
+            visited: ast.AST = self.node_contents_visit(node)
+            return visited
 
         def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
             # `x: int = 1` (dataclass fields, typed variables): the target and the annotation are
@@ -495,7 +497,7 @@ class Guard:
         self.transformer(errors, [], {}).visit(tree)
         if errors:
             raise PolicyViolation("; ".join(_clean_error(e) for e in errors))
-        return compile(tree, filename, mode, dont_inherit=True)
+        return compile(tree, filename, mode, dont_inherit=True)  # type: ignore[call-overload]  # mode: exec/eval
 
 
 def _own_class(cls: type) -> bool:
@@ -552,7 +554,7 @@ class _GuardedFormatter(string.Formatter):
         self.guard = guard
 
     def get_field(self, field_name: str, args: Any, kwargs: Any) -> tuple[Any, str]:
-        import _string  # the parser str.format itself uses
+        import _string  # type: ignore[import-not-found]  # the parser str.format itself uses
 
         first, rest = _string.formatter_field_name_split(field_name)
         obj = self.get_value(first, args, kwargs)

@@ -198,8 +198,8 @@ def main(argv: list[str]) -> int:
             root, relative, target_path = args
             opened = open_beneath(root, relative, os.O_RDONLY)
             try:
-                with open(target_path, "wb") as target:
-                    _copy(opened, target.fileno())
+                with open(target_path, "wb") as copy:
+                    _copy(opened, copy.fileno())
             finally:
                 os.close(opened)
             return 0

@@ -258,8 +258,8 @@ class Runner:
         self.stdout = Capture(1, "stdout")
         self.stderr = Capture(2, "stderr")
         self.drain = Drain((self.stdout, self.stderr))
-        sys.stdout = sys.__stdout__ = _text_stream(1)
-        sys.stderr = sys.__stderr__ = _text_stream(2)
+        sys.stdout = sys.__stdout__ = _text_stream(1)  # type: ignore[misc]  # the originals point at the channel
+        sys.stderr = sys.__stderr__ = _text_stream(2)  # type: ignore[misc]
         self.initialised = False
         self.python_guards = True
         self.guard: Any = None
