@@ -27,7 +27,12 @@ if TYPE_CHECKING:  # type checkers see the real classes; at run time they load o
     from .backends.host import HostExecutor
     from .backends.ray import RayExecutor
 
-_LAZY_BACKENDS = {"HostExecutor": "host", "DockerExecutor": "docker", "E2BExecutor": "e2b", "RayExecutor": "ray"}
+_LAZY_BACKENDS = {
+    "HostExecutor": "host",
+    "DockerExecutor": "docker",
+    "E2BExecutor": "e2b",
+    "RayExecutor": "ray",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -304,7 +304,8 @@ class Executor(ABC):
                 stderr_omitted=int(reply.get("stderr_omitted", 0)) + stderr_cut,
                 error=ExecutionError(**bounds.bound_error(error)) if error else None,
                 oom=bool(reply.get("oom")),
-                truncated=bool(reply.get("truncated")) or bool(stdout_cut or stderr_cut or final_cut or artifacts_cut),
+                truncated=bool(reply.get("truncated"))
+                or bool(stdout_cut or stderr_cut or final_cut or artifacts_cut),
                 artifacts=[Artifact(**a) for a in artifacts],
                 artifacts_omitted=artifacts_omitted,
                 final_answer=final,
@@ -361,7 +362,10 @@ class Executor(ABC):
                     value = await value
             size = len(json.dumps(value, ensure_ascii=False).encode())
         except Exception as exc:  # the tool's failure goes back to the code, which may catch it
-            reply["error"] = {"type": type(exc).__name__, "message": bounds.clipped(str(exc), bounds.ERROR_MESSAGE_LIMIT)}
+            reply["error"] = {
+                "type": type(exc).__name__,
+                "message": bounds.clipped(str(exc), bounds.ERROR_MESSAGE_LIMIT),
+            }
             return reply
         if size > bounds.TOOL_MESSAGE_LIMIT:
             reply["error"] = {

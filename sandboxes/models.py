@@ -53,7 +53,8 @@ class ExecutionResult(BaseModel):
     final_answer: Any = None
     has_final_answer: bool = False
     truncated: bool = Field(
-        False, description="Some part was longer than its bound and was cut: head and tail kept, the middle counted."
+        False,
+        description="Some part was longer than its bound and was cut: head and tail kept, the middle counted.",
     )
     stdout_omitted: int = Field(0, description="Characters cut out of the middle of stdout (0: complete).")
     stderr_omitted: int = Field(0, description="Characters cut out of the middle of stderr (0: complete).")

@@ -133,7 +133,11 @@ class Policy(BaseModel):
                 column=exc.offset,
             )
         except (ValueError, RecursionError, MemoryError) as exc:
-            why = str(exc) or ("it is nested too deeply" if isinstance(exc, RecursionError | MemoryError) else type(exc).__name__)
+            why = str(exc) or (
+                "it is nested too deeply"
+                if isinstance(exc, RecursionError | MemoryError)
+                else type(exc).__name__
+            )
             return ExecutionError(type="InvalidCode", message=f"the code cannot be parsed: {why}")
         checker = _StaticChecker(self, frozenset(extra_names))
         checker.check(tree)
@@ -196,10 +200,15 @@ class _StaticChecker(ast.NodeVisitor):
     def fail(self, node: ast.AST, message: str) -> None:
         line = getattr(node, "lineno", None)
         column = getattr(node, "col_offset", None)
-        if self.violation is not None and (self.violation.line or 0, self.violation.column or 0) <= (line or 0, column or 0):
+        if self.violation is not None and (self.violation.line or 0, self.violation.column or 0) <= (
+            line or 0,
+            column or 0,
+        ):
             return  # keep the earliest
         where = f" (line {line})" if line else ""
-        self.violation = ExecutionError(type="PolicyViolation", message=message + where, line=line, column=column)
+        self.violation = ExecutionError(
+            type="PolicyViolation", message=message + where, line=line, column=column
+        )
 
     def check_module(self, node: ast.AST, name: str) -> None:
         if not module_allowed(name, self.policy.allowed_imports):

@@ -25,9 +25,7 @@ def executor_class(backend: str) -> type[Executor]:
     try:
         module_name, class_name = BACKENDS[backend]
     except KeyError:
-        raise UnknownBackend(
-            f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}"
-        ) from None
+        raise UnknownBackend(f"unknown backend {backend!r}; choose one of: {', '.join(BACKENDS)}") from None
     cls: type[Executor] = getattr(importlib.import_module(module_name), class_name)
     return cls
 

@@ -64,7 +64,9 @@ class ContainerSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     image: str = DEFAULT_IMAGE
-    memory_mb: int = Field(2048, ge=16, description="Memory limit (`Limits.memory_mb`); swap limited to the same.")
+    memory_mb: int = Field(
+        2048, ge=16, description="Memory limit (`Limits.memory_mb`); swap limited to the same."
+    )
     cpus: float = Field(1.0, gt=0, description="CPU quota in cores.")
     pids_limit: int = Field(128, ge=2, description="Processes and threads in the container.")
     network: bool = Field(False, description="A bridge network (`Policy.network`); default none at all.")

@@ -92,7 +92,9 @@ class HostWorker(Worker):
                 _kill_user_processes(self.uid)
             self.channel.sock.close()
             if self.process is None:
-                _wait_until_reaped(self.pid if self.isolation == "process" else None, self.start_time, self.uid)
+                _wait_until_reaped(
+                    self.pid if self.isolation == "process" else None, self.start_time, self.uid
+                )
         if self.process is not None:
             try:
                 self.process.wait(timeout=5)
@@ -103,7 +105,11 @@ class HostWorker(Worker):
 
     def _still_ours(self) -> bool:
         """A fork-server child's host pid still names that child (process level only)."""
-        return self.isolation == "process" and self.start_time is not None and _start_time(self.pid) == self.start_time
+        return (
+            self.isolation == "process"
+            and self.start_time is not None
+            and _start_time(self.pid) == self.start_time
+        )
 
     def warm_up(self, timeout: float = 20.0) -> bool:
         """Blocking: have an idle, not yet initialised runner touch what a session uses (pool only)."""

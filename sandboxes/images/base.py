@@ -27,6 +27,7 @@ from .common import (
 if TYPE_CHECKING:
     import docker
 
+
 def apt_mirror(suite: str = DEBIAN_SUITE) -> str:
     """The Debian mirror this machine's apt uses for `suite` (falls back to deb.debian.org)."""
     sources = [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     import docker
 
 
-
 def _resolve_base(
     client: docker.DockerClient,
     base: str | None,

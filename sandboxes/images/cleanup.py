@@ -64,7 +64,9 @@ def cleanup(*, everything: bool = False, progress: Progress = print) -> list[str
                 progress(f"could not remove {container.short_id}: {exc}")
                 continue
             removed.append(container.id)
-            progress(f"removed {container.short_id} ({container.attrs.get('State', '?')}, owner {owner or 'unknown'})")
+            progress(
+                f"removed {container.short_id} ({container.attrs.get('State', '?')}, owner {owner or 'unknown'})"
+            )
     return removed
 
 

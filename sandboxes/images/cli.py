@@ -12,7 +12,10 @@ from .common import DEFAULT_HUB_BASE, DEFAULT_VARIANT, VARIANTS
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sandboxes.images", description="Build, list and clean up the sandbox images of the Docker backend.")
+    parser = argparse.ArgumentParser(
+        prog="python -m sandboxes.images",
+        description="Build, list and clean up the sandbox images of the Docker backend.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="build a sandbox image (reused if its inputs did not change)")
     build.add_argument("--variant", default=DEFAULT_VARIANT, choices=sorted(VARIANTS))

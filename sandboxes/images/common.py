@@ -45,7 +45,11 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 def _images_dir() -> Path:
     """The Dockerfiles: a checkout's top-level `images/`, else the copy an installed wheel carries."""
     checkout = ROOT / "images"
-    return checkout if (checkout / "Dockerfile").is_file() else Path(__file__).resolve().parent.parent / "_images"
+    return (
+        checkout
+        if (checkout / "Dockerfile").is_file()
+        else Path(__file__).resolve().parent.parent / "_images"
+    )
 
 
 IMAGES_DIR = _images_dir()

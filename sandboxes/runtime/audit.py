@@ -114,7 +114,9 @@ def check_generated_source(source: str) -> str | None:
                 base = base.value
             if not (
                 (isinstance(base, ast.Name) and base.id in _GENERATED_ROOTS)
-                or (isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super")
+                or (
+                    isinstance(base, ast.Call) and isinstance(base.func, ast.Name) and base.func.id == "super"
+                )
             ):
                 return f"it reads {node.attr!r} of something other than its own object"
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -163,7 +165,9 @@ class SystemGuard:
     ) -> None:
         self.files, self.network, self.subprocess = files, network, subprocess
         self.workdir = os.path.realpath(os.getcwd())
-        self.readable_roots = tuple(os.path.realpath(p) for p in [*readable_roots, *_system_data_roots()] if p)
+        self.readable_roots = tuple(
+            os.path.realpath(p) for p in [*readable_roots, *_system_data_roots()] if p
+        )
         self.protected_fds = frozenset(protected_fds)
         self.main_thread = threading.get_ident()
 
@@ -284,7 +288,10 @@ def _running_a_module_body() -> bool:
         filename = frame.f_code.co_filename
         if filename.startswith("<cell ") or filename == "<string>":
             return False
-        if filename == "<frozen importlib._bootstrap>" and frame.f_code.co_name == "_call_with_frames_removed":
+        if (
+            filename == "<frozen importlib._bootstrap>"
+            and frame.f_code.co_name == "_call_with_frames_removed"
+        ):
             return True
         frame = frame.f_back
     return False

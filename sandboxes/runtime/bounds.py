@@ -69,7 +69,11 @@ def line_limit(output_limit: int) -> int:
 def bound_error(error: dict[str, Any]) -> dict[str, Any]:
     """An error description with each text part cut to its bound."""
     bounded = dict(error)
-    for key, limit in (("type", ERROR_TYPE_LIMIT), ("message", ERROR_MESSAGE_LIMIT), ("traceback", TRACEBACK_LIMIT)):
+    for key, limit in (
+        ("type", ERROR_TYPE_LIMIT),
+        ("message", ERROR_MESSAGE_LIMIT),
+        ("traceback", TRACEBACK_LIMIT),
+    ):
         value = bounded.get(key)
         if isinstance(value, str):
             bounded[key] = clipped(value, limit)
@@ -78,5 +82,8 @@ def bound_error(error: dict[str, Any]) -> dict[str, Any]:
 
 def bound_artifacts(artifacts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
     """The first `ARTIFACT_COUNT_LIMIT` artifacts with their paths cut, and how many were left out."""
-    kept = [{**a, "path": clipped(str(a.get("path", "")), ARTIFACT_PATH_LIMIT)} for a in artifacts[:ARTIFACT_COUNT_LIMIT]]
+    kept = [
+        {**a, "path": clipped(str(a.get("path", "")), ARTIFACT_PATH_LIMIT)}
+        for a in artifacts[:ARTIFACT_COUNT_LIMIT]
+    ]
     return kept, max(0, len(artifacts) - ARTIFACT_COUNT_LIMIT)

@@ -172,7 +172,9 @@ def make_transformer(allowed_dunders: frozenset[str], allowed_calls: frozenset[s
             node = self.node_contents_visit(node)
             if isinstance(node.ctx, ast.Load):
                 call = ast.Call(
-                    func=ast.Name("_getattr_", ast.Load()), args=[node.value, ast.Constant(node.attr)], keywords=[]
+                    func=ast.Name("_getattr_", ast.Load()),
+                    args=[node.value, ast.Constant(node.attr)],
+                    keywords=[],
                 )
                 copy_locations(call, node)
                 return call
@@ -292,7 +294,12 @@ class Guard:
     ) -> Any:
         if level:
             raise PolicyViolation("relative imports are not available in the sandbox")
-        if type(fromlist) is list and fromlist in ([], ["__doc__"]) and type(name) is str and name in IMPLICIT_IMPORTS:
+        if (
+            type(fromlist) is list
+            and fromlist in ([], ["__doc__"])
+            and type(name) is str
+            and name in IMPLICIT_IMPORTS
+        ):
             # C code of an allowed module importing its helper (`datetime.strptime` -> `_strptime`);
             # PyImport_Import calls __import__ with this list. It gets the module it asked for.
             return self._import(name, ())
@@ -352,7 +359,9 @@ class Guard:
             raise PolicyViolation(f"access to the attribute '{name}' (interpreter internals) is not allowed")
         elif isinstance(obj, types.ModuleType):
             if name.startswith("_"):
-                raise PolicyViolation(f"access to the private attribute '{obj.__name__}.{name}' is not allowed")
+                raise PolicyViolation(
+                    f"access to the private attribute '{obj.__name__}.{name}' is not allowed"
+                )
             module_name = obj.__name__
             if not (
                 id(obj) in self._granted_modules
@@ -421,7 +430,9 @@ class Guard:
             raise PolicyViolation(f"modules cannot be modified ('{obj.__name__}')")
         if isinstance(obj, type) and not _own_class(obj):
             # `json.JSONEncoder.encode = f` would change json for everyone in the process.
-            raise PolicyViolation(f"classes of modules cannot be modified ('{obj.__module__}.{obj.__qualname__}')")
+            raise PolicyViolation(
+                f"classes of modules cannot be modified ('{obj.__module__}.{obj.__qualname__}')"
+            )
         return obj
 
     def getitem(self, obj: Any, key: Any) -> Any:
@@ -436,7 +447,9 @@ class Guard:
 
         def text(value: Any) -> str:
             if not isinstance(value, str):
-                raise TypeError(f"descriptor '{name}' requires a 'str' object but received a '{type(value).__name__}'")
+                raise TypeError(
+                    f"descriptor '{name}' requires a 'str' object but received a '{type(value).__name__}'"
+                )
             return value
 
         if obj is not None:
@@ -492,7 +505,9 @@ class Guard:
             tree = ast.parse(source, filename, mode)
         except SyntaxError as exc:
             text = exc.text.strip() if exc.text else None
-            raise PolicyViolation(f"Line {exc.lineno}: {type(exc).__name__}: {exc.msg} at statement: {text!r}") from None
+            raise PolicyViolation(
+                f"Line {exc.lineno}: {type(exc).__name__}: {exc.msg} at statement: {text!r}"
+            ) from None
         errors: list[str] = []
         self.transformer(errors, [], {}).visit(tree)
         if errors:

@@ -136,7 +136,9 @@ def kill_process_tree(root: int, include_root: bool = False) -> None:
     """SIGKILL every descendant of `root` (and `root` itself with `include_root`): freeze, then kill."""
     if not os.path.isdir("/proc"):
         return
-    signal_group(root, signal.SIGSTOP)  # most of a fork bomb is still in the runner's group: freeze it at once
+    signal_group(
+        root, signal.SIGSTOP
+    )  # most of a fork bomb is still in the runner's group: freeze it at once
     if include_root:
         signal_process(root, signal.SIGSTOP)
     stopped: set[int] = set()

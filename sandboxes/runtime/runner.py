@@ -50,7 +50,11 @@ def _private_json() -> Any:
     classes (`json.JSONEncoder`); library code it calls can set attributes on them below the guard
     (`functools.update_wrapper(json.JSONEncoder, f, assigned=("encode",))`). The channel and final
     answers must not run through anything the code can change."""
-    shared = {name: sys.modules.pop(name) for name in list(sys.modules) if name == "json" or name.startswith("json.")}
+    shared = {
+        name: sys.modules.pop(name)
+        for name in list(sys.modules)
+        if name == "json" or name.startswith("json.")
+    }
     try:
         return importlib.import_module("json")
     finally:
@@ -302,7 +306,9 @@ class Runner:
         sets no environment and leaves nothing behind; only allowed before `init`."""
         guard = self.guard_module.Guard(["math"], (), (), self.import_module)
         source = "def f(n):\n    return [i * i for i in range(n)]\nprint(f(3), 'x'.upper())"
-        exec(guard.compile(source, "<warm-up>"), {"__builtins__": guard.builtins({}), "__name__": "__warmup__"})
+        exec(
+            guard.compile(source, "<warm-up>"), {"__builtins__": guard.builtins({}), "__name__": "__warmup__"}
+        )
         _flush_streams()
         _snapshot(self.workdir)
         self.drain.collect()
@@ -322,7 +328,10 @@ class Runner:
         self.trusted_names = trusted
         if self.python_guards:
             self.guard = self.guard_module.Guard(
-                policy["allowed_imports"], policy["banned_builtins"], policy["allowed_dunders"], self.import_module
+                policy["allowed_imports"],
+                policy["banned_builtins"],
+                policy["allowed_dunders"],
+                self.import_module,
             )
             extra = dict(trusted)
             if "eval" not in policy["banned_builtins"]:
@@ -402,7 +411,9 @@ class Runner:
         if self.channel.forked_child:
             os._exit(1 if error else 0)  # a fork of the code finished its copy of the snippet
         (stdout, stdout_omitted), (stderr, stderr_omitted) = self.drain.collect()
-        artifacts, artifacts_omitted = bounds.bound_artifacts(_changed_files(before, self._snapshot_trusted()))
+        artifacts, artifacts_omitted = bounds.bound_artifacts(
+            _changed_files(before, self._snapshot_trusted())
+        )
         final, final_omitted = self.final, 0
         if self.has_final and isinstance(final, str):
             final, final_omitted = bounds.clip(final, self.output_limit)
@@ -443,12 +454,18 @@ class Runner:
             if kind == "PolicyViolation":
                 lines = [f"PolicyViolation: {message}\n"]
             text = "".join(
-                (["Traceback (most recent call last):\n"] + traceback.format_list(frames) if frames else []) + lines
+                (["Traceback (most recent call last):\n"] + traceback.format_list(frames) if frames else [])
+                + lines
             )
             line = frames[-1].lineno if frames else getattr(exc, "lineno", None)
         except BaseException:  # a hostile __str__ or __repr__ must not break the runner
             text, line = f"{kind}: <unprintable exception>\n", None
-        return {"type": kind, "message": message, "traceback": text, "line": line if isinstance(line, int) else None}
+        return {
+            "type": kind,
+            "message": message,
+            "traceback": text,
+            "line": line if isinstance(line, int) else None,
+        }
 
     # ------------------------------------------------------------------ what the code can call
 
@@ -592,8 +609,12 @@ def _snapshot(root: str) -> dict[str, tuple[int, int]]:
     return found
 
 
-def _changed_files(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> list[dict[str, Any]]:
-    return [{"path": path, "size": stat[0]} for path, stat in sorted(after.items()) if before.get(path) != stat]
+def _changed_files(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> list[dict[str, Any]]:
+    return [
+        {"path": path, "size": stat[0]} for path, stat in sorted(after.items()) if before.get(path) != stat
+    ]
 
 
 def _drop_privileges(uid: int, gid: int) -> None:
@@ -641,7 +662,9 @@ def main(argv: list[str]) -> None:
         _drop_privileges(uid, gid or uid)
         guard_module = _load_sibling("guard")
         audit_module = _load_sibling("audit")
-        guard_module.make_transformer(frozenset(), frozenset())  # import RestrictedPython before the first run
+        guard_module.make_transformer(
+            frozenset(), frozenset()
+        )  # import RestrictedPython before the first run
         runner = Runner(channel, guard_module, audit_module)
     except BaseException as exc:
         channel.send({"op": "fatal", "message": f"{type(exc).__name__}: {exc}"})
