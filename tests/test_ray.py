@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import backend_ray
 import pytest
+from needs import require
 
 from sandboxes import HostExecutor, Policy, WorkerStartError
 
@@ -25,11 +26,7 @@ SLEEPER = Policy(allowed_imports=["time"])
 
 @pytest.fixture(scope="module")
 def cluster() -> Any:
-    reason = backend_ray.unavailable()
-    if reason:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the ray backend must run in CI but is unavailable: {reason}")
-        pytest.skip(reason)
+    require(backend_ray.unavailable(), "the ray backend")
     return backend_ray.cluster()
 
 
@@ -280,3 +277,31 @@ def test_humaneval_spreads_over_the_cluster_at_its_capacity(cluster: Any) -> Non
                  console=make_console(json_mode=True))  # fmt: skip
     assert result["concurrency"] == 2 * backend_ray.PER_NODE  # the cluster's capacity, not this machine's CPUs
     assert result["sandbox"]["passed"] == result["sandbox"]["total"] == 8, result["failures"]
+
+
+async def test_a_session_whose_driver_died_is_closed_by_its_node(cluster: Any) -> None:
+    """A driver killed without closing its session: Ray removes the driver's placement groups with its
+    job, and the node's agent closes the session whose group is gone (its worker does not live on)."""
+    import signal
+
+    from sandboxes.backends.ray import agent
+
+    script = (
+        "import anyio, sys, time\nfrom sandboxes import open_executor\n"
+        "async def main():\n    ex = await open_executor('ray', timeout=10).open()\n"
+        "    await ex.run('x = 1')\n    print(ex.node_id, flush=True)\n    time.sleep(600)\n"
+        "anyio.run(main)\n"
+    )
+    environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_ADDRESS": cluster.address}
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=environment)
+    try:
+        with anyio.fail_after(120):
+            node_id = (await anyio.to_thread.run_sync(driver.stdout.readline)).strip()  # type: ignore[union-attr]
+        handle = agent(node_id)
+        assert (await handle.info.remote())["sessions"] >= 1
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    with anyio.fail_after(60):
+        while (await handle.info.remote())["sessions"] > 0:
+            await anyio.sleep(0.5)
