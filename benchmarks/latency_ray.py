@@ -72,7 +72,7 @@ class LocalCluster:
     def shutdown(self) -> None:
         import ray
 
-        from sandboxes.backends.ray import descendants, kill_leftovers, node_processes
+        from sandboxes.backends.raycluster import descendants, kill_leftovers, node_processes
 
         leftover = descendants(node_processes([self.cluster.head_node, *self.cluster.worker_nodes]))
         ray.shutdown()
@@ -109,7 +109,7 @@ async def session_opens(sessions: int, linger: float, settle: float = 0.15) -> d
     sample after a pause, so the pools have refilled (steady use, not a burst). With `linger` 0 every
     ray session reserves anew (a placement group); otherwise it reuses the one the last close left."""
     from sandboxes import HostExecutor
-    from sandboxes.backends import ray as ray_backend
+    from sandboxes.backends import raycluster as ray_backend
     from sandboxes.backends.ray import RayExecutor
 
     ray_backend.LINGER = linger
@@ -213,7 +213,7 @@ def run(*, n: int = 300, sessions: int = 30, programs: int = 96, per_node: int |
         tools = {"f": lambda x: x + 1}
         pair("run with a tool call", anyio.run(warm_runs, max(n // 3, 10), "print(f(1))", tools),
              "run with a tool call")  # fmt: skip
-        from sandboxes.backends import ray as ray_backend
+        from sandboxes.backends import raycluster as ray_backend
 
         linger = ray_backend.LINGER
         log(f"session opens ({sessions} each), a new reservation each")

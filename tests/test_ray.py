@@ -145,7 +145,7 @@ async def test_a_node_killed_mid_run_loses_that_run_and_the_next_lands_on_a_live
 async def test_an_agent_killed_mid_run_never_runs_the_snippet_twice(cluster: Any) -> None:
     import ray
 
-    from sandboxes.backends.ray import agent
+    from sandboxes.backends.raycluster import agent
 
     started = threading.Event()
     calls: list[int] = []
@@ -284,7 +284,7 @@ async def test_a_session_whose_driver_died_is_closed_by_its_node(cluster: Any) -
     job, and the node's agent closes the session whose group is gone (its worker does not live on)."""
     import signal
 
-    from sandboxes.backends.ray import agent
+    from sandboxes.backends.raycluster import agent
 
     script = (
         "import anyio, sys, time\nfrom sandboxes import open_executor\n"
