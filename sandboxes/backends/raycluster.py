@@ -16,6 +16,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import hashlib
+import logging
 import os
 import pathlib
 import signal
@@ -102,11 +103,20 @@ def _reachable(address: str) -> bool:
         return False
 
 
+def _expected_warning(record: logging.LogRecord) -> bool:
+    """False for Ray's warning that a connection made off the main thread sets no SIGTERM handler: we
+    connect on our own thread on purpose (see `_INIT_THREAD`), so it would only be noise."""
+    return "SIGTERM handler is not set" not in str(record.msg)
+
+
 def _connect(address: str | None, init_options: Mapping[str, Any], start_local: bool = True) -> None:
     """Join the cluster at `address`; with None join a running one or start a local one (blocking)."""
     ray = ray_module()
     if ray.is_initialized():
         return
+    worker_log = logging.getLogger("ray._private.worker")
+    if _expected_warning not in worker_log.filters:
+        worker_log.addFilter(_expected_warning)
     options: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": False, **init_options}
     if address is None:
         try:
