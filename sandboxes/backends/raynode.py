@@ -178,10 +178,13 @@ class NodeAgent:
         A session holds its capacity through a placement group the parent's job owns; Ray removes a
         job's placement groups when the job ends, so a session whose group is gone has no owner left.
         """
+        import ray
         from ray.util import placement_group_table
 
         while True:
             await asyncio.sleep(REAP_INTERVAL)
+            if not ray.is_initialized():  # not inside a Ray worker (tests drive the agent directly)
+                continue
             try:
                 table = await asyncio.to_thread(placement_group_table)
             except Exception:  # the GCS is briefly unreachable: try again next time

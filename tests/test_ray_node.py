@@ -1,0 +1,102 @@
+"""The node side of the ray backend (`raynode.NodeAgent`) driven directly, without a cluster: the event
+protocol the parent relies on, with real host-backend sessions behind it. What crosses the cluster is
+tested on a real one in `test_ray.py`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+
+from sandboxes import HostExecutor, Policy
+from sandboxes.backends.raynode import NodeAgent
+
+pytestmark = pytest.mark.anyio
+
+
+async def opened(agent: NodeAgent, session: str, tools: list[str] | None = None, **options: Any) -> None:
+    answer = await agent.open(session, "group-id", "host", {"timeout": 10, **options}, tools or [])
+    assert answer["kind"] == "opened", answer
+
+
+async def test_a_tool_call_is_an_event_and_the_answer_resumes_the_run() -> None:
+    agent = NodeAgent()
+    await opened(agent, "s", ["double"])
+    try:
+        event = await agent.run("s", "print(double(21), double(n=2))")
+        assert event == {"kind": "tool", "id": 1, "name": "double", "args": [21], "kwargs": {}}
+        await agent.answer("s", 1, {"value": 42})
+        event = await agent.next_event("s")
+        assert event["kind"] == "tool" and event["kwargs"] == {"n": 2}
+        await agent.answer("s", event["id"], {"value": 4})
+        done = await agent.next_event("s")
+        assert done["kind"] == "done" and done["result"]["stdout"] == "42 4\n"
+    finally:
+        await agent.close("s")
+
+
+async def test_a_tool_error_reaches_the_code_as_on_a_local_backend() -> None:
+    def refuse() -> None:
+        raise PermissionError("no access")
+
+    code = "try:\n    refuse()\nexcept Exception as e:\n    print(type(e).__name__, '|', e)"
+    agent = NodeAgent()
+    await opened(agent, "s", ["refuse"])
+    try:
+        event = await agent.run("s", code)
+        await agent.answer("s", event["id"], {"error": {"type": "PermissionError", "message": "no access"}})
+        done = await agent.next_event("s")
+    finally:
+        await agent.close("s")
+    async with HostExecutor(timeout=10, tools={"refuse": refuse}) as local:
+        expected = await local.run(code)
+    assert done["result"]["stdout"] == expected.stdout
+    assert "PermissionError" in expected.stdout
+
+
+async def test_an_answer_after_the_timeout_is_dropped_and_the_run_times_out() -> None:
+    agent = NodeAgent()
+    await opened(agent, "s", ["slow"], timeout=1)
+    try:
+        event = await agent.run("s", "print(slow())")
+        with anyio.fail_after(20):
+            done = await agent.next_event("s")  # nobody answers: the node's own timeout ends the run
+        assert done["kind"] == "done" and done["result"]["timed_out"] and done["result"]["state_lost"]
+        await agent.answer("s", event["id"], {"value": "late"})  # dropped, not delivered to the next run
+        after = await agent.run("s", "print('next')")
+        assert after["kind"] == "done" and after["result"]["stdout"] == "next\n"
+    finally:
+        await agent.close("s")
+
+
+async def test_close_during_a_run_ends_it() -> None:
+    agent = NodeAgent()
+    await opened(agent, "s", policy=Policy(allowed_imports=["time"]))
+    async with anyio.create_task_group() as group:
+        group.start_soon(agent.run, "s", "import time\ntime.sleep(60)")
+        await anyio.sleep(0.5)
+        with anyio.fail_after(20):
+            await agent.close("s")
+        group.cancel_scope.cancel()  # the run's own call waits for an event that no longer comes
+    assert (await agent.run("s", "print(1)"))["kind"] == "lost"
+    assert (await agent.info())["sessions"] == 0
+
+
+async def test_misuse_and_unknown_sessions_are_answered_not_raised() -> None:
+    agent = NodeAgent()
+    assert (await agent.open("s", "g", "host", {"isolaton": "process"}, []))["type"] == "TypeError"
+    assert (await agent.run("nobody", "print(1)"))["kind"] == "lost"
+    assert (await agent.download("nobody", "a.txt"))["kind"] == "lost"
+    await opened(agent, "s", ["wait"])
+    try:
+        missing = await agent.download("s", "missing.txt")
+        assert missing["kind"] == "error" and missing["type"] == "SandboxFileError"
+        event = await agent.run("s", "wait()\nprint(1)")
+        second = await agent.run("s", "print(2)")
+        assert second == {"kind": "error", "type": "ProtocolError", "message": "a run of this session is in progress"}
+        await agent.answer("s", event["id"], {"value": None})
+        done = await agent.next_event("s")
+        assert done["kind"] == "done" and done["result"]["stdout"] == "1\n"
+    finally:
+        await agent.close("s")
