@@ -408,7 +408,9 @@ def doctor_checks(backends: Sequence[str] | None = None) -> list[dict[str, Any]]
             checks.append(_check("backend e2b", *_try_backend("e2b")))
     if "ray" in selected:
         if not _have("ray"):
-            checks.append(_check("backend ray", False, "ray is not installed", "pip install 'kodeagent[ray]'"))
+            checks.append(
+                _check("backend ray", False, "ray is not installed", "pip install 'kodeagent[ray]'")
+            )
         else:  # named explicitly: start a local cluster if none runs; otherwise only report a running one
             checks.append(_check("backend ray", *_try_ray(start_local=bool(backends and "ray" in backends))))
     checks.append(_check("agents (litellm)", _have("litellm"),

@@ -133,7 +133,7 @@ class Tool:
         self.args_model = args_model
         self.parameters: dict[str, Any] = parameters
         self.description = (description or "").strip() or f"The {self.name} tool."
-        functools.update_wrapper(self, func)  # type: ignore[arg-type]
+        functools.update_wrapper(self, func)
 
     # ------------------------------------------------------------------ schema
 
@@ -161,7 +161,7 @@ class Tool:
             default = ... if p.default is inspect.Parameter.empty else p.default
 
             fields[p.name] = (annotation, Field(default, description=docs.get(p.name)))
-        model = create_model(  # type: ignore[call-overload]
+        model = create_model(
             f"{self.name}_arguments",
             __config__=ConfigDict(extra=extra, arbitrary_types_allowed=True, protected_namespaces=()),
             **fields,
@@ -318,7 +318,7 @@ _JSON_TYPES: dict[str, Any] = {
 def _python_type(spec: dict[str, Any]) -> Any:
     """A Python annotation for a JSON-schema fragment (the common subset MCP servers use)."""
     if "enum" in spec and spec["enum"]:
-        return Literal[tuple(spec["enum"])]  # type: ignore[misc]
+        return Literal[tuple(spec["enum"])]
     for key in ("anyOf", "oneOf"):
         if key in spec:
             options = tuple(_python_type(s) for s in spec[key] if isinstance(s, dict))
@@ -348,7 +348,7 @@ def model_from_json_schema(name: str, schema: dict[str, Any]) -> type[BaseModel]
         else:
             fields[prop] = (annotation | None, Field(spec.get("default")))
     extra: Literal["forbid", "allow"] = "allow" if schema.get("additionalProperties", False) else "forbid"
-    return create_model(  # type: ignore[call-overload]
+    return create_model(
         f"{name}_arguments", __config__=ConfigDict(extra=extra, protected_namespaces=()), **fields
     )
 
