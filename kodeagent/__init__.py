@@ -14,8 +14,10 @@ Importing kodeagent is cheap: litellm is imported on the first model call, the s
 a CodeAct run opens it.
 """
 
-from .agent import Agent, select_tools, validate_openai_history
-from .codeact import CodeActAgent, format_observation
+from .agent import Agent
+from .agent_base import select_tools
+from .codeact import CodeActAgent
+from .conversation import validate_openai_history
 from .errors import (
     AgentBusyError,
     ConfigurationError,
@@ -41,7 +43,9 @@ from .models import (
     ToolCallRecord,
     UsageRecord,
 )
+from .observation import format_observation
 from .observer import Observer
+from .options import AgentOptions
 from .planner import Planner
 from .printing import print_response
 from .react import ReActAgent
@@ -52,6 +56,7 @@ from .usage import UsageTracker
 __all__ = [
     "Agent",
     "AgentBusyError",
+    "AgentOptions",
     "AgentResponse",
     "ChatMessage",
     "CodeActAgent",

@@ -1,279 +1,82 @@
-"""`Agent`: what every kodeagent agent shares (configuration, tools, history, usage, responses).
+"""`Agent`: the loop every kodeagent agent runs.
 
-The step loop itself lives in `react.py` (`ReActAgent.run`), and CodeAct (`codeact.py`) changes only
-what a step does. Design choices that hold for all agents:
+`ReActAgent` and `CodeActAgent` are siblings under `Agent`: each says only what one of its steps is
+(`_step`), how its replies read (`parse_reply`) and how it prompts; the run — setup, plan, steps,
+observer notes, the final answer or giving up, usage — is here, once, on top of `AgentBase` (options,
+tools, conversation, model calls). Design choices that hold for all:
 
 * The system prompt is rendered once per run and stays the first message, unchanged, for the whole
   run; everything that changes (task, plan, observations, observer notes) is appended after it.
 * Observations enter the conversation as `user` (or `tool`) messages and are never parsed as the
   model's words; only the model's own replies go through the reply parsers.
 * Everything a run opens (the sandbox, traces) is released in a `finally`, whatever way the run ends.
+* An agent holds one conversation: a second concurrent run raises `AgentBusyError`; `clone()` for more.
+* Replies are asked for in the best response format the server accepts (`structured.py`), down to text.
 """
 
 from __future__ import annotations
 
-import base64
-import copy
-import fnmatch
+import asyncio
 import json
-import keyword
-import mimetypes
-import os
-import uuid
+import time
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, ClassVar, Literal, Self
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from contextlib import aclosing
+from typing import Any
 
-from pydantic import BaseModel, ValidationError
+import anyio
+from pydantic import BaseModel
 
 from . import prompts
-from .errors import ConfigurationError
-from .llm import LLMReply, call_llm, check_litellm_params, supports
-from .models import AgentResponse, ChatMessage, ResponseType, StepRecord, Task
-from .observer import Observer
-from .parsing import extract_json_object
-from .planner import Planner
-from .text import truncate
-from .tools import Tool, as_tool
-from .tracing import AbstractObservation, AbstractTracerManager, TracingType, make_tracer_manager
-from .usage import CALLER_USAGE, UsageTracker
+from .agent_base import AgentBase, select_tools
+from .conversation import validate_openai_history
+from .delegation import agent_tool
+from .errors import AgentBusyError, ConfigurationError, KodeAgentError, LLMError
+from .llm import LLMReply, knows_model, supports
+from .models import AgentResponse, ChatMessage, StepRecord, Task
+from .options import Mode
+from .structured import FormatKind, format_kinds, refuses_format, response_format, validate_final
+from .tools import Tool
 
-OnStep = Callable[[StepRecord], Any] | Callable[[StepRecord], Awaitable[Any]]
-_ROLES = {"system", "user", "assistant", "tool", "developer"}
-_PART_TYPES = {"text", "image_url", "input_audio", "file"}
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".gif", ".webp"}
+__all__ = ["Agent", "raw_reply_text", "select_tools"]
 
 
-def validate_openai_history(messages: Sequence[Any], *, what: str = "chat_history") -> list[dict[str, Any]]:
-    """Check that `messages` is a valid OpenAI chat history; return it as plain dicts.
-
-    Raises `ValueError` naming the first offending message and what is wrong with it.
-    """
-    if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
-        raise ValueError(f"{what} must be a list of messages, got {type(messages).__name__}")
-    out: list[dict[str, Any]] = []
-    open_calls: set[str] = set()
-    for i, raw in enumerate(messages):
-        message = raw.to_openai() if isinstance(raw, ChatMessage) else raw
-        if not isinstance(message, dict):
-            raise ValueError(
-                f"{what}[{i}] must be a dict with 'role' and 'content', got {type(raw).__name__}"
-            )
-        role = message.get("role")
-        if role not in _ROLES:
-            raise ValueError(f"{what}[{i}] has role {role!r}; expected one of {sorted(_ROLES)}")
-        content = message.get("content")
-        tool_calls = message.get("tool_calls")
-        if content is None:
-            if not (role == "assistant" and tool_calls):
-                raise ValueError(f"{what}[{i}] ({role}) has no content")
-        elif isinstance(content, list):
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") not in _PART_TYPES:
-                    raise ValueError(
-                        f"{what}[{i}].content[{j}] must be a dict whose 'type' is one of {sorted(_PART_TYPES)}"
-                    )
-        elif not isinstance(content, str):
-            raise ValueError(f"{what}[{i}].content must be a string or a list of parts")
-        if tool_calls is not None:
-            if role != "assistant" or not isinstance(tool_calls, list):
-                raise ValueError(f"{what}[{i}]: only assistant messages carry a list of tool_calls")
-            for j, call in enumerate(tool_calls):
-                function = call.get("function") if isinstance(call, dict) else None
-                if not (
-                    isinstance(call, dict)
-                    and call.get("id")
-                    and isinstance(function, dict)
-                    and function.get("name")
-                    and isinstance(function.get("arguments", ""), str)
-                ):
-                    raise ValueError(
-                        f"{what}[{i}].tool_calls[{j}] needs an 'id' and a 'function' with 'name' and "
-                        "string 'arguments'"
-                    )
-                open_calls.add(str(call["id"]))
-        if role == "tool":
-            call_id = message.get("tool_call_id")
-            if not call_id:
-                raise ValueError(f"{what}[{i}] is a tool message without 'tool_call_id'")
-            if str(call_id) not in open_calls:
-                raise ValueError(
-                    f"{what}[{i}] answers tool call {call_id!r}, which no earlier assistant message made"
-                )
-        out.append(dict(message))
-    return out
+def raw_reply_text(reply: LLMReply) -> str:
+    """The model's reply verbatim: its text, and its native tool calls as JSON after it."""
+    text = reply.content or ""
+    if reply.tool_calls:
+        text += ("\n" if text else "") + json.dumps(reply.tool_calls, ensure_ascii=False)
+    return text
 
 
-def select_tools(tools: Sequence[Tool], allowed: Sequence[str] | None) -> dict[str, Tool]:
-    """The tools whose names match `allowed` (names or shell-style patterns); None allows all."""
-    if allowed is None:
-        return {t.name: t for t in tools}
-    return {t.name: t for t in tools if any(fnmatch.fnmatchcase(t.name, p) for p in allowed)}
+def _current_task() -> asyncio.Task[Any] | None:
+    """The asyncio task running this code (None outside asyncio): who owns a run in progress."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
-class Agent(ABC):
-    """Base of every agent: configuration, tools, conversation, usage, and the response protocol.
+class _Outcome:
+    """Carries the final response out of `_run_task` (kept apart from the responses it yields)."""
+
+    def __init__(self, response: AgentResponse) -> None:
+        self.response = response
+
+
+class Agent(AgentBase, ABC):
+    """Base of every agent: the run loop, on `AgentBase`'s configuration, tools, conversation and usage.
 
     Args:
         model_name: any litellm model string, e.g. ``"gemini/gemini-2.5-flash"``.
-        name, description: how the agent presents itself (see `purpose`).
-        tools: `Tool`s or plain functions (described from their signatures and docstrings).
-        litellm_params: passed to every litellm call (api_base, api_key, temperature, timeout, ...).
-        persona: a line about who the agent is, put into the system prompt.
-        system_prompt: a replacement template (``{persona}``, ``{tools}`` placeholders).
-        max_iterations: steps per run, unless `run()` says otherwise.
-        filter_tools_for_task: before a run, let the model pick the tools relevant to the task.
-        max_retries: retries of a model call on transient errors (with exponential backoff).
-        work_dir: where files produced by a run are saved.
-        tracing_type: ``"langfuse"`` or ``"langsmith"`` to trace runs (the package must be installed).
-        allowed_tools: names or patterns of the tools this agent may use; excluded tools are neither
-            described to the model nor callable. None allows all, [] allows none.
-        on_step: called (sync or async) with each step's `StepRecord` once the step is done.
-        use_planner: make a plan before the first step and revise it as the run goes.
-        planning_interval: revise the plan after every this many steps (default 3; also on trouble).
-            Setting it turns the planner on.
-        observer: a configured `Observer` (e.g. with a `model_name` for advice); rules-only by default.
+        **options: the `AgentOptions` every agent takes (tools, litellm_params, max_iterations,
+            planner and observer, structured output, ...), documented there with their defaults.
 
     Attributes set after construction:
         retry_base_delay: seconds before the first retry of a model call (doubling after each).
         prompt_cache: mark the system prompt for prompt caching; None (default) does so for
             Anthropic models, which cache only marked prefixes.
     """
-
-    HISTORY_TRUNCATE_CHARS: ClassVar[int] = 1000
-    MAX_FILES: ClassVar[int] = 20
-    response_format_class: ClassVar[type[ChatMessage]] = ChatMessage
-    channel_name: ClassVar[str] = "agent"
-
-    def __init__(
-        self,
-        model_name: str,
-        *,
-        name: str | None = None,
-        description: str | None = None,
-        tools: Sequence[Callable[..., Any] | Tool] | None = None,
-        litellm_params: dict[str, Any] | None = None,
-        persona: str | None = None,
-        system_prompt: str | None = None,
-        max_iterations: int = 20,
-        filter_tools_for_task: bool = False,
-        max_retries: int = 3,
-        work_dir: str | None = None,
-        tracing_type: TracingType | None = None,
-        allowed_tools: Sequence[str] | None = None,
-        on_step: OnStep | None = None,
-        use_planner: bool = False,
-        planning_interval: int | None = None,
-        observer: Observer | None = None,
-    ) -> None:
-        if not model_name or not isinstance(model_name, str):
-            raise ConfigurationError("model_name must be a non-empty litellm model string")
-        if max_iterations < 1:
-            raise ConfigurationError(f"max_iterations must be at least 1, got {max_iterations}")
-        if planning_interval is not None and planning_interval < 1:
-            raise ConfigurationError(f"planning_interval must be at least 1 step, got {planning_interval}")
-        if max_retries < 0:
-            raise ConfigurationError(f"max_retries cannot be negative, got {max_retries}")
-        self.id: uuid.UUID = uuid.uuid4()
-        self.model_name = model_name
-        self.name = name
-        self.description = description
-        self.tools: list[Tool] = [as_tool(t) for t in (tools or [])]
-        names = [t.name for t in self.tools]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ConfigurationError(f"two tools share the name(s) {duplicates}; tool names must be unique")
-        check_litellm_params(litellm_params)
-        self.litellm_params: dict[str, Any] = dict(litellm_params or {})
-        self.persona = persona
-        self.system_prompt = system_prompt
-        self.max_iterations = max_iterations
-        self.filter_tools_for_task = filter_tools_for_task
-        self.max_retries = max_retries
-        self.work_dir = work_dir
-        self.tracing_type = tracing_type
-        self.allowed_tools: list[str] | None = list(allowed_tools) if allowed_tools is not None else None
-        self.on_step = on_step
-        self.retry_base_delay = 1.0
-        self.prompt_cache: bool | None = None
-
-        self.tracer_manager: AbstractTracerManager = make_tracer_manager(tracing_type)
-        self.current_trace: AbstractObservation | None = None
-        self.usage_tracker = UsageTracker()
-        self.observer = observer if observer is not None else Observer()
-        self.planner: Planner | None = (
-            Planner(model_name, litellm_params=self.litellm_params, usage_tracker=self.usage_tracker,
-                    max_retries=max_retries, update_every=planning_interval or 3)
-            if use_planner or planning_interval is not None else None
-        )  # fmt: skip
-        self._is_visual: bool | None = None
-        self._reset_state()
-
-    def _reset_state(self) -> None:
-        """Give this agent fresh per-run state (history, steps, usage): at construction and in `clone()`."""
-        self.chat_history: list[dict[str, Any]] = []
-        self.msg_idx_of_new_task = 0
-        self.task: Task | None = None
-        self.task_output_files: list[str] = []
-        self.final_answer_found = False
-        self.steps: list[StepRecord] = []
-        self._run_tools: dict[str, Tool] = select_tools(self.tools, self.allowed_tools)
-        self._response_model: type[BaseModel] | None = None
-        self._inputs: dict[str, Any] = {}
-        self.current_trace = None
-
-    def clone(self) -> Self:
-        """A new agent with this one's configuration and none of its state.
-
-        An agent runs one task at a time (a second concurrent `run()` raises `AgentBusyError`); to run
-        tasks in parallel, give each its own clone. Tools, model and options are shared (tools are
-        stateless); history, steps, usage, observer and planner state, and the sandbox are not.
-        """
-        twin = copy.copy(self)
-        twin.id = uuid.uuid4()
-        twin.tools = list(self.tools)
-        twin.litellm_params = dict(self.litellm_params)
-        twin.usage_tracker = UsageTracker()
-        twin.observer = copy.copy(self.observer)
-        twin.observer.reset()
-        if self.planner is not None:
-            twin.planner = copy.copy(self.planner)
-            twin.planner.usage_tracker = twin.usage_tracker
-            twin.planner.plan = None
-        twin._reset_state()
-        return twin
-
-    # ------------------------------------------------------------------ tools
-
-    @property
-    def tool_name_to_func(self) -> dict[str, Tool]:
-        """The tools callable in the current run (all allowed tools outside a run)."""
-        return dict(self._run_tools)
-
-    @property
-    def tool_names(self) -> set[str]:
-        return set(self._run_tools)
-
-    def get_tools_description(self, tools: list[Any] | None = None) -> str:
-        """Describe tools for the model, one block each, with required arguments marked."""
-        chosen = [as_tool(t) for t in tools] if tools is not None else list(self._run_tools.values())
-        return "\n".join(t.describe() for t in chosen) if chosen else prompts.NO_TOOLS
-
-    @property
-    def is_visual_model(self) -> bool:
-        """Whether the model accepts images (asked of litellm once, on first use)."""
-        if self._is_visual is None:
-            self._is_visual = supports(self.model_name, "vision")
-        return self._is_visual
-
-    @property
-    def purpose(self) -> str:
-        """Who the agent is, what it is for, and which tools it has."""
-        lines = [f"Name: {self.name or type(self).__name__}"]
-        if self.description:
-            lines.append(f"Description: {self.description}")
-        lines.append("Tools:\n" + self.get_tools_description())
-        return "\n".join(lines)
 
     def as_tool(self, name: str | None = None) -> Tool:
         """This agent as a tool another agent can call: ``task`` in, the final answer out.
@@ -284,242 +87,163 @@ class Agent(ABC):
         calling agent's usage under ``"<tool name>.<component>"``. A run that ends without an answer
         raises, which the caller sees as a failed tool call.
         """
-        agent = self
-        tool_name = name or self.name or f"{type(self).__name__.lower()}_helper"
+        return agent_tool(self, name)
 
-        async def delegate(task: str) -> Any:
-            worker = agent.clone()
-            caller = CALLER_USAGE.get()
-            final = None
-            try:
-                async for response in worker.run(task):
-                    if response.type == "final":
-                        final = response
-            finally:
-                if caller is not None and caller is not worker.usage_tracker:
-                    caller.add_from(worker.usage_tracker, tool_name)
-            if final is None or not final.metadata.get("final_answer_found", False):
-                raise RuntimeError(f"the {tool_name} agent did not finish: {final.value if final else ''}")
-            value = final.value
-            return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+    # ------------------------------------------------------------------ replies: how they are asked for and read
 
-        delegate.__name__ = tool_name
-        return Tool(
-            delegate,
-            name=tool_name,
-            description=self.purpose.replace("\n", " "),
-            parameters={
-                "type": "object",
-                "properties": {"task": {"type": "string", "description": "what the agent should do"}},
-                "required": ["task"],
-            },
-        )
+    def reply_mode(self) -> Mode:
+        """How this run's replies are requested: a JSON format, or free text.
 
-    # ------------------------------------------------------------------ history
-
-    def get_system_prompt_content(self) -> str:
-        """The system prompt of this agent, rendered. Subclasses add their own placeholders."""
-        template = self.system_prompt or "{persona}\n\nTools:\n{tools}"
-        return prompts.render_template(
-            template, persona=self.persona or "", tools=self.get_tools_description()
-        )
-
-    def init_history(self) -> None:
-        """Start a fresh conversation: the system prompt alone."""
-        self.chat_history = [{"role": "system", "content": self.get_system_prompt_content()}]
-        self.msg_idx_of_new_task = len(self.chat_history)
-
-    def add_to_history(self, message: ChatMessage | dict[str, Any]) -> None:
-        """Append a message (a `ChatMessage` or an OpenAI-format dict) to the conversation."""
-        self.chat_history.append(message.to_openai() if isinstance(message, ChatMessage) else dict(message))
-
-    def clear_history(self) -> None:
-        self.chat_history = []
-        self.msg_idx_of_new_task = 0
-
-    @staticmethod
-    def normalize_content(content: Any) -> str:
-        """Message content (text, a list of parts, a dict) as readable text."""
-        if content is None:
-            return ""
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            parts = []
-            for part in content:
-                if isinstance(part, dict) and part.get("type") == "text":
-                    parts.append(str(part.get("text", "")))
-                elif isinstance(part, dict):
-                    parts.append(f"[{part.get('type', 'part')}]")
-                else:
-                    parts.append(str(part))
-            return "\n".join(parts)
-        if isinstance(content, dict | BaseModel):
-            data = content.model_dump(mode="json") if isinstance(content, BaseModel) else content
-            return json.dumps(data, ensure_ascii=False, default=str)
-        return str(content)
-
-    def get_history(self) -> str:
-        """The conversation without the system prompt, each message cut to `HISTORY_TRUNCATE_CHARS`."""
-        lines = []
-        for message in self.chat_history:
-            if message.get("role") == "system":
-                continue
-            text = self.normalize_content(message.get("content"))
-            for call in message.get("tool_calls") or []:
-                function = call.get("function", {})
-                text += f"\n[tool call] {function.get('name')}({function.get('arguments')})"
-            lines.append(f"[{message.get('role')}] {truncate(text.strip(), self.HISTORY_TRUNCATE_CHARS)}")
-        return "\n".join(lines)
-
-    # ------------------------------------------------------------------ files and plan
-
-    def add_output_file(self, path: str) -> None:
-        """Record a file produced by the run (absolute path)."""
-        absolute = os.path.abspath(path)
-        if absolute not in self.task_output_files:
-            self.task_output_files.append(absolute)
-            if self.task is not None:
-                self.task.output_files.append(absolute)
-
-    @property
-    def artifacts(self) -> list[str]:
-        """Files produced by the current (or last) run."""
-        return list(self.task_output_files)
-
-    @property
-    def current_plan(self) -> str | None:
-        return self.planner.plan if self.planner else None
-
-    # ------------------------------------------------------------------ usage
-
-    def get_usage_metrics(self) -> dict[str, Any]:
-        """Tokens and cost of the current (or last) run, in total and per component."""
-        return self.usage_tracker.metrics()
-
-    def get_usage_report(self, include_breakdown: bool = True) -> str:
-        return self.usage_tracker.report(include_breakdown)
-
-    # ------------------------------------------------------------------ responses
-
-    def response(
-        self,
-        rtype: ResponseType,
-        value: Any,
-        channel: str | None = None,
-        metadata: dict[str, Any] | None = None,
-    ) -> AgentResponse:
-        """Build a response; a final one is also stored as the task's result."""
-        if rtype == "final" and self.task is not None:
-            self.task.result = value
-            self.task.is_finished = True
-        return AgentResponse(
-            type=rtype,
-            value=value,
-            channel=channel or self.name or self.channel_name,
-            metadata=metadata or {},
-        )
-
-    # ------------------------------------------------------------------ model calls
-
-    async def _call_model(
-        self,
-        messages: list[dict[str, Any]] | None = None,
-        *,
-        component: str = "agent",
-        tools: list[dict[str, Any]] | None = None,
-        response_format: dict[str, Any] | None = None,
-    ) -> LLMReply:
-        span = self.tracer_manager.start_span(self.current_trace, f"llm:{component}")
-        try:
-            reply = await call_llm(
-                self.model_name,
-                messages if messages is not None else self._mark_for_cache(self.chat_history),
-                component=component,
-                usage_tracker=self.usage_tracker,
-                litellm_params=self.litellm_params,
-                max_retries=self.max_retries,
-                retry_base_delay=self.retry_base_delay,
-                tools=tools,
-                response_format=response_format,
-            )
-        except Exception as exc:
-            span.end(error=str(exc))
-            raise
-        span.end(output=reply.content)
-        return reply
-
-    def _prompt_cache_wanted(self) -> bool:
-        if self.prompt_cache is not None:
-            return self.prompt_cache
-        name = self.model_name.lower()
-        return name.startswith("anthropic/") or "claude" in name
-
-    def _mark_for_cache(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Mark the system prompt as a cache breakpoint for providers that need explicit markers.
-
-        OpenAI and Gemini cache a repeated prefix on their own; Anthropic models cache only what is
-        marked. The history itself is left unchanged: the marker is added to the request only.
+        An agent without native tool calls asks for JSON when told ``"native"`` or ``"json"``, or, on
+        ``"auto"``, when litellm says the model supports a response schema. `ReActAgent` adds native calls.
         """
-        if not messages or not self._prompt_cache_wanted():
-            return messages
-        first = messages[0]
-        if first.get("role") != "system" or not isinstance(first.get("content"), str):
-            return messages
-        part = {"type": "text", "text": first["content"], "cache_control": {"type": "ephemeral"}}
-        return [{**first, "content": [part]}, *messages[1:]]
+        if self.tool_calling == "native":
+            return "json"
+        if self.tool_calling != "auto":
+            return self.tool_calling
+        return "json" if supports(self.model_name, "response_schema") else "text"
 
-    async def salvage_response(self) -> str:
-        """When the steps run out: ask the model to sum up what was found and what is missing."""
-        task = self.task.description if self.task else ""
-        reply = await self._call_model(
-            [
-                {
-                    "role": "user",
-                    "content": prompts.SALVAGE_PROMPT.format(task=task, history=self.get_history()),
-                }
-            ],
-            component="salvage",
+    def _json_format(self, kind: str = "json_schema") -> dict[str, Any] | None:
+        """The `response_format` of one kind: the reply schema as a JSON schema or a JSON object."""
+        return response_format(kind, self.response_format_class.reply_schema(), f"{self.channel_name}_step")
+
+    def format_candidates(self) -> list[FormatKind]:
+        """Response formats to try for text steps, best first; ``"off"`` is free text, always last.
+
+        ``auto`` asks for a schema when litellm says the model supports one, and probes an OpenAI-compatible
+        server given by ``api_base`` (llama.cpp, vLLM, Ollama), whose support litellm cannot know. A format
+        the server refuses is dropped for the rest of this agent's life, and the next one is tried.
+        """
+        probe = self.structured_output == "auto" and self._mode != "json"
+        probe = probe and bool(self.litellm_params.get("api_base")) and not knows_model(self.model_name)
+        return format_kinds(
+            self.structured_output, self._mode, probe_server=probe, refused=self._formats_refused
         )
-        return (reply.content or "").strip()
 
-    async def _filter_tools(self, task: str) -> None:
-        """Let the model choose the tools relevant to `task` (when `filter_tools_for_task` is set)."""
-        if not self._run_tools:
-            return
-        reply = await self._call_model(
-            [{"role": "user", "content": prompts.TOOL_FILTER_PROMPT.format(
-                task=task, tools=self.get_tools_description())}],
-            component="tool_filter",
-        )  # fmt: skip
-        text = reply.content or ""
+    async def _request_step(self) -> LLMReply:
+        """Ask the model for the next step, in the best response format the server accepts."""
+        refused: list[str] = []
+        candidates = self.format_candidates()
+        for kind in candidates:
+            try:
+                reply = await self._call_model(response_format=self._json_format(kind))
+            except LLMError as exc:
+                if kind != "off" and refuses_format(exc) and kind != candidates[-1]:
+                    refused.append(kind)
+                    continue
+                raise
+            # Only a later success shows that the refused formats, not the request itself, were the problem.
+            self._formats_refused |= frozenset(refused)
+            self.format_used = kind
+            return reply
+        raise AssertionError("format_candidates() always ends with 'off'")  # pragma: no cover
+
+    @abstractmethod
+    def parse_text_response(self, text: str) -> ChatMessage:
+        """Parse a model reply given as free text into this agent's structured reply."""
+
+    @abstractmethod
+    def parse_reply(self, text: str) -> ChatMessage:
+        """A reply in any accepted form (see `kodeagent.parsing`), or `ResponseParseError` saying why not."""
+
+    @abstractmethod
+    def expected_format(self) -> str:
+        """The reply format shown to the model when its reply could not be used."""
+
+    def format_error_observation(self, problem: str) -> str:
+        """What the model is told when its reply could not be used: the problem, and the format to use."""
+        return prompts.FORMAT_ERROR.format(error=problem.rstrip("."), expected=self.expected_format())
+
+    # ------------------------------------------------------------------ run
+
+    async def run(
+        self,
+        task: str,
+        files: list[str] | None = None,
+        task_id: str | None = None,
+        max_iterations: int | None = None,
+        recurrent_mode: bool = False,
+        summarize_progress_on_failure: bool = True,
+        chat_history: list[dict[str, Any]] | None = None,
+        *,
+        history: Sequence[Any] | None = None,
+        inputs: dict[str, Any] | None = None,
+        response_model: type[BaseModel] | None = None,
+        allowed_tools: Sequence[str] | None = None,
+    ) -> AsyncIterator[AgentResponse]:
+        """Solve `task` step by step, yielding each step, logs, and finally the answer.
+
+        Args:
+            task: what to do.
+            files: paths (or URLs) belonging to the task; CodeAct copies local files into the sandbox.
+            task_id: an id for the task (a UUID if not given).
+            max_iterations: steps for this run (default: the agent's `max_iterations`).
+            recurrent_mode: prefix the task with the previous task and its result.
+            summarize_progress_on_failure: when steps run out, ask the model to sum up what it found.
+            chat_history: an OpenAI-format conversation to continue (its system message, if any, is
+                replaced by this agent's).
+            history: earlier turns (`ChatMessage`s or dicts, no system message) sent with every step.
+            inputs: context variables shown to the model (and, in CodeAct, defined in the session).
+            response_model: a pydantic model the final answer must validate into; a mismatch is told
+                to the model, which then tries again.
+            allowed_tools: names or patterns of tools allowed in this run (overrides the agent's).
+
+        Raises:
+            ValueError: empty task, too many files, recurrent_mode together with chat_history (or
+                history), or a history that is not valid OpenAI chat format.
+            RetryError: a model call kept failing after `max_retries` retries.
+        """
+        self._check_run_arguments(
+            task, files, max_iterations, recurrent_mode, chat_history, history, inputs, response_model
+        )
+        # An agent holds one conversation at a time. A run started while another asyncio task is still
+        # running one is refused (it would share history, steps and sandbox); a new run in the same task
+        # supersedes one that was abandoned unfinished, and the token lets each run release only what it
+        # opened itself.
+        owner = _current_task()
+        if self._owner is not None and self._owner is not owner and not self._owner.done():
+            raise AgentBusyError(
+                f"this {type(self).__name__} is already running a task in another asyncio task; an agent "
+                "runs one task at a time. Run parallel tasks on agent.clone() (or separate agents)."
+            )
+        self._owner = owner
+        token = object()
+        self._run_token = token
+        previous = self.task
+        limit = max_iterations or self.max_iterations
+        self._start_task(task, files, task_id, inputs, response_model, allowed_tools)
+        self._start_task_trace(task)
+        completed = False
+        final: AgentResponse | None = None
         try:
-            start, end = text.index("["), text.rindex("]") + 1
-            names = json.loads(text[start:end])
-        except ValueError:
-            return  # the model did not answer with a list: keep every tool rather than guess
-        if isinstance(names, list):
-            chosen = {n for n in names if isinstance(n, str)}
-            self._run_tools = {k: v for k, v in self._run_tools.items() if k in chosen}
-
-    # ------------------------------------------------------------------ hooks
-
-    async def pre_run(self) -> AsyncIterator[AgentResponse]:
-        """Before the loop: nothing by default. Subclasses set up task resources here."""
-        return
-        yield  # pragma: no cover - makes this an async generator
-
-    async def post_run(self) -> AsyncIterator[AgentResponse]:
-        """After the loop (always, also on failure): nothing by default. Subclasses clean up here."""
-        return
-        yield  # pragma: no cover
-
-    async def _notify_plan(self, plan: str, index: int) -> None:
-        """Let `on_step` see a plan (or a revised plan) as a record of kind ``"plan"`` (not in `steps`)."""
-        if self.on_step is not None:
-            result = self.on_step(StepRecord(index=index, kind="plan", thought=plan))
-            if hasattr(result, "__await__"):
-                await result
+            steps = self._run_task(
+                task, previous, recurrent_mode, chat_history, history, limit, summarize_progress_on_failure
+            )
+            async with aclosing(steps):
+                async for item in steps:
+                    if isinstance(item, _Outcome):
+                        final = item.response
+                    else:
+                        yield item
+            completed = True
+        finally:
+            if self._run_token is token:
+                self._owner = None
+            await self._release_resources(token)
+            if self.current_trace is not None:
+                self.current_trace.end(
+                    output=final.value if final else None, error=None if completed else "run failed"
+                )
+            self.tracer_manager.flush()
+            if not completed:
+                with anyio.CancelScope(shield=True):
+                    async for _ in self.post_run():
+                        pass
+        async for item in self.post_run():
+            yield item
+        assert final is not None  # `completed` implies a final response
+        final.metadata.setdefault("usage", self.get_usage_metrics()["total"])
+        yield final
 
     async def arun(self, task: str, **options: Any) -> AgentResponse:
         """Run `task` to the end and return the final response, for callers who do not iterate.
@@ -536,7 +260,6 @@ class Agent(ABC):
 
     def run_sync(self, task: str, **options: Any) -> AgentResponse:
         """The blocking twin of `arun()`, for scripts and notebooks without an event loop."""
-        import anyio
         import sniffio
 
         try:
@@ -545,6 +268,174 @@ class Agent(ABC):
             return anyio.run(lambda: self.arun(task, **options))
         raise ConfigurationError("run_sync() cannot be called from async code; use `await agent.arun(task)`")
 
+    def _start_task(
+        self,
+        task: str,
+        files: list[str] | None,
+        task_id: str | None,
+        inputs: dict[str, Any] | None,
+        response_model: type[BaseModel] | None,
+        allowed_tools: Sequence[str] | None,
+    ) -> None:
+        self.task = Task(description=task, files=list(files or []))
+        if task_id:
+            self.task.id = task_id
+        self.usage_tracker.reset()
+        self.observer.reset()
+        if self.planner is not None:
+            self.planner.plan = None
+            self.planner.retry_base_delay = self.retry_base_delay
+        self.steps = []
+        self.task_output_files = []
+        self.final_answer_found = False
+        self._final = None
+        self._trouble = False
+        self._inputs = dict(inputs or {})
+        self._response_model = response_model
+        allowed = list(allowed_tools) if allowed_tools is not None else self.allowed_tools
+        self._run_tools = select_tools(self.tools, allowed)
+
+    def _start_task_trace(self, task: str) -> None:
+        self.current_trace = self.tracer_manager.start_trace(
+            name=self.name or type(self).__name__,
+            input=task,
+            metadata={"task_id": self.task.id if self.task else None},
+        )
+
+    async def _run_task(
+        self,
+        task: str,
+        previous: Task | None,
+        recurrent_mode: bool,
+        chat_history: list[dict[str, Any]] | None,
+        history: Sequence[Any] | None,
+        limit: int,
+        summarize_progress_on_failure: bool,
+    ) -> AsyncGenerator[AgentResponse | _Outcome, None]:
+        """Setup, plan and steps; yields responses, and last an `_Outcome` holding the final response."""
+        if self.filter_tools_for_task:
+            await self._filter_tools(task)
+        self._mode = self.reply_mode()
+        self._build_conversation(task, previous, recurrent_mode, chat_history, history)
+        async for item in self.pre_run():
+            yield item
+        if self.planner is not None:
+            plan = await self.planner.create_plan(task, self.get_tools_description())
+            if plan:
+                self.add_to_history({"role": "user", "content": prompts.PLAN_MESSAGE.format(plan=plan)})
+                yield self.response("log", plan, channel="planner", metadata={"event": "plan"})
+                await self._notify_plan(plan, 0)
+        async for item in self._loop(limit):
+            yield item
+        if self._final is not None:
+            yield _Outcome(self._final)
+        else:
+            yield _Outcome(await self._give_up(limit, summarize_progress_on_failure))
+
+    def _build_conversation(
+        self,
+        task: str,
+        previous: Task | None,
+        recurrent_mode: bool,
+        chat_history: list[dict[str, Any]] | None,
+        history: Sequence[Any] | None,
+    ) -> None:
+        self.init_history()
+        if chat_history is not None:
+            messages = validate_openai_history(chat_history)
+            if messages and messages[0]["role"] == "system":
+                messages = messages[1:]
+            self.chat_history.extend(messages)
+        if history is not None:
+            self.chat_history.extend(validate_openai_history(history, what="history"))
+        self.msg_idx_of_new_task = len(self.chat_history)
+        self.add_to_history(self._task_message(self._task_text(task, previous, recurrent_mode)))
+
+    async def _loop(self, limit: int) -> AsyncIterator[AgentResponse]:
+        assert self.task is not None
+        for iteration in range(1, limit + 1):
+            self.task.steps_taken = iteration
+            if (
+                self.planner is not None
+                and iteration > 1
+                and self.planner.should_update(iteration - 1, self._trouble)
+            ):
+                plan = await self.planner.update_plan(self.task.description, self._recent_progress())
+                self._trouble = False
+                if plan:
+                    self.add_to_history({"role": "user", "content": prompts.PLAN_MESSAGE.format(plan=plan)})
+                    yield self.response("log", plan, channel="planner", metadata={"event": "plan_update"})
+                    await self._notify_plan(plan, iteration)
+            async for item in self._step(iteration):
+                yield item
+            if self.final_answer_found:
+                return
+            if self.steps:
+                note = self.observer.observe(self.steps[-1], limit - iteration)
+                if note:
+                    self._trouble = True
+                    note = await self.observer.review(
+                        note,
+                        self.task.description,
+                        self._recent_progress(),
+                        litellm_params=self.litellm_params,
+                        usage_tracker=self.usage_tracker,
+                        max_retries=self.max_retries,
+                        retry_base_delay=self.retry_base_delay,
+                    )
+                    self.add_to_history({"role": "user", "content": prompts.OBSERVER_NOTE.format(note=note)})
+                    yield self.response("log", note, channel="observer", metadata={"event": "observer_note"})
+
+    def _recent_progress(self, last: int = 3) -> str:
+        lines = []
+        for step in self.steps[-last:]:
+            what = step.code or step.action or ", ".join(c.name for c in step.tool_calls) or "(no action)"
+            lines.append(
+                f"Step {step.index}: {what[:300]}\n  -> {(step.error or step.observation or '')[:500]}"
+            )
+        return "\n".join(lines) or "(nothing yet)"
+
+    async def _give_up(self, limit: int, summarize: bool) -> AgentResponse:
+        summary = ""
+        if summarize:
+            try:
+                summary = await self.salvage_response()
+            except KodeAgentError as exc:
+                summary = f"(no summary: {exc})"
+        text = f"The task was not finished within {limit} step{'s' if limit != 1 else ''}."
+        if summary:
+            text += f" What was found so far:\n{summary}"
+        return self.response(
+            "final", text, metadata={"task_successful": False, "final_answer_found": False, "steps": limit}
+        )
+
+    # ------------------------------------------------------------------ hooks
+
+    async def pre_run(self) -> AsyncIterator[AgentResponse]:
+        """Before the loop: nothing by default. Subclasses set up task resources here."""
+        return
+        yield  # pragma: no cover - makes this an async generator
+
+    async def post_run(self) -> AsyncIterator[AgentResponse]:
+        """After the loop (always, also on failure): report the run's model usage as a log response."""
+        yield self.response(
+            "log",
+            self.get_usage_report(include_breakdown=False),
+            channel="usage",
+            metadata={"event": "usage", **self.get_usage_metrics()["total"]},
+        )
+
+    async def _release_resources(self, token: object | None = None) -> None:
+        """Release what the run opened (nothing by default). Called from `finally`; must be idempotent."""
+        return
+
+    async def _notify_plan(self, plan: str, index: int) -> None:
+        """Let `on_step` see a plan (or a revised plan) as a record of kind ``"plan"`` (not in `steps`)."""
+        if self.on_step is not None:
+            result = self.on_step(StepRecord(index=index, kind="plan", thought=plan))
+            if hasattr(result, "__await__"):
+                await result
+
     async def _notify_step(self, record: StepRecord) -> None:
         self.steps.append(record)
         if self.on_step is not None:
@@ -552,138 +443,57 @@ class Agent(ABC):
             if hasattr(result, "__await__"):
                 await result
 
-    # ------------------------------------------------------------------ task messages
+    # ------------------------------------------------------------------ steps
 
-    def _check_run_arguments(
-        self,
-        task: str,
-        files: list[str] | None,
-        max_iterations: int | None,
-        recurrent_mode: bool,
-        chat_history: list[dict[str, Any]] | None,
-        history: Sequence[Any] | None,
-        inputs: dict[str, Any] | None,
-        response_model: type[BaseModel] | None,
-    ) -> None:
-        if not isinstance(task, str) or not task.strip():
-            raise ValueError("task must be a non-empty string")
-        if files is not None and len(files) > self.MAX_FILES:
-            raise ValueError(f"too many files: {len(files)} given, at most {self.MAX_FILES} per task")
-        if max_iterations is not None and max_iterations < 1:
-            raise ValueError(f"max_iterations must be at least 1, got {max_iterations}")
-        if recurrent_mode and chat_history is not None:
-            raise ValueError("recurrent_mode and chat_history cannot be used together; choose one")
-        if history is not None and (chat_history is not None or recurrent_mode):
-            raise ValueError("history cannot be combined with chat_history or recurrent_mode")
-        if chat_history is not None:
-            validate_openai_history(chat_history)
-        if history is not None:
-            for i, message in enumerate(validate_openai_history(history, what="history")):
-                if message["role"] == "system":
-                    raise ValueError(f"history[{i}] is a system message; history holds earlier turns only")
-        if inputs is not None:
-            if not isinstance(inputs, dict):
-                raise ValueError("inputs must be a dict of name -> JSON-compatible value")
-            for key, value in inputs.items():
-                if (
-                    not isinstance(key, str)
-                    or not key.isidentifier()
-                    or key.startswith("_")
-                    or keyword.iskeyword(key)
-                ):
-                    raise ValueError(f"inputs key {key!r} must be a Python identifier not starting with '_'")
-                try:
-                    json.dumps(value)
-                except (TypeError, ValueError):
-                    raise ValueError(f"inputs[{key!r}] is not JSON-compatible") from None
-        if response_model is not None and not (
-            isinstance(response_model, type) and issubclass(response_model, BaseModel)
-        ):
-            raise ValueError("response_model must be a pydantic BaseModel subclass")
+    @abstractmethod
+    def _step(self, iteration: int) -> AsyncIterator[AgentResponse]:
+        """One step: ask the model, act on its reply, and yield the step's response (an async generator).
 
-    def _task_text(self, task: str, previous: Task | None, recurrent_mode: bool) -> str:
-        parts = []
-        if recurrent_mode and previous is not None:
-            parts.append(prompts.RECURRENT_NOTE.format(
-                previous_task=previous.description, previous_result=self.normalize_content(previous.result)))  # fmt: skip
-        parts.append(prompts.TASK_TEMPLATE.format(task=task.strip()))
-        if self.msg_idx_of_new_task > 1 and self._continuation_note():
-            parts.append(self._continuation_note())
-        if self._inputs:
-            rendered = "\n".join(
-                f"- {k} = {truncate(json.dumps(v, ensure_ascii=False), 2000)}"
-                for k, v in self._inputs.items()
-            )
-            parts.append(prompts.INPUTS_NOTE.format(inputs=rendered + self._inputs_suffix()))
-        if self.task and self.task.files:
-            parts.append(prompts.FILES_NOTE.format(files="\n".join(f"- {f}" for f in self._file_labels())))
-        if self._response_model is not None:
-            schema = json.dumps(self._response_model.model_json_schema(), ensure_ascii=False)
-            parts.append(prompts.RESPONSE_MODEL_NOTE.format(schema=schema))
-        return "\n".join(parts)
+        A step ends the run by calling `_finish`; it records itself with `_notify_step`.
+        """
 
-    def _inputs_suffix(self) -> str:
-        return ""
+    def _step_metadata(self, iteration: int, **extra: Any) -> dict[str, Any]:
+        metadata = {"step": iteration, "mode": self._mode, **extra}
+        if self._mode != "native":
+            metadata["response_format"] = self.format_used
+        return metadata
 
-    def _continuation_note(self) -> str:
-        """Said with the task when the run continues an earlier conversation (none by default)."""
-        return ""
+    async def _format_error(
+        self, record: StepRecord, problem: str, started: float
+    ) -> AsyncIterator[AgentResponse]:
+        """The reply could not be used: tell the model why and in which format, and count the step."""
+        record.error = f"unusable reply: {problem}"
+        record.observation = self.format_error_observation(problem)
+        self.add_to_history({"role": "user", "content": record.observation})
+        record.duration = time.perf_counter() - started
+        yield self.response("step", record, metadata=self._step_metadata(record.index, parse_error=True))
+        await self._notify_step(record)
 
-    def _file_labels(self) -> list[str]:
-        return list(self.task.files) if self.task else []
-
-    def _task_message(self, text: str) -> dict[str, Any]:
-        """The task as a user message; with a vision model, local images are attached."""
-        images = [
-            f for f in (self.task.files if self.task else [])
-            if os.path.isfile(f) and os.path.splitext(f)[1].lower() in _IMAGE_SUFFIXES
-        ]  # fmt: skip
-        if not images or not self.is_visual_model:
-            return {"role": "user", "content": text}
-        parts: list[dict[str, Any]] = [{"type": "text", "text": text}]
-        for path in images:
-            mime = mimetypes.guess_type(path)[0] or "image/png"
-            with open(path, "rb") as fh:
-                data = base64.b64encode(fh.read()).decode()
-            parts.append({"type": "image_url", "image_url": {"url": f"data:{mime};base64,{data}"}})
-        return {"role": "user", "content": parts}
-
-    # ------------------------------------------------------------------ final answers
+    async def _finish(
+        self, record: StepRecord, answer: Any, successful: bool, started: float
+    ) -> AsyncIterator[AgentResponse]:
+        """The model gave its final answer: accept it (validated into `response_model`) or say why not."""
+        value, problem = self._accept_final(answer)
+        if problem is not None:
+            record.error = f"final answer rejected: {problem}"
+            record.observation = prompts.RESPONSE_MODEL_ERROR.format(error=problem)
+            self.add_to_history({"role": "user", "content": record.observation})
+            record.duration = time.perf_counter() - started
+            yield self.response("step", record, metadata={"step": record.index, "response_model_error": True})
+            await self._notify_step(record)
+            return
+        record.is_final = True
+        record.output = value
+        record.duration = time.perf_counter() - started
+        self.final_answer_found = True
+        yield self.response("step", record, metadata=self._step_metadata(record.index))
+        await self._notify_step(record)
+        self._final = self.response(
+            "final",
+            value,
+            metadata={"task_successful": bool(successful), "final_answer_found": True, "steps": record.index},
+        )
 
     def _accept_final(self, answer: Any) -> tuple[Any, str | None]:
         """Validate a final answer into `response_model` when one is set: (value, error or None)."""
-        model = self._response_model
-        if model is None:
-            return answer, None
-        data = answer
-        if isinstance(answer, str):
-            found = extract_json_object(answer)
-            data = found if found is not None else answer
-        try:
-            return model.model_validate(data), None
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e.get('loc', ())) or 'value'}: {e.get('msg')}"
-                for e in exc.errors()
-            )
-            return answer, problems
-
-    @abstractmethod
-    def parse_text_response(self, text: str) -> ChatMessage:
-        """Parse a model reply given as free text into this agent's structured reply."""
-
-    @abstractmethod
-    def run(
-        self,
-        task: str,
-        files: list[str] | None = None,
-        task_id: str | None = None,
-        max_iterations: int | None = None,
-        recurrent_mode: bool = False,
-        summarize_progress_on_failure: bool = True,
-        chat_history: list[dict[str, Any]] | None = None,
-    ) -> AsyncIterator[AgentResponse]:
-        """Solve `task`, yielding `AgentResponse`s; the last one is the final answer."""
-
-
-ToolCallingMode = Literal["auto", "native", "json", "text"]
+        return validate_final(answer, self._response_model)

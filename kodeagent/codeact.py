@@ -3,10 +3,12 @@
 One executor is opened per run (in `pre_run`) and closed when the run ends, however it ends; its
 session keeps state between steps. Tools are handed to the executor as functions that run here, in
 the agent's process, with their arguments validated. The observation the model gets is built from
-the `ExecutionResult`: output neutralised (no terminal escapes) and capped head and tail, the error
-and its trimmed traceback, a hint when nothing was printed, and a plain notice when state was lost.
-Nothing the code prints is ever parsed as the model's reply: only `final_answer()` called by the code
-(which the sandbox reports out of band) or the model's own JSON can end the run.
+the `ExecutionResult` (see `observation.py`). Nothing the code prints is ever parsed as the model's
+reply: only `final_answer()` called by the code (which the sandbox reports out of band) or the model's
+own JSON can end the run.
+
+A sibling of `ReActAgent` under `Agent`: it never calls tools natively (its tools are functions inside
+the code), so it has none of ReAct's tool-call machinery.
 """
 
 from __future__ import annotations
@@ -16,125 +18,33 @@ import os
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Unpack
 
 import anyio
 
 from . import prompts
-from .agent import OnStep, ToolCallingMode
+from .agent import Agent, raw_reply_text
 from .errors import ConfigurationError, ResponseParseError
 from .models import AgentResponse, ChatMessage, CodeActChatMessage, StepRecord
-from .observer import Observer
+from .observation import cut_stream, format_observation
+from .options import AgentOptions
 from .parsing import CODEACT_FORMAT, parse_codeact_reply
 from .prompts import render_template
-from .react import ReActAgent, StructuredOutput, raw_reply_text
-from .text import cap_text, neutralize_control
-from .tools import Tool
-from .tracing import TracingType
+from .tools import Tool, as_tool
 from .usage import CALLER_USAGE
+
+if TYPE_CHECKING:
+    from sandboxes import ExecutionResult, Executor
+
+__all__ = ["CodeActAgent", "RunEnv", "cut_stream", "format_observation", "split_packages"]
 
 RunEnv = Literal["host", "docker", "e2b", "ray"]
 
 
-_OMITTED = re.compile(r"\n\.\.\. \[([\d,]+) characters omitted\] \.\.\.\n")
-
-
-def _marker(omitted: int) -> str:
-    return f"\n... [{omitted:,} characters omitted] ...\n"
-
-
-def cut_stream(text: str, sandbox_omitted: int, limit: int) -> str:
-    """One output stream for the model: about `limit` characters kept, head and tail, and one marker
-    stating how many characters were really left out — what the sandbox dropped plus what this cut
-    drops — so the model is never told a wrong count. Control characters are neutralised after the cut,
-    so the count is of the characters the code printed."""
-    head, tail, located = text, "", False
-    if sandbox_omitted:
-        found = [m for m in _OMITTED.finditer(text) if int(m.group(1).replace(",", "")) == sandbox_omitted]
-        if found:  # the sandbox's own marker (printed look-alikes rarely carry the same count)
-            middle = found[len(found) // 2]
-            head, tail, located = text[: middle.start()], text[middle.end() :], True
-    if len(head) + len(tail) <= limit:
-        if sandbox_omitted and not located:
-            return (
-                neutralize_control(text) + f"\n(... and {sandbox_omitted:,} characters the sandbox left out)"
-            )
-        return neutralize_control(text)  # with the sandbox's marker, if it cut
-    keep_head = limit * 2 // 3
-    keep_tail = max(1, limit - keep_head)
-    if not located:
-        omitted = sandbox_omitted + len(text) - keep_head - keep_tail
-        return neutralize_control(text[:keep_head]) + _marker(omitted) + neutralize_control(text[-keep_tail:])
-    new_head = head[:keep_head]
-    new_tail = tail[-keep_tail:] if len(tail) > keep_tail else tail
-    omitted = sandbox_omitted + (len(head) - len(new_head)) + (len(tail) - len(new_tail))
-    return neutralize_control(new_head) + _marker(omitted) + neutralize_control(new_tail)
-
-
-def format_observation(result: Any, *, limit: int = 8000, timeout: float | None = None) -> str:
-    """What the model is told about one run of its code (an `ExecutionResult`)."""
-    parts: list[str] = []
-    if (
-        result.state_lost
-        and not result.timed_out
-        and not (result.error and result.error.type == "WorkerCrashed")
-    ):
-        parts.append(
-            "Notice: the Python session was restarted before this code ran. Variables, functions and "
-            "imports from earlier steps are gone; define again what you need."
-        )
-    stdout = cut_stream((result.stdout or "").rstrip("\n"), getattr(result, "stdout_omitted", 0), limit)
-    stderr = cut_stream((result.stderr or "").rstrip("\n"), getattr(result, "stderr_omitted", 0), limit // 2)
-    if stdout.strip():
-        parts.append("Output:\n" + stdout)
-    if stderr.strip():
-        parts.append("Standard error:\n" + stderr)
-    if result.truncated and not (
-        getattr(result, "stdout_omitted", 0) or getattr(result, "stderr_omitted", 0)
-    ):
-        parts.append("(The output was longer than the sandbox keeps; only its beginning and end are shown.)")
-    error = result.error
-    if result.timed_out:
-        limit_text = f" of {timeout:g} s" if timeout else ""
-        parts.append(
-            f"Error: the code was stopped because it ran past the time limit{limit_text}. The session was "
-            "restarted, so every variable from earlier steps is lost. Make the code faster or split the "
-            "work, and define again what you need."
-        )
-    elif error is not None:
-        if error.type == "WorkerCrashed":
-            cause = "it ran out of memory" if result.oom else "the sandbox process ended"
-            parts.append(
-                f"Error: the code did not finish ({cause}). The session was restarted, so every variable "
-                "from earlier steps is lost."
-            )
-        else:
-            detail = neutralize_control(error.traceback or f"{error.type}: {error.message}")
-            parts.append("Error:\n" + cap_text(detail.rstrip("\n"), 3000))
-    if getattr(result, "has_final_answer", False):
-        parts.append("final_answer() was called.")
-    artifacts = getattr(result, "artifacts", None) or []
-    if artifacts:
-        listing = ", ".join(f"{a.path} ({a.size} bytes)" for a in artifacts[:20])
-        parts.append(f"Files created or changed: {listing}")
-    if (
-        not stdout.strip()
-        and not stderr.strip()
-        and error is None
-        and not result.timed_out
-        and not result.has_final_answer
-    ):
-        parts.append(
-            "The code ran without errors and printed nothing. Print the values you need to see, "
-            "e.g. print(result)."
-        )
-    return "\n".join(parts)
-
-
-class CodeActAgent(ReActAgent):
+class CodeActAgent(Agent):
     """Thought, code, observation: the model writes Python that runs in a sandbox with the tools.
 
-    Extra args (beyond `Agent`'s):
+    Args (besides the common `AgentOptions`):
         run_env: where the code runs: ``"host"``, ``"docker"``, ``"e2b"`` or ``"ray"`` (a Ray cluster's node).
         allowed_imports: modules the code may import (``"pkg.*"`` for a package and its submodules);
             None means the sandbox's default pure-computation set.
@@ -152,52 +62,15 @@ class CodeActAgent(ReActAgent):
         self,
         model_name: str,
         *,
-        name: str | None = None,
-        description: str | None = None,
-        tools: Sequence[Callable[..., Any] | Tool] | None = None,
-        litellm_params: dict[str, Any] | None = None,
-        persona: str | None = None,
-        system_prompt: str | None = None,
-        max_iterations: int = 20,
-        filter_tools_for_task: bool = False,
-        max_retries: int = 3,
-        work_dir: str | None = None,
-        tracing_type: TracingType | None = None,
-        allowed_tools: Sequence[str] | None = None,
-        on_step: OnStep | None = None,
-        use_planner: bool = False,
-        planning_interval: int | None = None,
-        observer: Observer | None = None,
-        tool_calling: ToolCallingMode = "auto",
-        structured_output: StructuredOutput = "auto",
         run_env: RunEnv = "host",
         allowed_imports: list[str] | None = None,
         pip_packages: str | None = None,
         timeout: int = 30,
         env_vars_to_set: dict[str, str] | None = None,
         executor_options: dict[str, Any] | None = None,
+        **options: Unpack[AgentOptions],
     ) -> None:
-        super().__init__(
-            model_name,
-            name=name,
-            description=description,
-            tools=tools,
-            litellm_params=litellm_params,
-            persona=persona,
-            system_prompt=system_prompt,
-            max_iterations=max_iterations,
-            filter_tools_for_task=filter_tools_for_task,
-            max_retries=max_retries,
-            work_dir=work_dir,
-            tracing_type=tracing_type,
-            allowed_tools=allowed_tools,
-            on_step=on_step,
-            use_planner=use_planner,
-            planning_interval=planning_interval,
-            observer=observer,
-            tool_calling=tool_calling,
-            structured_output=structured_output,
-        )
+        super().__init__(model_name, **options)
         if run_env not in ("host", "docker", "e2b", "ray"):
             raise ConfigurationError(f"run_env must be 'host', 'docker', 'e2b' or 'ray', got {run_env!r}")
         if not timeout or timeout <= 0:
@@ -213,7 +86,7 @@ class CodeActAgent(ReActAgent):
         self.timeout = timeout
         self.env_vars_to_set = dict(env_vars_to_set) if env_vars_to_set else None
         self.executor_options = dict(executor_options or {})
-        self._executor: Any = None
+        self._executor: Executor | None = None
         self._executor_token: object | None = None
 
     def _reset_state(self) -> None:
@@ -222,15 +95,6 @@ class CodeActAgent(ReActAgent):
         self._executor_token = None
 
     # ------------------------------------------------------------------ prompts and parsing
-
-    def reply_mode(self) -> Any:
-        """CodeAct never uses native tool calls: tools are functions inside the code."""
-        mode = super().reply_mode() if self.tool_calling != "native" else "json"
-        if mode == "native":
-            from .llm import supports
-
-            return "json" if supports(self.model_name, "response_schema") else "text"
-        return mode
 
     def _imports(self) -> list[str]:
         if self.allowed_imports is not None:
@@ -241,8 +105,6 @@ class CodeActAgent(ReActAgent):
 
     def get_tools_description(self, tools: list[Any] | None = None) -> str:
         """Tools as the Python functions the code calls: signature, purpose, arguments."""
-        from .tools import as_tool
-
         chosen = [as_tool(t) for t in tools] if tools is not None else list(self._run_tools.values())
         return "\n".join(t.describe(style="python") for t in chosen) if chosen else prompts.NO_TOOLS
 
@@ -306,7 +168,7 @@ class CodeActAgent(ReActAgent):
 
     # ------------------------------------------------------------------ executor lifecycle
 
-    def _make_executor(self) -> Any:
+    def _make_executor(self) -> Executor:
         from sandboxes import Policy, open_executor
 
         options: dict[str, Any] = {
@@ -398,6 +260,7 @@ class CodeActAgent(ReActAgent):
                 yield item
             return
         record.code = code
+        assert self._executor is not None  # opened in pre_run, closed only after the loop
         result = await self._executor.run(code)
         await self._collect_artifacts(result)
         record.observation = format_observation(result, limit=self.OUTPUT_LIMIT, timeout=self.timeout)
@@ -412,7 +275,7 @@ class CodeActAgent(ReActAgent):
         yield self.response("step", record, metadata=self._step_metadata(iteration))
         await self._notify_step(record)
 
-    async def _collect_artifacts(self, result: Any) -> None:
+    async def _collect_artifacts(self, result: ExecutionResult) -> None:
         """Copy files the code wrote out of the sandbox into `work_dir` (when one is set)."""
         if not self.work_dir or not result.artifacts or self._executor is None:
             return

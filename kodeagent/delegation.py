@@ -1,0 +1,50 @@
+"""An agent as a tool another agent can call: the task in, the final answer out.
+
+Each call runs on a fresh `clone()` of the agent, so a manager's parallel calls never share a
+conversation, and the sub-agent's model usage is added to the caller's when the call ends.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from .tools import Tool
+from .usage import CALLER_USAGE
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+
+def agent_tool(agent: Agent, name: str | None = None) -> Tool:
+    """`agent` as a `Tool` (see `Agent.as_tool`)."""
+    tool_name = name or agent.name or f"{type(agent).__name__.lower()}_helper"
+
+    async def delegate(task: str) -> Any:
+        worker = agent.clone()
+        caller = CALLER_USAGE.get()
+        final = None
+        try:
+            async for response in worker.run(task):
+                if response.type == "final":
+                    final = response
+        finally:
+            if caller is not None and caller is not worker.usage_tracker:
+                caller.add_from(worker.usage_tracker, tool_name)
+        if final is None or not final.metadata.get("final_answer_found", False):
+            raise RuntimeError(f"the {tool_name} agent did not finish: {final.value if final else ''}")
+        value = final.value
+        return value.model_dump(mode="json") if isinstance(value, BaseModel) else value
+
+    delegate.__name__ = tool_name
+    return Tool(
+        delegate,
+        name=tool_name,
+        description=agent.purpose.replace("\n", " "),
+        parameters={
+            "type": "object",
+            "properties": {"task": {"type": "string", "description": "what the agent should do"}},
+            "required": ["task"],
+        },
+    )
