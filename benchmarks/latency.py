@@ -16,7 +16,8 @@ Host backend rows (medians and p95, milliseconds):
   Target <= 50 ms.
 
 Docker and E2B rows come from `benchmarks.latency_docker` and `benchmarks.latency_e2b` when those
-modules and their backends are available here; otherwise the table says why not. Nothing here is
+modules and their backends are available here; otherwise the table says why not. Ray rows
+(`--backend ray` only: they start a local cluster) come from `benchmarks.latency_ray`. Nothing here is
 asserted: targets are reported as met or not.
 """
 
@@ -322,7 +323,7 @@ def report(console: Console, result: dict[str, Any]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="all", choices=["all", "host", "docker", "e2b"],
+    parser.add_argument("--backend", default="all", choices=["all", "host", "docker", "e2b", "ray"],
                         help="which backend to measure (default all that are available)")  # fmt: skip
     parser.add_argument("--n", type=int, default=500, help="warm runs measured (default 500)")
     parser.add_argument(

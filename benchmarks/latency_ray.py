@@ -252,6 +252,29 @@ def run(*, n: int = 300, sessions: int = 30, programs: int = 96, per_node: int |
     return result
 
 
+def ray_latency_rows(n: int) -> list[dict[str, Any]]:
+    """The latency rows of `kodeagent bench latency --backend ray`: warm run and session open on a local
+    cluster of one sandbox node, each beside the host backend measured in the same run."""
+    from sandboxes.backends import raycluster
+
+    cluster = LocalCluster(os.cpu_count() or 1)
+    rows: list[dict[str, Any]] = []
+    try:
+        cluster.add_node()
+        warm = anyio.run(warm_runs, n, "print(1)")
+        host_p50 = summarize(warm["host"])["p50_ms"]
+        rows.append({"name": "warm run (node backend host)", **summarize(warm["ray"]), "baseline": "host warm run",
+                     "target_p50_ms": round(host_p50 + OVERHEAD_TARGET_MS, 2),
+                     "meets_target": summarize(warm["ray"])["p50_ms"] <= host_p50 + OVERHEAD_TARGET_MS})  # fmt: skip
+        rows.append({"name": "host warm run", **summarize(warm["host"])})
+        opens = anyio.run(session_opens, max(n // 10, 10), raycluster.LINGER)
+        rows.append({"name": "session open, warm node", **summarize(opens["ray"]), "baseline": "host session from the pool"})
+        rows.append({"name": "host session from the pool", **summarize(opens["host"])})
+    finally:
+        cluster.shutdown()
+    return rows
+
+
 def report(console: Console, result: dict[str, Any]) -> None:
     rows = []
     for entry in result["rows"]:
