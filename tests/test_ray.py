@@ -305,3 +305,31 @@ async def test_a_session_whose_driver_died_is_closed_by_its_node(cluster: Any) -
     with anyio.fail_after(60):
         while (await handle.info.remote())["sessions"] > 0:
             await anyio.sleep(0.5)
+
+
+async def test_a_codeact_agent_runs_its_code_on_the_cluster(cluster: Any) -> None:
+    """CodeActAgent(run_env="ray") against the LLM stand-in: the code runs on a node, the tool here."""
+    from llm_standin import StandinLLM, code_final, code_step, collect, register_standin_models
+
+    from kodeagent import CodeActAgent, tool
+
+    callers: list[int] = []
+
+    @tool
+    def get_price(symbol: str) -> float:
+        """Latest price of a stock. Args: symbol: ticker, e.g. AAPL."""
+        callers.append(os.getpid())
+        return {"AAPL": 200.0, "MSFT": 410.5}[symbol]
+
+    register_standin_models()
+    with StandinLLM() as llm:
+        llm.add(code_step("prices = [get_price('AAPL'), get_price(symbol='MSFT')]\nprint(sum(prices) / 2)"),
+                code_step("print(len(prices))"), code_final("305.25"))  # fmt: skip
+        agent = CodeActAgent(llm.model("json"), litellm_params=llm.params(), tools=[get_price], run_env="ray",
+                             timeout=20, executor_options={"node_backend": "host"})  # fmt: skip
+        agent.retry_base_delay = 0.01
+        responses = await collect(agent.run("Average of AAPL and MSFT?"))
+        observations = [r["messages"][-1]["content"] for r in llm.requests[1:]]
+    assert responses[-1].type == "final" and responses[-1].value == "305.25"
+    assert observations == ["Observation:\nOutput:\n305.25", "Observation:\nOutput:\n2"]  # state kept on the node
+    assert callers == [os.getpid()] * 2
