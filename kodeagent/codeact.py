@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Unpack
 
 import anyio
+from pydantic import BaseModel
 
 from . import prompts
 from .agent import Agent, raw_reply_text
@@ -137,7 +138,7 @@ class CodeActAgent(Agent):
         chat_history: list[dict[str, Any]] | None,
         history: Sequence[Any] | None,
         inputs: dict[str, Any] | None,
-        response_model: Any,
+        response_model: type[BaseModel] | None,
     ) -> None:
         super()._check_run_arguments(
             task, files, max_iterations, recurrent_mode, chat_history, history, inputs, response_model
