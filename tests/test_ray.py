@@ -333,3 +333,30 @@ async def test_a_codeact_agent_runs_its_code_on_the_cluster(cluster: Any) -> Non
     assert responses[-1].type == "final" and responses[-1].value == "305.25"
     assert observations == ["Observation:\nOutput:\n305.25", "Observation:\nOutput:\n2"]  # state kept on the node
     assert callers == [os.getpid()] * 2
+
+
+async def test_a_node_lost_while_idle_fails_the_next_run_once_then_a_live_node_serves(cluster: Any) -> None:
+    async with executor(timeout=30) as ex:
+        assert (await ex.run("x = 1")).ok
+        doomed = ex.node_id
+        node = next(n for n in cluster.worker_nodes if n.node_id == doomed)
+        await anyio.to_thread.run_sync(backend_ray.kill_node, cluster, node)
+        try:
+            with anyio.fail_after(60):
+                lost = await ex.run("print(x)")
+            assert lost.state_lost and lost.error is not None and lost.error.type == "WorkerCrashed", lost
+            after = await ex.run("print('back')")
+            assert after.ok and after.stdout == "back\n", after
+            assert ex.node_id != doomed and ex.node_id in alive_nodes()
+        finally:
+            await anyio.to_thread.run_sync(backend_ray.replace_node, cluster)
+
+
+def test_the_blocking_facade(cluster: Any) -> None:
+    from sandboxes import open_executor_sync
+
+    with open_executor_sync("ray", node_backend="host", timeout=10, tools={"f": lambda v: v * 2}) as ex:
+        first = ex.run("x = f(21)\nprint(x)")
+        second = ex.run("print(x + 1)")
+        assert ex.isolation in ("namespaces", "process")
+    assert first.stdout == "42\n" and second.stdout == "43\n"
