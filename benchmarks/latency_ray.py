@@ -28,6 +28,7 @@ Nothing is asserted; the target is reported as met or not.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import time
@@ -61,7 +62,7 @@ class LocalCluster:
         head = {"num_cpus": 1, "resources": {"kodeagent_sandbox": 0}, "object_store_memory": OBJECT_STORE_BYTES,
                 "include_dashboard": False}  # fmt: skip
         self.cluster = Cluster(initialize_head=True, head_node_args=head, shutdown_at_exit=False)
-        ray.init(address=self.cluster.address, logging_level="WARNING", log_to_driver=False)
+        ray.init(address=self.cluster.address, logging_level=logging.WARNING, log_to_driver=False)
 
     def add_node(self) -> str:
         node = self.cluster.add_node(num_cpus=1, resources={"kodeagent_sandbox": self.per_node},
@@ -268,7 +269,13 @@ def ray_latency_rows(n: int) -> list[dict[str, Any]]:
                      "meets_target": summarize(warm["ray"])["p50_ms"] <= host_p50 + OVERHEAD_TARGET_MS})  # fmt: skip
         rows.append({"name": "host warm run", **summarize(warm["host"])})
         opens = anyio.run(session_opens, max(n // 10, 10), raycluster.LINGER)
-        rows.append({"name": "session open, warm node", **summarize(opens["ray"]), "baseline": "host session from the pool"})
+        rows.append(
+            {
+                "name": "session open, warm node",
+                **summarize(opens["ray"]),
+                "baseline": "host session from the pool",
+            }
+        )
         rows.append({"name": "host session from the pool", **summarize(opens["host"])})
     finally:
         cluster.shutdown()
@@ -280,7 +287,9 @@ def report(console: Console, result: dict[str, Any]) -> None:
     for entry in result["rows"]:
         comparison = ""
         if "overhead_p50_ms" in entry:
-            comparison = f"+{fmt_ms(entry['overhead_p50_ms'])} p50, +{fmt_ms(entry['overhead_p95_ms'])} p95 vs host"
+            comparison = (
+                f"+{fmt_ms(entry['overhead_p50_ms'])} p50, +{fmt_ms(entry['overhead_p95_ms'])} p95 vs host"
+            )
         target = ""
         if "target" in entry:
             target = f"{entry['target']}: {'met' if entry['meets_target'] else 'NOT met'}"
@@ -309,14 +318,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=300, help="warm runs measured per backend (default 300)")
     parser.add_argument("--sessions", type=int, default=30, help="session opens measured (default 30)")
     parser.add_argument("--programs", type=int, default=96, help="programs per throughput run (default 96)")
-    parser.add_argument("--per-node", type=int, default=None, help="sandboxes each node takes (default: CPUs)")
-    parser.add_argument("--output", metavar="PATH", help="result JSON path (default results/latency_ray-<time>.json)")
+    parser.add_argument(
+        "--per-node", type=int, default=None, help="sandboxes each node takes (default: CPUs)"
+    )
+    parser.add_argument(
+        "--output", metavar="PATH", help="result JSON path (default results/latency_ray-<time>.json)"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
 
 def execute(args: argparse.Namespace) -> int:
     console = make_console(args.json)
-    result = run(n=args.n, sessions=args.sessions, programs=args.programs, per_node=args.per_node, console=console)
+    result = run(
+        n=args.n, sessions=args.sessions, programs=args.programs, per_node=args.per_node, console=console
+    )
     publish("latency_ray", result, args, console, report)
     return 0
 
@@ -327,4 +342,3 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-

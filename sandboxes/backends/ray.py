@@ -139,7 +139,9 @@ class RayExecutor(Executor):
             "policy": self.policy, "timeout": self.timeout, "env": self.env, "workdir": workdir,
             "stateless": stateless, "output_limit": output_limit, **node_options,
         }  # fmt: skip
-        executor_class(node_backend)(**self.node_options)  # refuses unknown or invalid options now, not at open
+        executor_class(node_backend)(
+            **self.node_options
+        )  # refuses unknown or invalid options now, not at open
         self._placement: Placement | None = None
 
     async def _start_worker(self) -> Worker:  # pragma: no cover - sessions are opened by `_place`
@@ -198,11 +200,15 @@ class RayExecutor(Executor):
                 drop_reservations(reservation.node_id)
                 remove_group(reservation.group)
                 if attempt == 3:
-                    raise WorkerStartError(f"the Ray cluster could not start a session: {_describe(exc)}") from exc
+                    raise WorkerStartError(
+                        f"the Ray cluster could not start a session: {_describe(exc)}"
+                    ) from exc
                 continue
             except RayError as exc:
                 remove_group(reservation.group)
-                raise WorkerStartError(f"the Ray cluster could not start a session: {_describe(exc)}") from exc
+                raise WorkerStartError(
+                    f"the Ray cluster could not start a session: {_describe(exc)}"
+                ) from exc
             except BaseException:
                 remove_group(reservation.group)
                 raise

@@ -117,7 +117,7 @@ def _connect(address: str | None, init_options: Mapping[str, Any], start_local: 
     worker_log = logging.getLogger("ray._private.worker")
     if _expected_warning not in worker_log.filters:
         worker_log.addFilter(_expected_warning)
-    options: dict[str, Any] = {"logging_level": "WARNING", "log_to_driver": False, **init_options}
+    options: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": False, **init_options}
     if address is None:
         try:
             ray.init(address="auto", **options)
@@ -139,7 +139,9 @@ def _connect(address: str | None, init_options: Mapping[str, Any], start_local: 
     try:
         ray.init(address=address, **options)
     except Exception as exc:
-        raise BackendUnavailable(f"could not join the Ray cluster at {address!r} ({exc}); {START_HINT}") from exc
+        raise BackendUnavailable(
+            f"could not join the Ray cluster at {address!r} ({exc}); {START_HINT}"
+        ) from exc
 
 
 def node_processes(nodes: Any = None) -> set[int]:
@@ -232,8 +234,14 @@ def describe(address: str | None = None, init_options: Mapping[str, Any] | None 
     return {
         "address": ray.get_runtime_context().gcs_address,
         "resource": resource,
-        "nodes": [{"node_id": n["NodeID"], "ip": n.get("NodeManagerAddress"),
-                   "sandboxes": int(n.get("Resources", {}).get(resource, 0))} for n in nodes],  # fmt: skip
+        "nodes": [
+            {
+                "node_id": n["NodeID"],
+                "ip": n.get("NodeManagerAddress"),
+                "sandboxes": int(n.get("Resources", {}).get(resource, 0)),
+            }
+            for n in nodes
+        ],  # fmt: skip
         "capacity": int(sum(n.get("Resources", {}).get(resource, 0) for n in nodes)),
     }
 
@@ -349,7 +357,6 @@ def _sweep_forever() -> None:
             _idle[:] = [r for r in _idle if now - r.idle_since < LINGER]
         for reservation in expired:
             remove_group(reservation.group)
-
 
 
 def remove_group(group: Any) -> None:

@@ -30,7 +30,13 @@ REAP_INTERVAL = 10.0
 
 RAISABLE = {
     name: getattr(errors, name)
-    for name in ("BackendUnavailable", "ExecutorClosed", "WorkerStartError", "ProtocolError", "SandboxFileError")
+    for name in (
+        "BackendUnavailable",
+        "ExecutorClosed",
+        "WorkerStartError",
+        "ProtocolError",
+        "SandboxFileError",
+    )
 } | {"TypeError": TypeError, "ValueError": ValueError}
 """Exceptions a node-side call reports by name for the parent to raise again as the same class."""
 
@@ -112,7 +118,11 @@ class NodeAgent:
         if session is None or session.executor is None:
             return {"kind": "lost", "message": "this node no longer holds the session"}
         if session.task is not None and not session.task.done():
-            return {"kind": "error", "type": "ProtocolError", "message": "a run of this session is in progress"}
+            return {
+                "kind": "error",
+                "type": "ProtocolError",
+                "message": "a run of this session is in progress",
+            }
         session.task = asyncio.get_running_loop().create_task(self._run(session, session.executor, code))
         return await session.events.get()
 
