@@ -156,7 +156,7 @@ async def test_react_agent_with_a_real_model(llama_server: str, structured: str)
 
 def test_kodeagent_run_with_a_real_model(llama_server: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "kodeagent.cli", "run", "Print the sum of the numbers 1 to 10.",
+        [sys.executable, "-m", "kodeagent_cli", "run", "Print the sum of the numbers 1 to 10.",
          "--model", MODEL, "--api-base", llama_server, "--api-key", "sk-local", "--max-iterations", "2",
          "--timeout", "10", "--json"],
         capture_output=True, text=True, timeout=600,

@@ -113,7 +113,7 @@ def test_bench_replies_command_reports_no_misread(tmp_path) -> None:  # type: ig
 
     out = tmp_path / "replies.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "kodeagent.cli", "bench", "replies", "--json", "--output", str(out)],
+        [sys.executable, "-m", "kodeagent_cli", "bench", "replies", "--json", "--output", str(out)],
         capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]

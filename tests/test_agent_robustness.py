@@ -245,7 +245,7 @@ def test_cli_run_json_keeps_raw_replies_and_takes_an_api_key() -> None:
             code_final("7"),
         )
         proc = subprocess.run(
-            [sys.executable, "-m", "kodeagent.cli", "run", "seven?", "--model", "openai/standin-json",
+            [sys.executable, "-m", "kodeagent_cli", "run", "seven?", "--model", "openai/standin-json",
              "--api-base", server.api_base, "--api-key", "sk-from-cli", "--json"],
             capture_output=True, text=True, timeout=180, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
         )  # fmt: skip
@@ -259,7 +259,7 @@ def test_cli_run_json_keeps_raw_replies_and_takes_an_api_key() -> None:
 
 def test_cli_hints_at_openai_prefix_when_api_base_has_no_provider() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "kodeagent.cli", "run", "x", "--model", "smollm", "--api-base", "http://127.0.0.1:9/v1"],
+        [sys.executable, "-m", "kodeagent_cli", "run", "x", "--model", "smollm", "--api-base", "http://127.0.0.1:9/v1"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2

@@ -170,7 +170,7 @@ def test_security_smoke_files_on_process_isolation() -> None:
 
 def test_bench_through_the_cli_prints_json(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "kodeagent.cli", "bench", "latency", "--backend", "host", "--n", "3",
+        [sys.executable, "-m", "kodeagent_cli", "bench", "latency", "--backend", "host", "--n", "3",
          "--sessions", "1", "--baseline-n", "1", "--json", "--output", str(tmp_path / "l.json")],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

