@@ -277,4 +277,3 @@ async def time_async(action: Callable[[], Any], n: int) -> list[float]:
         await action()
         durations.append(time.perf_counter() - started)
     return durations
-

@@ -83,7 +83,7 @@ class WriteOnlyStringIO(io.StringIO):
         return False
 
 
-class redirect_stdin(contextlib._RedirectStream):  # type: ignore[type-arg]  # noqa: N801 - harness name
+class redirect_stdin(contextlib._RedirectStream):  # noqa: N801 - the harness's name
     _stream = "stdin"
 
 

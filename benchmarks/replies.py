@@ -24,7 +24,7 @@ import argparse
 import os
 import sys
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ def convert_currency(amount: float, from_currency: str, to_currency: str) -> flo
     return amount
 
 
-TOOLS = [get_price, get_weather, search, convert_currency]
+TOOLS: list[Callable[..., Any]] = [get_price, get_weather, search, convert_currency]
 
 
 @dataclass(frozen=True)

