@@ -139,7 +139,7 @@ class Executor(ABC):
         if not self._opened:
             self._opened = True
             try:
-                await self._ensure_worker()
+                await self._open_session()
             except BaseException:
                 self._opened = False
                 raise
@@ -150,10 +150,18 @@ class Executor(ABC):
         if self._closed:
             return
         self._closed = True
+        with anyio.CancelScope(shield=True):
+            await self._close_session()
+
+    async def _open_session(self) -> None:
+        """What `open()` does once: start the worker and shake hands (overridden by delegating backends)."""
+        await self._ensure_worker()
+
+    async def _close_session(self) -> None:
+        """What `close()` does once, shielded from cancellation: release the worker."""
         worker, self._worker = self._worker, None
         if worker is not None:
-            with anyio.CancelScope(shield=True):
-                await self._release_worker(worker)
+            await self._release_worker(worker)
 
     async def __aenter__(self) -> Self:
         return await self.open()

@@ -37,18 +37,16 @@ that node gets a new agent. No cluster reachable at open raises `BackendUnavaila
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
 
-from ..errors import ExecutorClosed, SandboxFileError, WorkerStartError
-from ..executor import DEFAULT_OUTPUT_LIMIT, DEFAULT_TIMEOUT, KILL_TIMEOUT, Executor, ToolFunction
+from ..errors import SandboxFileError, WorkerStartError
+from ..executor import COMMON_OPTIONS, KILL_TIMEOUT, Executor, ExecutorOptions
 from ..models import ExecutionError, ExecutionResult
-from ..policy import Policy
 from ..worker import Worker
 from . import executor_class
 from .raycluster import (
@@ -105,8 +103,8 @@ class RayExecutor(Executor):
             A process already connected to Ray (``ray.init`` was called) keeps its connection.
         placement_timeout: seconds a session waits for free capacity on the cluster at open.
         init_options: extra keyword arguments of ``ray.init`` when this process connects.
-        node_options: options of the node's backend (e.g. ``isolation``, ``image``, ``memory_mb``).
-        (and the common options of `Executor`, passed to the node's backend; tools run here)
+        (and the common `ExecutorOptions`, passed on to the node's backend, whose own options are
+        accepted too: ``isolation``, ``image``, ...; tools run here, in the parent)
     """
 
     backend = "ray"
@@ -114,21 +112,16 @@ class RayExecutor(Executor):
     def __init__(
         self,
         *,
-        policy: Policy | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-        env: Mapping[str, str] | None = None,
-        tools: Mapping[str, ToolFunction] | None = None,
-        workdir: str | None = None,
-        stateless: bool = False,
-        output_limit: int = DEFAULT_OUTPUT_LIMIT,
         node_backend: Literal["host", "docker"] = "host",
         address: str | None = None,
         placement_timeout: float = 300.0,
         init_options: Mapping[str, Any] | None = None,
-        **node_options: Any,
+        **options: Any,
     ) -> None:
-        super().__init__(policy=policy, timeout=timeout, env=env, tools=tools, workdir=workdir,
-                         stateless=stateless, output_limit=output_limit)  # fmt: skip
+        # The common `ExecutorOptions` are this executor's own (and passed on to the node's backend);
+        # every other option belongs to the node's backend (`isolation`, `image`, ...).
+        common = {name: value for name, value in options.items() if name in COMMON_OPTIONS}
+        super().__init__(**cast(ExecutorOptions, common))
         if node_backend not in NODE_BACKENDS:
             raise ValueError(f"node_backend must be one of {', '.join(NODE_BACKENDS)}, not {node_backend!r}")
         self.node_backend = node_backend
@@ -136,12 +129,12 @@ class RayExecutor(Executor):
         self.placement_timeout = float(placement_timeout)
         self.init_options = dict(init_options or {})
         self.node_options: dict[str, Any] = {
-            "policy": self.policy, "timeout": self.timeout, "env": self.env, "workdir": workdir,
-            "stateless": stateless, "output_limit": output_limit, **node_options,
+            "policy": self.policy, "timeout": self.timeout, "env": self.env, "workdir": self.workdir,
+            "stateless": self.stateless, "output_limit": self.output_limit,
+            **{name: value for name, value in options.items() if name not in COMMON_OPTIONS},
         }  # fmt: skip
-        executor_class(node_backend)(
-            **self.node_options
-        )  # refuses unknown or invalid options now, not at open
+        # refuses unknown or invalid options now, not at open
+        executor_class(node_backend)(**self.node_options)
         self._placement: Placement | None = None
 
     async def _start_worker(self) -> Worker:  # pragma: no cover - sessions are opened by `_place`
@@ -154,31 +147,18 @@ class RayExecutor(Executor):
 
     # ----------------------------------------------------------------- lifecycle
 
-    async def open(self) -> RayExecutor:
+    async def _open_session(self) -> None:
         """Connect to the cluster and place the session on a node. Raises `BackendUnavailable` when no
         cluster is reachable or it declares no capacity."""
-        if self._closed:
-            raise ExecutorClosed("this executor was closed; create a new one")
-        if not self._opened:
-            self._opened = True
-            try:
-                if not ray_module().is_initialized():
-                    await anyio.to_thread.run_sync(connect, self.address, self.init_options)
-                await self._place()
-            except BaseException:
-                self._opened = False
-                raise
-        return self
+        if not ray_module().is_initialized():
+            await anyio.to_thread.run_sync(connect, self.address, self.init_options)
+        await self._place()
 
-    async def close(self) -> None:
-        """Close the session on its node and free its capacity. Safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
+    async def _close_session(self) -> None:
+        """Close the session on its node and free its capacity."""
         placement, self._placement = self._placement, None
         if placement is not None:
-            with anyio.CancelScope(shield=True):
-                await _release(placement)
+            await _release(placement)
 
     async def _place(self) -> None:
         """Reserve a unit of capacity (Ray picks the node; or this process's idle reservation is reused),
@@ -233,22 +213,11 @@ class RayExecutor(Executor):
 
     # ----------------------------------------------------------------- running code
 
-    async def run(self, code: str | bytes) -> ExecutionResult:
-        """Run `code` in the session on its node and return what happened. Never raises because of the code."""
-        self._check_usable()
-        async with self._lock:
-            started = time.perf_counter()
-            try:
-                result = await self._run_locked(code)
-            except BaseException:
-                # Cancelled mid-run: the session's state is unknown, so it is replaced.
-                if self._placement is not None:
-                    await self._lose(self._placement)
-                self._state_lost_pending = True
-                raise
-            result.duration = time.perf_counter() - started
-            result.backend = self.backend
-            return result
+    async def _discard_worker(self) -> None:
+        # A run cancelled mid-way: the session's state is unknown, so it is replaced.
+        if self._placement is not None:
+            await self._lose(self._placement)
+        self._state_lost_pending = True
 
     async def _run_locked(self, code: str | bytes) -> ExecutionResult:
         from ray.exceptions import RayError
