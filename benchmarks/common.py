@@ -140,7 +140,7 @@ def _nan_to_none(value: Any) -> Any:
 
 
 def parse_key_values(values: Sequence[str]) -> dict[str, Any]:
-    """`["isolation=process", "memory_mb=1024"]` -> {"isolation": "process", "memory_mb": 1024}.
+    """`["isolation=process", "pool_size=4"]` -> {"isolation": "process", "pool_size": 4}.
 
     Values are parsed as JSON when they are valid JSON (numbers, booleans, lists), else kept as text.
     Raises ValueError for an item that is not KEY=VALUE.

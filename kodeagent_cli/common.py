@@ -56,7 +56,7 @@ def module_patterns(values: Sequence[str]) -> list[str]:
 
 
 def backend_options(values: Sequence[str]) -> dict[str, Any]:
-    """`-o image=kodeagent-sandbox:datascience -o memory_mb=1024` -> {"image": ..., "memory_mb": 1024}.
+    """`-o image=kodeagent-sandbox:datascience -o cpus=2` -> {"image": ..., "cpus": 2}.
 
     Values are parsed as JSON when they are valid JSON (numbers, booleans, lists), else kept as text.
     """
