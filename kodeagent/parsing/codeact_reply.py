@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..models import CodeActChatMessage
 from .code import code_blocks, code_value, fix_overescaped, mask
-from .lenient_json import find_step_object
+from .lenient_json import broken_object_problem, find_step_object
 from .reply import (
     FINAL_TAGS,
     as_bool,
@@ -80,14 +80,8 @@ def parse_codeact_reply(text: str) -> CodeActChatMessage:
     blocks = code_blocks(body)
     outside = mask(body, blocks.spans)
     search, outside = find_step_object(outside, _CODEACT_RELEVANT)
-    if search.found is None and search.broken:
-        broken = search.broken[0]
-        if broken.cut_off:
-            raise refuse("the JSON object is cut off: it is never closed (keep the reply shorter)")
-        raise refuse(
-            f"the JSON object is not valid JSON ({broken.error}); a quote inside a string must be "
-            'escaped as \\", and a newline as \\n'
-        )
+    if problem_text := broken_object_problem(search, '\\", and a newline as \\n'):
+        raise refuse(problem_text)
     if search.found is not None:
         data = search.found.data
         rest = outside[: search.found.start] + outside[search.found.end :]

@@ -192,6 +192,17 @@ def _find_objects(text: str, relevant: set[str], *, limit: int = 60) -> _Search:
     return search
 
 
+def broken_object_problem(search: _Search, escaping: str) -> str | None:
+    """Why the reply cannot be read when it wrote a step object and none of its objects decodes (the
+    problem of the first broken one, with how a string must be escaped); None otherwise."""
+    if search.found is not None or not search.broken:
+        return None
+    broken = search.broken[0]
+    if broken.cut_off:
+        return "the JSON object is cut off: it is never closed (keep the reply shorter)"
+    return f"the JSON object is not valid JSON ({broken.error}); a quote inside a string must be escaped as {escaping}"
+
+
 def find_step_object(text: str, relevant: set[str]) -> tuple[_Search, str]:
     """`_find_objects`, and once more on the text unescaped when the whole object came escaped (``{\\"``)."""
     search = _find_objects(text, relevant)

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..models import ReActChatMessage
 from .code import code_blocks, mask, unfence
-from .lenient_json import decode, extract_json_object, find_step_object
+from .lenient_json import broken_object_problem, decode, extract_json_object, find_step_object
 from .reply import (
     FINAL_TAGS,
     as_bool,
@@ -164,14 +164,8 @@ def parse_react_reply(text: str, tools: Mapping[str, Any] | Sequence[Any] | None
     blocks = code_blocks(body)
     outside = mask(body, [s for s in blocks.spans])
     search, outside = find_step_object(outside, _REACT_RELEVANT)
-    if search.found is None and search.broken:
-        broken = search.broken[0]
-        if broken.cut_off:
-            raise refuse("the JSON object is cut off: it is never closed (keep the reply shorter)")
-        raise refuse(
-            f"the JSON object is not valid JSON ({broken.error}); a quote inside a string must be "
-            'escaped as \\"'
-        )
+    if problem_text := broken_object_problem(search, '\\"'):
+        raise refuse(problem_text)
     if search.found is not None:
         data = search.found.data
         rest = outside[: search.found.start] + outside[search.found.end :]
