@@ -341,6 +341,10 @@ class AgentBase:
             task, files, max_iterations, recurrent_mode, chat_history, history, inputs, response_model,
             max_files=self.MAX_FILES,
         )  # fmt: skip
+        self._check_inputs(inputs or {})
+
+    def _check_inputs(self, inputs: dict[str, Any]) -> None:
+        """A hook for what an agent refuses in `inputs` beyond the common checks (default: nothing)."""
 
     def _task_text(self, task: str, previous: Task | None, recurrent_mode: bool) -> str:
         parts = []

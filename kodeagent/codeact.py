@@ -17,11 +17,10 @@ import json
 import os
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Unpack
 
 import anyio
-from pydantic import BaseModel
 
 from . import prompts
 from .agent import Agent, raw_reply_text
@@ -129,22 +128,9 @@ class CodeActAgent(Agent):
     def expected_format(self) -> str:
         return CODEACT_FORMAT
 
-    def _check_run_arguments(
-        self,
-        task: str,
-        files: list[str] | None,
-        max_iterations: int | None,
-        recurrent_mode: bool,
-        chat_history: list[dict[str, Any]] | None,
-        history: Sequence[Any] | None,
-        inputs: dict[str, Any] | None,
-        response_model: type[BaseModel] | None,
-    ) -> None:
-        super()._check_run_arguments(
-            task, files, max_iterations, recurrent_mode, chat_history, history, inputs, response_model
-        )
+    def _check_inputs(self, inputs: dict[str, Any]) -> None:
         taken = {t.name for t in self.tools} | {"final_answer", "print"}
-        clashes = sorted(set(inputs or {}) & taken)
+        clashes = sorted(set(inputs) & taken)
         if clashes:
             raise ValueError(
                 f"inputs {clashes} would hide a tool or builtin of the same name in the sandbox; rename them"
