@@ -52,3 +52,15 @@ def test_the_agents_are_siblings() -> None:
         assert hasattr(ReActAgent, react_only) and not hasattr(CodeActAgent, react_only), react_only
     for shared in ("run", "arun", "run_sync", "clone", "_request_step", "format_candidates", "_finish"):
         assert getattr(CodeActAgent, shared) is getattr(Agent, shared), shared
+
+
+@pytest.mark.anyio
+async def test_codeact_refuses_inputs_that_would_hide_a_tool_or_builtin() -> None:
+    def lookup(key: str) -> str:
+        """Look a key up. Args: key: the key."""
+        return key
+
+    agent = CodeActAgent(model_name="openai/never-called", run_env="host", tools=[lookup])
+    for name in ("final_answer", "print", "lookup"):
+        with pytest.raises(ValueError, match=f"inputs \\['{name}'\\] would hide"):
+            await agent.arun("t", inputs={name: 1})
