@@ -302,8 +302,10 @@ class Executor(ABC):
             final_cut = 0
             if isinstance(final, str):
                 final, final_cut = bounds.clip(final, limit)
-            elif final is not None and len(json.dumps(final, ensure_ascii=False)) > limit:
-                final, final_cut = bounds.clip(json.dumps(final, ensure_ascii=False), limit)
+            elif final is not None:
+                encoded = json.dumps(final, ensure_ascii=False)
+                if len(encoded) > limit:
+                    final, final_cut = bounds.clip(encoded, limit)
             artifacts_omitted = int(reply.get("artifacts_omitted", 0)) + artifacts_cut
             return ExecutionResult(
                 stdout=stdout,

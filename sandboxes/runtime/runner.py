@@ -479,17 +479,17 @@ class Runner:
         A value that is not JSON becomes its `str()`; one whose JSON is longer than the output limit
         becomes that JSON text, cut to head and tail (the result then says `truncated`)."""
         try:
-            size = len(json.dumps(value, ensure_ascii=False))
+            encoded = json.dumps(value, ensure_ascii=False)
         except (TypeError, ValueError, RecursionError):
             try:
                 value = str(value)
             except Exception:
                 value = f"<unprintable final answer of type {bounds.clipped(type(value).__name__, 200)}>"
-            size = 0
+            encoded = ""
         if isinstance(value, str):
             value = str.__str__(value)  # an exact str: a subclass could lie about its length
-        elif size > self.output_limit:
-            value = json.dumps(value, ensure_ascii=False)
+        elif len(encoded) > self.output_limit:
+            value = encoded
         self.final, self.has_final = value, True
         raise FinalAnswerSignal
 
