@@ -26,6 +26,7 @@ import math
 import struct
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,7 @@ class _BareRunner:
         self.frames = bytearray()
         self.output = bytearray()
 
-    async def start(self, command: str, init: dict[str, Any], files: list[tuple[str, bytes]]) -> None:
+    async def start(self, command: str, init: Mapping[str, Any], files: list[tuple[str, bytes]]) -> None:
         api = await _RawConnection.open(self.standin.api_url)
         body = json.dumps({"templateID": "base", "timeout": 600}).encode()
         created = json.loads(
@@ -166,7 +167,7 @@ class _BareRunner:
                     return dict(message["event"])
             self.frames += await self.stream.read_chunk()
 
-    async def round_trip(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def round_trip(self, message: Mapping[str, Any]) -> dict[str, Any]:
         line = json.dumps(message).encode() + b"\n"
         body = json.dumps({"process": {"pid": self.pid}, "input": {"stdin": base64.b64encode(line).decode()}})
         unary = {**self.headers, "Content-Type": "application/json", "Connect-Protocol-Version": "1"}
@@ -197,7 +198,7 @@ async def _measure(standin: Any, n: int, open_n: int) -> dict[str, list[float]]:
 
         bare = _BareRunner(standin)
         files = [(f"{REMOTE_RUNTIME}/{name}", data) for name, data in await _runtime_files()]
-        await bare.start(ex._runner_command(), ex._init_message(), files)
+        await bare.start(ex._runner_command(), ex._runner_init(), files)
         request = {"op": "run", "code": CODE}
         for _ in range(20):
             await bare.round_trip(request)

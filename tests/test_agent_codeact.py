@@ -17,6 +17,7 @@ from needs import require
 from pydantic import BaseModel
 
 from kodeagent import AgentResponse, CodeActAgent, ConfigurationError, StepRecord, format_observation, tool
+from sandboxes import ExecutorState
 
 pytestmark = pytest.mark.anyio
 
@@ -254,7 +255,7 @@ async def test_executor_closed_when_the_consumer_stops_early(llm: StandinLLM) ->
     executor = agent._executor
     assert executor is not None
     await run.aclose()
-    assert agent._executor is None and executor._closed
+    assert agent._executor is None and executor.state is ExecutorState.CLOSED
 
 
 async def test_executor_closed_when_the_model_fails(llm: StandinLLM) -> None:
@@ -268,7 +269,7 @@ async def test_executor_closed_when_the_model_fails(llm: StandinLLM) -> None:
         async for _ in agent.run("Count"):
             if agent._executor is not None:
                 opened.append(agent._executor)
-    assert opened and opened[0]._closed and agent._executor is None
+    assert opened and opened[0].state is ExecutorState.CLOSED and agent._executor is None
 
 
 async def test_one_executor_per_run(llm: StandinLLM) -> None:
@@ -332,13 +333,13 @@ async def test_a_new_run_supersedes_an_abandoned_one(llm: StandinLLM) -> None:
         if response.type == "step":
             break
     second_executor = agent._executor
-    assert first_executor._closed and not second_executor._closed  # the new run closed the old sandbox
+    assert first_executor.state is ExecutorState.CLOSED and second_executor.state is not ExecutorState.CLOSED  # the new run closed the old sandbox
     await first.aclose()  # the old run's cleanup must leave the new run's sandbox alone
-    assert not second_executor._closed
+    assert second_executor.state is not ExecutorState.CLOSED
     rest = [r async for r in second]
     assert rest[-1].value == "done"
     assert llm.requests[-1]["messages"][-1]["content"] == "Observation:\nOutput:\nsecondsecond"
-    assert second_executor._closed and agent._executor is None
+    assert second_executor.state is ExecutorState.CLOSED and agent._executor is None
 
 
 async def test_env_vars_to_set_are_the_whole_environment(
