@@ -34,13 +34,18 @@ import importlib.util
 import io
 import json
 import linecache
+import mmap
 import os
 import select
 import sys
 import threading
 import time
 import traceback
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # the wire's types, for the type checker only: the runner imports nothing at run time
+    from .protocol import InitReply, InitRequest, Reply, RunError, RunReply, ToolCall, ToolResult
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -67,6 +72,8 @@ json = _private_json()  # noqa: F811
 MAX_ARTIFACT_SCAN = 5000
 PIPE_BYTES = 1 << 20
 READ_BYTES = 1 << 20
+RESERVE_BYTES = 32 << 20
+"""Address space the runner keeps back for itself under a memory limit (added to the limit)."""
 
 
 def _load_sibling(name: str) -> Any:
@@ -109,7 +116,7 @@ class Channel:
             except OSError:
                 pass
 
-    def send(self, message: dict[str, Any], limit: int | None = None) -> None:
+    def send(self, message: Mapping[str, Any], limit: int | None = None) -> None:
         """Write one message; with `limit`, refuse (ValueError, nothing sent) one longer than that."""
         if self.forked_child:
             raise RuntimeError("a forked process cannot use the sandbox channel")
@@ -121,12 +128,11 @@ class Channel:
         while data:
             data = data[os.write(self.write_fd, data) :]
 
-    def receive(self) -> dict[str, Any] | None:
+    def receive(self) -> Any:
         line = self.reader.readline()
         if not line:
             return None
-        message: dict[str, Any] = json.loads(line)
-        return message
+        return json.loads(line)  # a request, or a tool's result: the caller knows which
 
 
 class Capture:
@@ -245,6 +251,33 @@ class Drain:
             return [capture.collect() for capture in self.captures]
 
 
+class MemoryReserve:
+    """Address space the runner holds back from the code, so that it can still describe the run, collect
+    its output and send the reply after the code used up the memory limit (and kept what it took).
+
+    An anonymous mapping that is never touched: it counts against RLIMIT_AS but is never resident.
+    Released the moment the code's run ends, taken again after the reply once there is room.
+    """
+
+    def __init__(self, size: int, system: Any) -> None:
+        self.size = size
+        self.system = system
+        self.block: mmap.mmap | None = None
+
+    def take(self) -> None:
+        if self.size and self.block is None:
+            try:
+                with self.system.trusted():  # the audit hook refuses mmap to the code, not to us
+                    self.block = mmap.mmap(-1, self.size)
+            except (OSError, ValueError, MemoryError):
+                pass  # the code still holds the memory: tried again after the next request
+
+    def release(self) -> None:
+        block, self.block = self.block, None
+        if block is not None:
+            block.close()
+
+
 class FinalAnswerSignal(BaseException):
     """Raised by `final_answer()`. A BaseException, so `except Exception:` in user code cannot catch it."""
 
@@ -277,6 +310,7 @@ class Runner:
         self.final: Any = None
         self.has_final = False
         self.workdir = os.path.realpath(os.getcwd())
+        self.reserve = MemoryReserve(0, self.system)
 
     # ------------------------------------------------------------------ requests
 
@@ -287,16 +321,23 @@ class Runner:
                 return
             op = message.get("op")
             if op == "init":
-                self.init(message)
-                self.channel.send({"op": "reply", "pid": os.getpid(), "uid": os.getuid()})
+                self.init(cast("InitRequest", message))
+                answer: InitReply = {"op": "reply", "pid": os.getpid(), "uid": os.getuid()}
+                self.channel.send(answer)
             elif op == "run":
-                self.channel.send(self.run(message.get("code", "")))
+                try:
+                    reply = self.run(message.get("code", ""))
+                except MemoryError:  # even the reserve did not suffice: a reply that needs next to nothing
+                    self.reserve.release()
+                    reply = _out_of_memory_reply()
+                self.channel.send(reply)
+                self.reserve.take()
             elif op == "reset":
                 self.namespace = self.fresh_namespace()  # finalizers of the old one run confined
-                self.channel.send({"op": "reply"})
+                self.channel.send(_reply())
             elif op == "warmup" and not self.initialised:
                 self.warm_up()
-                self.channel.send({"op": "reply"})
+                self.channel.send(_reply())
             else:
                 self.channel.send({"op": "fatal", "message": f"unknown request {op!r}"})
 
@@ -314,12 +355,16 @@ class Runner:
         self.drain.collect()
         self.drain.restart(self.output_limit)
 
-    def init(self, message: dict[str, Any]) -> None:
+    def init(self, message: InitRequest) -> None:
         policy = message["policy"]
         self.initialised = True
         os.environ.clear()
         os.environ.update(message.get("env", {}))
-        _apply_limits(policy.get("limits", {}))
+        limits = policy.get("limits", {})
+        if limits.get("memory_mb"):
+            self.reserve = MemoryReserve(RESERVE_BYTES, self.system)
+        _apply_limits(limits, extra_address_space=self.reserve.size)
+        self.reserve.take()
         self.python_guards = bool(policy.get("python_guards", True))
         trusted: dict[str, Any] = {name: self.make_tool(name) for name in message.get("tools", [])}
         trusted["final_answer"] = self.final_answer
@@ -379,7 +424,7 @@ class Runner:
 
     # ------------------------------------------------------------------ running code
 
-    def run(self, source: str) -> dict[str, Any]:
+    def run(self, source: str) -> RunReply:
         self.cell += 1
         filename = f"<cell {self.cell}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -392,7 +437,7 @@ class Runner:
                 capture.attach()
             self.drain.restart(self.output_limit)
             before = _snapshot(self.workdir)
-        error: dict[str, Any] | None = None
+        error: RunError | None = None
         oom = False
         # The audit hook stays active from here on (see SystemGuard): describe() may run the code's
         # __str__, and its threads go on after the reply.
@@ -405,8 +450,10 @@ class Runner:
         except FinalAnswerSignal:
             pass
         except BaseException as exc:  # everything the code raises becomes the result's error
+            self.reserve.release()  # first: describing a MemoryError needs memory
             oom = isinstance(exc, MemoryError)
             error = bounds.bound_error(self.describe(exc, filename))
+        self.reserve.release()
         _flush_streams()
         if self.channel.forked_child:
             os._exit(1 if error else 0)  # a fork of the code finished its copy of the snippet
@@ -497,13 +544,19 @@ class Runner:
         def call_tool(*args: Any, **kwargs: Any) -> Any:
             self.tool_call_id += 1
             call_id = self.tool_call_id
-            message = {"op": "tool_call", "id": call_id, "name": name, "args": args, "kwargs": kwargs}
+            message: ToolCall = {
+                "op": "tool_call",
+                "id": call_id,
+                "name": name,
+                "args": list(args),
+                "kwargs": kwargs,
+            }
             try:
                 self.channel.send(message, limit=bounds.TOOL_MESSAGE_LIMIT)
             except (TypeError, ValueError, RecursionError) as exc:
                 raise TypeError(f"arguments of tool {name!r} must be JSON values of at most "
                                 f"{bounds.TOOL_MESSAGE_LIMIT:,} bytes: {exc}") from None  # fmt: skip
-            reply = self.channel.receive()
+            reply: ToolResult | None = self.channel.receive()
             if reply is None:
                 raise SystemExit(0)
             if reply.get("error"):
@@ -556,11 +609,26 @@ def _flush_streams() -> None:
     sys.stdout, sys.stderr = _text_stream(1), _text_stream(2)
 
 
-def _apply_limits(limits: dict[str, Any]) -> None:
+def _reply() -> Reply:
+    return {"op": "reply"}
+
+
+def _out_of_memory_reply() -> RunReply:
+    message = "the code used up the memory limit, and its output could not be collected"
+    return {
+        "op": "reply", "stdout": "", "stderr": "", "stdout_omitted": 0, "stderr_omitted": 0,
+        "truncated": False, "oom": True, "final_answer": None, "has_final_answer": False,
+        "artifacts": [], "artifacts_omitted": 0,
+        "error": {"type": "MemoryError", "message": message, "traceback": None, "line": None},
+    }  # fmt: skip
+
+
+def _apply_limits(limits: Mapping[str, Any], extra_address_space: int = 0) -> None:
     import resource
 
+    memory = limits.get("memory_mb", 0) * 1024 * 1024
     wanted = {
-        "RLIMIT_AS": limits.get("memory_mb", 0) * 1024 * 1024,
+        "RLIMIT_AS": memory + extra_address_space if memory else 0,
         "RLIMIT_CPU": limits.get("cpu_seconds", 0),
         "RLIMIT_NPROC": limits.get("max_processes", 0),
         "RLIMIT_FSIZE": limits.get("max_file_mb", 0) * 1024 * 1024,
