@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_standin import StandinLLM, code_final, code_step, collect, register_standin_models, reply
+from llm_standin import StandinLLM, code_final, code_step, collect, reply
 from needs import require
 from pydantic import BaseModel
 
@@ -49,13 +49,6 @@ def run_env(request: pytest.FixtureRequest) -> str:
     reason = {"host": lambda: None, "docker": _docker_reason, "e2b": _e2b_reason}[request.param]()
     require(reason, f"CodeAct on {request.param}")
     return str(request.param)
-
-
-@pytest.fixture
-def llm() -> Any:
-    register_standin_models()
-    with StandinLLM() as server:
-        yield server
 
 
 def make(llm: StandinLLM, run_env: str = "host", kind: str = "json", **kwargs: Any) -> CodeActAgent:

@@ -15,7 +15,6 @@ from llm_standin import (
     collect,
     react_call,
     react_finish,
-    register_standin_models,
     reply,
 )
 
@@ -23,13 +22,6 @@ from kodeagent import Agent, CodeActAgent, Observer, ReActAgent, StepRecord, Too
 
 pytestmark = pytest.mark.anyio
 MCP_SERVER = str(Path(__file__).parent / "mcp_demo_server.py")
-
-
-@pytest.fixture
-def llm() -> Any:
-    register_standin_models()
-    with StandinLLM() as server:
-        yield server
 
 
 # ---------------------------------------------------------------------- MCP tools in agents

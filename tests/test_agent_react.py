@@ -37,13 +37,6 @@ from kodeagent import (
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def llm() -> Any:
-    register_standin_models()
-    with StandinLLM() as server:
-        yield server
-
-
 PRICES = {"AAPL": 200.0, "MSFT": 410.5}
 CALLS: list[str] = []
 

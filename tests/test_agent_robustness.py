@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
 
 import pytest
 from llm_standin import (
@@ -29,13 +28,6 @@ from kodeagent import CodeActAgent, ConfigurationError, LLMError, Observer, ReAc
 
 pytestmark = pytest.mark.anyio
 UNKNOWN_MODEL = "openai/local-gguf"  # a name litellm has no facts about, as with a local server's model
-
-
-@pytest.fixture
-def llm() -> Any:
-    register_standin_models()
-    with StandinLLM() as server:
-        yield server
 
 
 # ---------------------------------------------------------------------- structured output
