@@ -44,7 +44,9 @@ def _e2b_reason() -> str | None:
     return backend_e2b.unavailable()
 
 
-@pytest.fixture(params=["host", pytest.param("docker", marks=pytest.mark.docker), "e2b"])
+@pytest.fixture(
+    params=["host", pytest.param("docker", marks=pytest.mark.docker), pytest.param("e2b", marks=pytest.mark.e2b)]
+)
 def run_env(request: pytest.FixtureRequest) -> str:
     reason = {"host": lambda: None, "docker": _docker_reason, "e2b": _e2b_reason}[request.param]()
     require(reason, f"CodeAct on {request.param}")

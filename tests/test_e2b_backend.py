@@ -21,6 +21,7 @@ from sandboxes.backends.e2b import E2BExecutor
 
 pytestmark = [
     pytest.mark.anyio,
+    pytest.mark.e2b,
     pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
 ]
 

@@ -19,7 +19,7 @@ from needs import require
 
 from sandboxes import HostExecutor, Policy, WorkerStartError
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.ray]
 
 SLEEPER = Policy(allowed_imports=["time"])
 
@@ -187,6 +187,7 @@ async def test_a_cancelled_run_replaces_the_session(cluster: Any) -> None:
     assert gone.error is not None and gone.error.type == "NameError"
 
 
+@pytest.mark.docker
 async def test_docker_on_the_node(cluster: Any) -> None:
     import backend_docker
 
