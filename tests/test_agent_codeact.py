@@ -16,7 +16,7 @@ from llm_standin import StandinLLM, code_final, code_step, collect, reply
 from needs import require
 from pydantic import BaseModel
 
-from kodeagent import AgentResponse, CodeActAgent, ConfigurationError, StepRecord, format_observation, tool
+from kodeagent import AgentResponse, CodeActAgent, StepRecord, tool
 
 pytestmark = pytest.mark.anyio
 
@@ -281,36 +281,6 @@ async def test_one_executor_per_run(llm: StandinLLM) -> None:
 
 
 # ---------------------------------------------------------------------- configuration and formatting
-
-
-def test_configuration_errors() -> None:
-    with pytest.raises(ConfigurationError, match="run_env"):
-        CodeActAgent("openai/x", run_env="moon")  # type: ignore[arg-type]
-    with pytest.raises(ConfigurationError, match="E2B"):
-        CodeActAgent("openai/x", run_env="host", pip_packages="numpy")
-    with pytest.raises(ConfigurationError, match="timeout"):
-        CodeActAgent("openai/x", timeout=0)
-
-
-def test_observation_formatting_caps_head_and_tail() -> None:
-    from sandboxes import ExecutionResult
-
-    long = "".join(f"line {i}\n" for i in range(5000))
-    text = format_observation(ExecutionResult(stdout=long), limit=1000)
-    assert "line 0" in text and "line 4999" in text and "characters omitted" in text
-    assert len(text) < 1300
-    lost = format_observation(ExecutionResult(stdout="hi\n", state_lost=True))
-    assert lost.startswith("Notice: the Python session was restarted")
-    from sandboxes import ExecutionError
-
-    crashed = format_observation(
-        ExecutionResult(
-            state_lost=True, oom=True, error=ExecutionError(type="WorkerCrashed", message="killed")
-        )
-    )
-    assert "ran out of memory" in crashed and "lost" in crashed and "Notice" not in crashed
-    final = format_observation(ExecutionResult(has_final_answer=True, final_answer=1))
-    assert final == "final_answer() was called."
 
 
 async def test_a_new_run_supersedes_an_abandoned_one(llm: StandinLLM) -> None:

@@ -200,15 +200,6 @@ async def test_docker_on_the_node(cluster: Any) -> None:
     assert result.ok and result.stdout == "3628800\n", result
 
 
-def test_node_options_are_checked_when_the_executor_is_made() -> None:
-    from sandboxes.backends.ray import RayExecutor
-
-    with pytest.raises(TypeError, match="isolaton"):
-        RayExecutor(node_backend="host", isolaton="process")
-    with pytest.raises(ValueError, match="node_backend"):
-        RayExecutor(node_backend="e2b")
-
-
 def _driver(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `script` as another driver process (a fresh interpreter, not connected to Ray yet)."""
     environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | (env or {})

@@ -3,10 +3,12 @@ server or child process).
 
 An audit hook enforces it: while a unit test runs (its fixtures, its body, and the threads and tasks
 it starts through anyio, which copy its context), starting a process (`subprocess`, `fork`,
-`posix_spawn`, `os.system`, `exec`) or connecting or binding a socket is refused, and the test fails
-even if it caught the refusal. The hook acts only in contexts a unit test set up (a context
-variable), so threads of servers that other tiers started in the same pytest process are untouched.
-`tests/unit/conftest.py` turns it on for every test there.
+`posix_spawn`, `os.system`, `exec`) or connecting a socket or sending a datagram is refused, and the
+test fails even if it caught the refusal. Binding alone is let through: libraries probe with it at
+import (urllib3 binds `::1` to learn whether IPv6 works, and refusing that would change what it
+caches for the whole process), and a server nothing can connect to serves nothing. The hook acts only
+in contexts a unit test set up (a context variable), so threads of servers that other tiers started
+in the same pytest process are untouched. `tests/unit/conftest.py` turns it on for every test there.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ FORBIDDEN = {
     "os.posix_spawn": "starts a process",
     "os.system": "starts a process",
     "os.exec": "replaces this process",
-    "socket.bind": "binds a socket (a server)",
     "socket.connect": "connects a socket (to a server or a daemon)",
     "socket.sendto": "sends a datagram",
 }

@@ -21,11 +21,11 @@ def test_a_child_process_is_refused() -> None:
         os.system("true")
 
 
-def test_a_server_socket_and_a_connection_are_refused() -> None:
-    with socket.socket() as server, expect_refusal():
-        server.bind(("127.0.0.1", 0))
+def test_a_connection_and_a_datagram_are_refused() -> None:
     with socket.socket() as client, expect_refusal():
         client.connect(("127.0.0.1", 9))
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp, expect_refusal():
+        udp.sendto(b"x", ("127.0.0.1", 9))
 
 
 async def test_work_handed_to_a_thread_is_guarded_too() -> None:
