@@ -260,12 +260,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(to_json(result))
     rows = [
-        [r["name"], r["n"], fmt_ms(r["p50_ms"]), fmt_ms(r["p95_ms"]), r.get("baseline", ""),
-         (("yes" if r["meets_target"] else "NO") + f" (< {r['target_p50_ms']:g} ms)") if "meets_target" in r else ""]
+        [
+            r["name"],
+            r["n"],
+            fmt_ms(r["p50_ms"]),
+            fmt_ms(r["p95_ms"]),
+            r.get("baseline", ""),
+            (("yes" if r["meets_target"] else "NO") + f" (< {r['target_p50_ms']:g} ms)")
+            if "meets_target" in r
+            else "",
+        ]
         for r in result["rows"]
-    ]  # fmt: skip
-    print_table(console, "E2B backend latency (loopback stand-in)", ["measurement", "n", "p50", "p95", "baseline",
-                "target"], rows, note=f"result: {path}")  # fmt: skip
+    ]
+    print_table(
+        console,
+        "E2B backend latency (loopback stand-in)",
+        ["measurement", "n", "p50", "p95", "baseline", "target"],
+        rows,
+        note=f"result: {path}",
+    )
     return 0
 
 

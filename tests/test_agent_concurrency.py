@@ -19,20 +19,12 @@ from llm_standin import (
     collect,
     dynamic,
     react_finish,
-    register_standin_models,
     reply,
 )
 
 from kodeagent import AgentBusyError, CodeActAgent, ReActAgent
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def llm() -> Any:
-    register_standin_models()
-    with StandinLLM() as server:
-        yield server
 
 
 def _task_number(body: dict[str, Any]) -> int:
