@@ -243,6 +243,13 @@ def result_from_reply(reply: dict[str, Any], limit: int) -> ExecutionResult:
             encoded = json.dumps(final, ensure_ascii=False)
             if len(encoded) > limit:
                 final, final_cut = bounds.clip(encoded, limit)
+        # A run has a final answer or a value, never both: the bound holds 3 texts of `limit`.
+        value = None if final is not None or reply.get("has_final_answer") else reply.get("value")
+        value_cut = 0
+        if isinstance(value, str):
+            value, value_cut = bounds.clip(value, limit)
+        elif value is not None and len(encoded := json.dumps(value, ensure_ascii=False)) > limit:
+            value, value_cut = bounds.clip(encoded, limit)
         artifacts_omitted = int(reply.get("artifacts_omitted", 0)) + artifacts_cut
         return ExecutionResult(
             stdout=stdout,
@@ -252,11 +259,12 @@ def result_from_reply(reply: dict[str, Any], limit: int) -> ExecutionResult:
             error=ExecutionError(**bounds.bound_error(error)) if error else None,
             oom=bool(reply.get("oom")),
             truncated=bool(reply.get("truncated"))
-            or bool(stdout_cut or stderr_cut or final_cut or artifacts_cut),
+            or bool(stdout_cut or stderr_cut or final_cut or value_cut or artifacts_cut),
             artifacts=[Artifact(**a) for a in artifacts],
             artifacts_omitted=artifacts_omitted,
             final_answer=final,
             has_final_answer=bool(reply.get("has_final_answer")),
+            value=value,
         )
     except (TypeError, ValueError, AttributeError) as exc:
         raise ProtocolError(f"malformed result from the runner: {bounds.clipped(str(exc), 500)}") from exc

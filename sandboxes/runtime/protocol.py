@@ -151,6 +151,8 @@ class RunReply(Reply):
     oom: bool
     final_answer: Any
     has_final_answer: bool
+    value: Any
+    """The value of the code's last expression (bounded JSON, else its repr), or None."""
     artifacts: list[ArtifactEntry]
     artifacts_omitted: int
 
