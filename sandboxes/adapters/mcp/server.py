@@ -14,7 +14,7 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, Literal
 
 import anyio
@@ -292,11 +292,11 @@ def observation(output: RunOutput) -> str:
 # ---------------------------------------------------------------------- transports
 
 
-async def _stop_on_signals(stop: Callable[[], None]) -> None:
+async def _stop_on_signals(stop: Callable[[], Awaitable[None]]) -> None:
     with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP, signal.SIGINT) as signals:
         async for signum in signals:
             logger.warning("received %s: closing every session", signal.Signals(signum).name)
-            stop()
+            await stop()
             return
 
 
@@ -310,7 +310,10 @@ async def serve_stdio(config: ServerConfig, *, log_level: str = "WARNING") -> No
                 await app.run_stdio_async()
                 group.cancel_scope.cancel()
 
-            group.start_soon(_stop_on_signals, group.cancel_scope.cancel)
+            async def stop() -> None:
+                group.cancel_scope.cancel()
+
+            group.start_soon(_stop_on_signals, stop)
             group.start_soon(serve)
 
 
@@ -341,11 +344,20 @@ async def serve_http(
         guarded = HttpGuard(inner, tokens, max_body=http.max_request_bytes,
                             allowed_hosts=http.allowed_hosts, allowed_origins=http.allowed_origins)  # fmt: skip
         server = _server(
-            uvicorn.Config(guarded, log_level=log_level.lower(), lifespan="on", access_log=False)
+            uvicorn.Config(
+                guarded,
+                log_level=log_level.lower(),
+                lifespan="on",
+                access_log=False,
+                timeout_graceful_shutdown=3,
+            )
         )
         async with anyio.create_task_group() as group:
 
-            def stop() -> None:
+            async def stop() -> None:
+                # Sessions first: runs in flight end at once (their workers are gone) and their
+                # responses go out; then uvicorn stops, giving open streams a moment to close.
+                await manager.close_all()
                 server.should_exit = True
 
             group.start_soon(_stop_on_signals, stop)
