@@ -29,7 +29,9 @@ import pytest
 from needs import require
 from security_helpers import ESCAPED
 
-mcp = pytest.importorskip("mcp", reason="the MCP server tests need the mcp package: pip install 'kodeagent[mcp]'")
+mcp = pytest.importorskip(
+    "mcp", reason="the MCP server tests need the mcp package: pip install 'kodeagent[mcp]'"
+)
 import httpx2  # noqa: E402  (the MCP SDK's HTTP client)
 from mcp import ClientSession, StdioServerParameters  # noqa: E402
 from mcp.client.stdio import stdio_client  # noqa: E402
@@ -104,7 +106,9 @@ async def http_session(url: str, token: str | None, **headers: str) -> AsyncIter
 
 @asynccontextmanager
 async def stdio_session(*flags: str, errlog: pathlib.Path | None = None) -> AsyncIterator[ClientSession]:
-    params = StdioServerParameters(command=sys.executable, args=[*COMMAND[1:], *flags], env=ENV, cwd=str(ROOT))
+    params = StdioServerParameters(
+        command=sys.executable, args=[*COMMAND[1:], *flags], env=ENV, cwd=str(ROOT)
+    )
     with open(errlog or os.devnull, "w") as err:
         async with stdio_client(params, errlog=err) as (read, write), ClientSession(read, write) as session:
             await session.initialize()
@@ -255,7 +259,9 @@ async def test_stdio_idle_sessions_are_reaped() -> None:
         with anyio.fail_after(30):
             while (await call(session, "list_sessions"))["sessions"]:
                 await anyio.sleep(0.2)
-        assert "no open session" in await refused(session, "run_python", code="1", session_id=opened["session_id"])
+        assert "no open session" in await refused(
+            session, "run_python", code="1", session_id=opened["session_id"]
+        )
 
 
 async def test_stdio_files_round_trip_bounded(tmp_path: pathlib.Path) -> None:
@@ -264,8 +270,16 @@ async def test_stdio_files_round_trip_bounded(tmp_path: pathlib.Path) -> None:
     async with stdio_session("--config", str(config)) as session:
         await call(session, "upload_file", path="data/in.txt", content="hello")
         blob = bytes(range(256))
-        await call(session, "upload_file", path="blob.bin", content=base64.b64encode(blob).decode(), encoding="base64")
-        out, _, _ = await run(session, "print(open('data/in.txt').read())\nopen('out.txt', 'w').write('made here')")
+        await call(
+            session,
+            "upload_file",
+            path="blob.bin",
+            content=base64.b64encode(blob).decode(),
+            encoding="base64",
+        )
+        out, _, _ = await run(
+            session, "print(open('data/in.txt').read())\nopen('out.txt', 'w').write('made here')"
+        )
         assert out["stdout"] == "hello\n"
         assert (await call(session, "download_file", path="out.txt")) | {"session_id": ""} == {
             "session_id": "", "path": "out.txt", "size": 9, "encoding": "text", "content": "made here"}  # fmt: skip
@@ -274,7 +288,9 @@ async def test_stdio_files_round_trip_bounded(tmp_path: pathlib.Path) -> None:
         assert "limit is 1,000" in await refused(session, "upload_file", path="big.txt", content="x" * 1001)
         await run(session, "open('big.txt', 'w').write('y' * 5000)")
         assert "at most 1,000" in await refused(session, "download_file", path="big.txt")
-        assert "outside the working directory" in await refused(session, "download_file", path="../etc/passwd")
+        assert "outside the working directory" in await refused(
+            session, "download_file", path="../etc/passwd"
+        )
         assert "base64" in await refused(session, "upload_file", path="x", content="%%%", encoding="base64")
 
 
@@ -318,7 +334,9 @@ ATTACKS = {
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
-async def test_attack_through_mcp_is_contained(http_server: HttpServer, tmp_path: pathlib.Path, name: str) -> None:
+async def test_attack_through_mcp_is_contained(
+    http_server: HttpServer, tmp_path: pathlib.Path, name: str
+) -> None:
     secret_file = tmp_path / "secret.txt"
     secret_file.write_text(SECRET)
     listener = Listener()
@@ -330,7 +348,8 @@ async def test_attack_through_mcp_is_contained(http_server: HttpServer, tmp_path
     finally:
         listener.close()
     assert is_error and result["error"] is not None, result
-    assert ESCAPED not in result["stdout"] and ESCAPED not in result["stderr"], result  # (tracebacks quote the code)
+    # Not the text: its traceback quotes the code. What the code printed is stdout and stderr.
+    assert ESCAPED not in result["stdout"] and ESCAPED not in result["stderr"], result
     assert all(SECRET not in seen for seen in (result["stdout"], result["stderr"], text)), result
     assert listener.connections == [], "the sandbox reached the loopback listener"
     assert usable["stdout"] == "42\n"
@@ -343,7 +362,9 @@ async def test_infinite_loop_times_out_and_the_session_recovers(http_server: Htt
         assert is_error and result["timed_out"] and result["state_lost"]
         assert result["error"]["type"] == "Timeout" and "longer than 1 s" in text
         assert (await run(session, "print(6 * 7)", session_id=session_id))[0]["stdout"] == "42\n"
-        assert "at most 300" in await refused(session, "run_python", code="1", session_id=session_id, timeout=301)
+        assert "at most 300" in await refused(
+            session, "run_python", code="1", session_id=session_id, timeout=301
+        )
         await call(session, "close_session", session_id=session_id)
 
 
@@ -401,7 +422,9 @@ async def test_another_tokens_session_is_unreachable(http_server: HttpServer) ->
         # Bob's default session is his own, not Alice's.
         assert (await run(bob, "print(secret)"))[0]["error"]["type"] == "NameError"
         assert (await run(alice, "print(secret)", session_id=mine))[0]["stdout"] == "alice only\n"
-        assert (await call(alice, "download_file", path="notes.txt", session_id=mine))["content"] == "alice's file"
+        assert (await call(alice, "download_file", path="notes.txt", session_id=mine))[
+            "content"
+        ] == "alice's file"
         await call(alice, "close_session", session_id=mine)
 
 
@@ -514,17 +537,19 @@ async def _wait_until_gone(processes: dict[int, int], limit: float = 30) -> list
 
 @pytest.mark.parametrize("victim", ["server", "watchdog"])
 @pytest.mark.parametrize("isolation", ["process", "auto"])
-async def test_killed_server_leaves_no_sandbox_process(tmp_path: pathlib.Path, isolation: str, victim: str) -> None:
+async def test_killed_server_leaves_no_sandbox_process(
+    tmp_path: pathlib.Path, isolation: str, victim: str
+) -> None:
     """SIGKILL the server (its watchdog kills what it left) or the watchdog (the server closes its
     sessions on the SIGTERM it then gets): either way, no sandbox process survives."""
     config = {"backend_options": {"isolation": isolation}, "http": {"tokens": [ALICE]}}
     server = HttpServer(tmp_path, config)
+    server_itself = {server.server_pid: (_stat(server.server_pid) or (0, 0))[1]}
     try:
         seen = await _kill_mid_run(server, victim)
         assert len(seen) >= 3, f"expected the sessions' processes under the server, found {seen}"
         assert await _wait_until_gone(seen) == [], "sandbox processes outlived the server"
-        assert await _wait_until_gone({server.server_pid: _stat(server.server_pid)[1]} if _stat(server.server_pid)
-                                      else {}) == []  # fmt: skip
+        assert await _wait_until_gone(server_itself) == [], "the server outlived its watchdog"
     finally:
         code = server.stop()
     if victim == "server":
@@ -546,7 +571,11 @@ async def test_killed_server_leaves_no_container(tmp_path: pathlib.Path) -> None
 
     def containers() -> list[str]:
         found = client.containers.list(all=True, sparse=True, filters={"label": "org.kodeagent.sandbox=1"})
-        return [c.id for c in found if (c.attrs.get("Labels") or {}).get("org.kodeagent.owner", "").startswith(owner)]
+        return [
+            c.id
+            for c in found
+            if (c.attrs.get("Labels") or {}).get("org.kodeagent.owner", "").startswith(owner)
+        ]
 
     try:
         async with http_session(server.url, ALICE) as session:

@@ -15,8 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from ...errors import SandboxError
-from ...policy import Policy
+from ... import Policy, SandboxError
 
 MIN_TOKEN_LENGTH = 16
 
@@ -149,21 +148,17 @@ class ServerConfig(BaseModel):
 def load_config(path: str | pathlib.Path, **overrides: Any) -> ServerConfig:
     """Read a config file (``.json`` or ``.toml``); `overrides` (e.g. from flags) replace its top-level keys."""
     file = pathlib.Path(path)
+    kind = file.suffix.lower()
+    if kind not in (".json", ".toml"):
+        raise McpConfigError(f"{str(file)!r}: a config file ends in .json or .toml")
     try:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise McpConfigError(f"cannot read the config file {str(file)!r}: {exc.strerror or exc}") from None
     try:
-        if file.suffix.lower() == ".toml":
-            data: Any = tomllib.loads(text)
-        elif file.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            raise McpConfigError(f"{str(file)!r}: a config file ends in .json or .toml")
-    except (ValueError, tomllib.TOMLDecodeError) as exc:
-        if isinstance(exc, McpConfigError):
-            raise
-        raise McpConfigError(f"{str(file)!r} is not valid {file.suffix[1:].upper()}: {exc}") from None
+        data: Any = tomllib.loads(text) if kind == ".toml" else json.loads(text)
+    except ValueError as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
+        raise McpConfigError(f"{str(file)!r} is not valid {kind[1:].upper()}: {exc}") from None
     if not isinstance(data, dict):
         raise McpConfigError(f"{str(file)!r}: the top level must be a table/object of settings")
     return make_config({**data, **overrides}, source=str(file))

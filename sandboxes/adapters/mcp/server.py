@@ -23,8 +23,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
-from ...errors import SandboxError
-from ...models import ExecutionResult
+from ... import ExecutionResult, SandboxError
 from .auth import TENANT_KEY, HttpGuard, TokenTable, bind, url_of
 from .config import ServerConfig, load_tools
 from .sessions import Session, SessionManager

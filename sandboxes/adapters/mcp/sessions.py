@@ -16,10 +16,7 @@ from typing import Any
 import anyio
 import anyio.abc
 
-from ...backends import open_executor
-from ...errors import SandboxError
-from ...executor import Executor
-from ...models import ExecutionResult
+from ... import ExecutionResult, Executor, SandboxError, open_executor
 from .config import ServerConfig
 
 
