@@ -390,6 +390,20 @@ async def test_missing_or_wrong_token_is_refused(http_server: HttpServer) -> Non
     assert not any(ALICE in line or BOB in line for line in http_server.lines)  # tokens are never logged
 
 
+async def test_a_token_is_generated_and_printed_when_none_is_given(tmp_path: pathlib.Path) -> None:
+    server = HttpServer(tmp_path, {})
+    try:
+        printed = re.search(r"'Authorization: Bearer (\S+)'", "".join(server.lines))
+        assert printed is not None, server.lines
+        token = printed.group(1)
+        assert len(token) >= 40
+        async with http_session(server.url, token) as session:
+            assert (await run(session, "print(6 * 7)"))[0]["stdout"] == "42\n"
+        assert "not valid" in await connection_refusal(server.url, token[:-1])
+    finally:
+        assert server.stop() == 0, "".join(server.lines)
+
+
 async def test_dns_rebinding_host_and_origin_are_refused(http_server: HttpServer) -> None:
     port = http_server.url.split(":")[2].split("/")[0]
     body = {"jsonrpc": "2.0", "id": 1, "method": "ping"}

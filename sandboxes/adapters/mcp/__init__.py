@@ -74,21 +74,27 @@ def serve(
         info = f"server pid {server_pid}, no watchdog"
     level = "INFO" if verbose else "WARNING"
     logging.basicConfig(level=level, stream=sys.stderr, format="kodeagent mcp: %(levelname)s %(message)s")
-    from .server import print_stderr, serve_http, serve_stdio
+    from .server import catch_signals_early, print_stderr, serve_http, serve_stdio
 
+    catch_signals_early()
     if transport == "stdio":
-        print_stderr(f"serving MCP on stdio, backend {config.backend} ({info})")
-        anyio.run(lambda: serve_stdio(config, log_level=level))
+        announce = f"serving MCP on stdio, backend {config.backend} ({info})"
+        anyio.run(lambda: serve_stdio(config, log_level=level, ready=lambda: print_stderr(announce)))
         return 0
-    from .auth import TokenTable
+    from .auth import TokenTable, is_loopback
 
     tokens = TokenTable(config.http.tokens)
     if generated:
         print_stderr(f"no token given: clients must send 'Authorization: Bearer {generated}' (set "
                      f"{TOKEN_VARIABLE} or http.tokens in a config file to choose one)")  # fmt: skip
-    print_stderr(f"listening on {url_of(sock, config.http.path)}, backend {config.backend}, "
-                 f"tokens: {', '.join(tokens.tenants)} ({info})")  # fmt: skip
-    anyio.run(lambda: serve_http(config, tokens, sock=sock, log_level=level))
+    if not is_loopback(config.http.host):
+        print_stderr(f"warning: {config.http.host} is not a loopback address: the server is reachable from the "
+                     "network, and its bearer token travels in clear text without TLS in front")  # fmt: skip
+    announce = (f"listening on {url_of(sock, config.http.path)}, backend {config.backend}, "
+                f"tokens: {', '.join(tokens.tenants)} ({info})")  # fmt: skip
+    anyio.run(
+        lambda: serve_http(config, tokens, sock=sock, log_level=level, ready=lambda: print_stderr(announce))
+    )
     return 0
 
 

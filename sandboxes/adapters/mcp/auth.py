@@ -74,7 +74,8 @@ def _is_ip_literal(host: str) -> bool:
     return True
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback IP addresses."""
     if host.lower() == "localhost":
         return True
     try:
@@ -199,7 +200,7 @@ class HttpGuard:
     def _origin_allowed(self, origin: str) -> bool:
         origin = origin.rstrip("/").lower()
         scheme, _, rest = origin.partition("://")
-        if scheme in ("http", "https") and rest and _is_loopback(_split_host(rest)[0]):
+        if scheme in ("http", "https") and rest and is_loopback(_split_host(rest)[0]):
             return True
         for allowed in self.allowed_origins:
             if origin == allowed or (allowed.endswith(":*") and origin.startswith(allowed[:-1])):

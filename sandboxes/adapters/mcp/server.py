@@ -24,7 +24,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from ... import ExecutionResult, SandboxError
-from .auth import TENANT_KEY, HttpGuard, TokenTable, bind, url_of
+from .auth import TENANT_KEY, HttpGuard, TokenTable, bind
 from .config import ServerConfig, load_tools
 from .sessions import Session, SessionManager
 
@@ -291,15 +291,33 @@ def observation(output: RunOutput) -> str:
 # ---------------------------------------------------------------------- transports
 
 
-async def _stop_on_signals(stop: Callable[[], Awaitable[None]]) -> None:
-    with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP, signal.SIGINT) as signals:
-        async for signum in signals:
-            logger.warning("received %s: closing every session", signal.Signals(signum).name)
-            await stop()
-            return
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+_early: list[int] = []
 
 
-async def serve_stdio(config: ServerConfig, *, log_level: str = "WARNING") -> None:
+def catch_signals_early() -> None:
+    """Until the event loop listens, remember stop signals instead of dying of them mid-start-up."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda number, _frame: _early.append(number))
+
+
+async def _stop_on_signals(
+    stop: Callable[[], Awaitable[None]], ready: Callable[[], None] | None = None
+) -> None:
+    with anyio.open_signal_receiver(*STOP_SIGNALS) as signals:
+        if ready is not None:
+            ready()
+        if not _early:
+            async for signum in signals:
+                _early.append(signum)
+                break
+        logger.warning("received %s: closing every session", signal.Signals(_early[0]).name)
+        await stop()
+
+
+async def serve_stdio(
+    config: ServerConfig, *, log_level: str = "WARNING", ready: Callable[[], None] | None = None
+) -> None:
     """Serve MCP on stdin/stdout until the client closes stdin or a signal arrives; close every session."""
     async with SessionManager(config, load_tools(config)) as manager:
         app = SandboxMcp(config, manager).build(log_level)  # type: ignore[arg-type]
@@ -312,7 +330,7 @@ async def serve_stdio(config: ServerConfig, *, log_level: str = "WARNING") -> No
             async def stop() -> None:
                 group.cancel_scope.cancel()
 
-            group.start_soon(_stop_on_signals, stop)
+            group.start_soon(_stop_on_signals, stop, ready)
             group.start_soon(serve)
 
 
@@ -322,7 +340,7 @@ async def serve_http(
     *,
     sock: socket.socket | None = None,
     log_level: str = "WARNING",
-    ready: Callable[[str], None] | None = None,
+    ready: Callable[[], None] | None = None,
 ) -> None:
     """Serve MCP over streamable HTTP behind `HttpGuard` until a signal arrives; close every session."""
     import uvicorn
@@ -359,9 +377,7 @@ async def serve_http(
                 await manager.close_all()
                 server.should_exit = True
 
-            group.start_soon(_stop_on_signals, stop)
-            if ready is not None:
-                ready(url_of(sock, http.path))
+            group.start_soon(_stop_on_signals, stop, ready)
             await server.serve(sockets=[sock])
             group.cancel_scope.cancel()
 

@@ -224,7 +224,7 @@ class SessionManager:
                 session.executor.timeout = limit
                 try:
                     result = await session.executor.run(code)
-                except BaseException:
+                except anyio.get_cancelled_exc_class():
                     session.cancelled = True
                     raise
                 session.runs += 1
