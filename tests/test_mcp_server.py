@@ -442,6 +442,29 @@ async def test_another_tokens_session_is_unreachable(http_server: HttpServer) ->
         await call(alice, "close_session", session_id=mine)
 
 
+async def test_another_tokens_mcp_transport_session_is_unusable(http_server: HttpServer) -> None:
+    """An MCP transport session (Mcp-Session-Id) opened with one token answers no other token."""
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}  # fmt: skip
+    accept = {"Accept": "application/json, text/event-stream"}
+    async with httpx2.AsyncClient() as client:
+        opened = await client.post(
+            http_server.url, json=initialize, headers={**accept, "Authorization": "Bearer " + ALICE}
+        )
+        session_id = opened.headers["mcp-session-id"]
+        listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+        headers = {**accept, "Mcp-Session-Id": session_id, "Mcp-Protocol-Version": "2025-11-25"}
+        bob = await client.post(
+            http_server.url, json=listing, headers={**headers, "Authorization": "Bearer " + BOB}
+        )
+        alice = await client.post(
+            http_server.url, json=listing, headers={**headers, "Authorization": "Bearer " + ALICE}
+        )
+    assert opened.status_code == 200 and len(session_id) >= 32
+    assert bob.status_code == 404 and "no such MCP session for this token" in bob.json()["error"]["message"]
+    assert alice.status_code == 200 and "run_python" in alice.text
+
+
 async def test_oversized_request_is_refused(http_server: HttpServer) -> None:
     async with http_session(http_server.url, ALICE) as session:
         with pytest.raises(MCPError, match="at most 1,000,000 bytes per request"):

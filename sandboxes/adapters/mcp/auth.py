@@ -33,6 +33,8 @@ UNAUTHORIZED = -32001
 FORBIDDEN_ORIGIN = -32002
 BAD_HOST = -32003
 TOO_LARGE = -32004
+UNKNOWN_SESSION = -32005
+MAX_TRACKED_SESSIONS = 100_000
 
 
 class TokenTable:
@@ -104,7 +106,8 @@ def _matches(value: str, patterns: Iterable[str]) -> bool:
 
 
 class HttpGuard:
-    """ASGI middleware in front of the MCP app: Host, Origin, bearer token, body size, in that order.
+    """ASGI middleware in front of the MCP app: Host, Origin, bearer token, the token's own MCP
+    transport session, body size, in that order.
 
     DNS rebinding needs a domain name that resolves to this machine, so a Host that is an IP literal
     or ``localhost`` is accepted, and any other name only when listed in `allowed_hosts`. A request
@@ -125,6 +128,7 @@ class HttpGuard:
         self.max_body = max_body
         self.allowed_hosts = tuple(allowed_hosts)
         self.allowed_origins = tuple(o.rstrip("/").lower() for o in allowed_origins)
+        self._owners: dict[str, str] = {}  # MCP transport session id -> the tenant that opened it
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -154,6 +158,14 @@ class HttpGuard:
             )
             return
         scope[TENANT_KEY] = tenant
+        transport_session = headers.get("mcp-session-id")
+        if transport_session is not None and self._owners.get(transport_session, tenant) != tenant:
+            logger.warning("refused tenant %s the MCP session of another token", tenant)
+            await _refuse(
+                send, 404, UNKNOWN_SESSION, "no such MCP session for this token; initialize a new one"
+            )
+            return
+        send = self._binding_sessions(send, tenant, scope.get("method") == "DELETE", transport_session)
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.max_body:
             await _refuse(send, 413, TOO_LARGE, self._too_large(int(declared)))
@@ -171,6 +183,24 @@ class HttpGuard:
             if not message.get("more_body", False):
                 break
         await self.app(scope, _replay([{"type": "http.request", "body": bytes(body)}], receive), send)
+
+    def _binding_sessions(self, send: Send, tenant: str, deleting: bool, session: str | None) -> Send:
+        """`send`, noting which token an MCP transport session (``Mcp-Session-Id``) was opened with, so
+        that no other token can use it (the SDK would serve anyone who knows the id)."""
+
+        async def noting(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status = int(message.get("status", 0))
+                for key, value in message.get("headers", []):
+                    if key.lower() == b"mcp-session-id" and status < 300:
+                        self._owners[value.decode("latin-1")] = tenant
+                        while len(self._owners) > MAX_TRACKED_SESSIONS:
+                            self._owners.pop(next(iter(self._owners)))  # the oldest
+                if deleting and session is not None and status < 300:
+                    self._owners.pop(session, None)
+            await send(message)
+
+        return noting
 
     def _too_large(self, size: int | None) -> str:
         what = f"{size:,} bytes" if size is not None else "larger than that"
