@@ -277,10 +277,11 @@ async def test_stdio_files_round_trip_bounded(tmp_path: pathlib.Path) -> None:
             content=base64.b64encode(blob).decode(),
             encoding="base64",
         )
-        out, _, _ = await run(
+        out, text, _ = await run(
             session, "print(open('data/in.txt').read())\nopen('out.txt', 'w').write('made here')"
         )
-        assert out["stdout"] == "hello\n"
+        assert out["stdout"] == "hello\n" and out["artifacts"] == [{"path": "out.txt", "size": 9}]
+        assert text == "hello\n[files changed: out.txt (9 bytes)]\n"
         assert (await call(session, "download_file", path="out.txt")) | {"session_id": ""} == {
             "session_id": "", "path": "out.txt", "size": 9, "encoding": "text", "content": "made here"}  # fmt: skip
         got = await call(session, "download_file", path="blob.bin")

@@ -279,6 +279,10 @@ def observation(output: RunOutput) -> str:
     elif output.state_lost and not output.timed_out and output.error is None:
         parts.append("[the sandbox was replaced before this run: earlier variables are gone]\n")
     parts.append(output.observation())
+    if output.artifacts:
+        shown = ", ".join(f"{a.path} ({a.size:,} bytes)" for a in output.artifacts[:20])
+        more = len(output.artifacts) - 20 + output.artifacts_omitted
+        parts.append(f"[files changed: {shown}{f' and {more} more' if more > 0 else ''}]\n")
     if output.has_final_answer:
         value = output.final_answer
         parts.append(
