@@ -78,9 +78,11 @@ class HttpServer:
         assert self.process.stderr is not None
         for line in self.process.stderr:
             self.lines.append(line)
-            found = re.search(r"listening on (\S+),.*server pid (\d+), watchdog pid (\d+)", line)
+            found = re.search(
+                r"listening on (\S+),.*server pid (\d+), watchdog pid (\d+), temporary files in (\S+)\)", line
+            )
             if found:
-                self.url = found.group(1)
+                self.url, self.scratch = found.group(1), pathlib.Path(found.group(4))
                 self.server_pid, self.watchdog_pid = int(found.group(2)), int(found.group(3))
                 self._ready.set()
         self._ready.set()
@@ -544,9 +546,11 @@ def still_alive(processes: dict[int, int]) -> list[int]:
     return [pid for pid, start in processes.items() if (info := _stat(pid)) is not None and info[1] == start]
 
 
-async def _kill_mid_run(server: HttpServer, victim: str, sessions: int = 3) -> dict[int, int]:
-    """Open sessions, start an endless run, SIGKILL the victim; return the sandbox processes seen."""
+async def _kill_mid_run(server: HttpServer, victim: str, sessions: int = 3) -> tuple[dict[int, int], bool]:
+    """Open sessions, start an endless run, SIGKILL the victim; return the sandbox processes seen, and
+    whether the server's temporary directory had the sessions' directories in it then."""
     seen: dict[int, int] = {}
+    populated: list[bool] = []  # (the block below ends in a kill: a failed assertion there would be lost)
     with suppress(Exception), anyio.move_on_after(90):
         async with http_session(server.url, ALICE) as client:
             ids = [(await call(client, "open_session"))["session_id"] for _ in range(sessions)]
@@ -560,10 +564,11 @@ async def _kill_mid_run(server: HttpServer, victim: str, sessions: int = 3) -> d
                         await anyio.sleep(0.1)
                 await anyio.sleep(0.5)  # the endless run is under way
                 seen = descendants(server.server_pid)
+                populated.append(any(server.scratch.iterdir()))
                 os.kill(server.server_pid if victim == "server" else server.watchdog_pid, signal.SIGKILL)
                 await anyio.sleep(0.5)
                 group.cancel_scope.cancel()
-    return seen
+    return seen, populated == [True]
 
 
 async def _wait_until_gone(processes: dict[int, int], limit: float = 30) -> list[int]:
@@ -584,10 +589,14 @@ async def test_killed_server_leaves_no_sandbox_process(
     server = HttpServer(tmp_path, config)
     server_itself = {server.server_pid: (_stat(server.server_pid) or (0, 0))[1]}
     try:
-        seen = await _kill_mid_run(server, victim)
+        seen, populated = await _kill_mid_run(server, victim)
         assert len(seen) >= 3, f"expected the sessions' processes under the server, found {seen}"
+        assert populated, "the sessions' working directories were not in the server's temporary directory"
         assert await _wait_until_gone(seen) == [], "sandbox processes outlived the server"
         assert await _wait_until_gone(server_itself) == [], "the server outlived its watchdog"
+        with anyio.fail_after(30):  # and its temporary files (the sessions' working directories) went too
+            while server.scratch.exists():
+                await anyio.sleep(0.1)
     finally:
         code = server.stop()
     if victim == "server":

@@ -67,9 +67,9 @@ def serve(
 
     server_pid = os.getpid()
     if watchdog and dog.available():
-        watcher = dog.supervise(docker_sweep=config.backend == "docker")
+        watcher, scratch = dog.supervise(docker_sweep=config.backend == "docker")
         server_pid = os.getpid()
-        info = f"server pid {server_pid}, watchdog pid {watcher}"
+        info = f"server pid {server_pid}, watchdog pid {watcher}, temporary files in {scratch}"
     else:
         info = f"server pid {server_pid}, no watchdog"
     level = "INFO" if verbose else "WARNING"

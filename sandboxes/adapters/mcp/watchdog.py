@@ -8,9 +8,11 @@ to init. So:
 
 - the server ends (any way, SIGKILL included): the watchdog kills every process left under it, asks
   the Docker backend's own sweep (``python -m sandboxes.images cleanup``: containers whose owner
-  process is gone) to remove the server's containers, and exits with the server's status;
+  process is gone) to remove the server's containers, removes the server's temporary directory
+  (its ``TMPDIR``, where the host backend's working directories are), and exits with the server's
+  status;
 - the watchdog is killed: the server gets SIGTERM (``PR_SET_PDEATHSIG``) and shuts down the normal
-  way, closing every session.
+  way, closing every session and removing its temporary directory.
 
 bubblewrap's ``--die-with-parent`` covers namespaced host workers only; this covers every host
 worker and Docker containers. Remote sandboxes (E2B, Ray) end by their own timeouts.
@@ -18,11 +20,14 @@ worker and Docker containers. Remote sandboxes (E2B, Ray) end by their own timeo
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 PR_SET_PDEATHSIG = 1
@@ -42,12 +47,16 @@ def available() -> bool:
     return sys.platform.startswith("linux")
 
 
-def supervise(*, docker_sweep: bool = False) -> int:
-    """Fork into watchdog and server. Returns in the server (the watchdog's pid); the watchdog never
-    returns (it exits with the server's status). Call it before starting threads or an event loop."""
+def supervise(*, docker_sweep: bool = False) -> tuple[int, str]:
+    """Fork into watchdog and server. Returns in the server: the watchdog's pid and the server's
+    temporary directory. The watchdog never returns (it exits with the server's status). Call it
+    before starting threads or an event loop."""
     if not available() or not _prctl(PR_SET_CHILD_SUBREAPER, 1):
         raise OSError("the watchdog needs Linux (PR_SET_CHILD_SUBREAPER)")
     watchdog = os.getpid()
+    # Traversable but not listable: sandbox users reach their own directories inside, nothing else.
+    scratch = tempfile.mkdtemp(prefix="kodeagent-mcp-")
+    os.chmod(scratch, 0o711)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -60,14 +69,18 @@ def supervise(*, docker_sweep: bool = False) -> int:
             # Its own process group: a kill of the client's child group still leaves the server to
             # close its sessions (it learns of the watchdog's death from PDEATHSIG).
             os.setpgid(0, 0)
-        return watchdog
+        os.environ["TMPDIR"] = tempfile.tempdir = scratch
+        # Registered before any backend loads, so it runs after their exit handlers (LIFO), which
+        # remove what they made inside; this removes the rest when the watchdog cannot.
+        atexit.register(shutil.rmtree, scratch, True)
+        return watchdog, scratch
     try:
-        os._exit(_watch(pid, docker_sweep))
+        os._exit(_watch(pid, docker_sweep, scratch))
     except BaseException:  # never fall back into the caller's code as a second server
         os._exit(70)
 
 
-def _watch(server: int, docker_sweep: bool) -> int:
+def _watch(server: int, docker_sweep: bool, scratch: str) -> int:
     # Hold neither end of the client's pipes: when the server dies the client must see end-of-file.
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -96,9 +109,13 @@ def _watch(server: int, docker_sweep: bool) -> int:
             break
         if pid == server:
             break
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(
+            signum, signal.SIG_IGN
+        )  # the cleanup is the point: a stop request waits for it (bounded)
     killed = kill_descendants()
     removed = _sweep_containers() if docker_sweep else 0
+    shutil.rmtree(scratch, ignore_errors=True)
     if os.WIFSIGNALED(status):
         code = 128 + os.WTERMSIG(status)
         how = f"was killed by {signal.Signals(os.WTERMSIG(status)).name}"
