@@ -8,7 +8,9 @@ Two ways to make one:
 - `ForkServer.fork_worker`: a fork of a server that has already imported everything (see
   `runtime/forkserver.py`), a few milliseconds instead of tens. One server per (isolation, network);
   under ``namespaces`` it lives in one bwrap sandbox and its children are separated from each other
-  by their private users and private working directories (mode 0700).
+  by their private users, private working directories (mode 0700) and, unless the policy gives them
+  the host's network, network and IPC namespaces of their own (`runtime/netns.py`; about a
+  millisecond a session). Where a child cannot have them, sessions start as `spawn_worker`s instead.
 """
 
 from __future__ import annotations
@@ -382,7 +384,11 @@ class ForkServer:
         self.base = tempfile.mkdtemp(prefix="kodeagent-sessions-")
         os.chmod(self.base, 0o711)
         self.control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = _sandboxed(_python(FORKSERVER), isolation, network, self.base)
+        # Sessions of one server share its sandbox; without their own network (the policy's network
+        # is the host's) each child takes network and IPC namespaces of its own (`runtime/netns.py`).
+        self.private_network = isolation == "namespaces" and not network
+        flags = ["--private-network"] if self.private_network else []
+        command = _sandboxed(_python(FORKSERVER) + flags, isolation, network, self.base)
         try:
             self.process = subprocess.Popen(
                 command, stdin=child_end.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -394,11 +400,30 @@ class ForkServer:
         finally:
             child_end.close()
         self.lock = threading.Lock()
+        self.hello: dict[str, object] | None = None
 
     def usable(self) -> bool:
         return self.process.poll() is None
 
+    def _check_ready(self) -> None:
+        """Read the server's first message (under the lock): it says whether children can be separated."""
+        if self.hello is None:
+            reply = self.control.recv(4096)
+            if not reply:
+                raise WorkerStartError("the sandbox fork server ended before it was ready")
+            self.hello = json.loads(reply)
+        if self.private_network and not self.hello.get("private_network"):
+            raise WorkerStartError(
+                "the fork server cannot give sessions network namespaces of their own "
+                f"({self.hello.get('error')}); each session starts a sandbox of its own instead"
+            )
+
     def fork_worker(self) -> HostWorker:
+        try:
+            with self.lock:
+                self._check_ready()
+        except OSError as exc:
+            raise WorkerStartError(f"the sandbox fork server is gone ({exc})") from exc
         directory = tempfile.mkdtemp(dir=self.base)
         uid = _private_user(directory, self.isolation)
         request = json.dumps({"workdir": directory, "argv": _runner_flags(uid, self.isolation)}).encode()
@@ -409,6 +434,7 @@ class ForkServer:
                 reply = self.control.recv(4096)
         except OSError as exc:
             parent_end.close()
+            shutil.rmtree(directory, ignore_errors=True)
             raise WorkerStartError(f"the sandbox fork server is gone ({exc})") from exc
         finally:
             child_end.close()

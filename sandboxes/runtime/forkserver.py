@@ -7,9 +7,16 @@ directory and (when the server runs as root) its own unprivileged user, and noth
 session. The server itself never runs user code, never installs the audit hook and keeps no
 state between sessions.
 
-Protocol, on a SOCK_SEQPACKET socket passed as stdin: the parent sends one datagram per session,
-``{"workdir": ..., "argv": [...runner flags...]}`` with the session's channel socket attached
-(SCM_RIGHTS); the server answers ``{"pid": N}`` once the child exists. End-of-file ends the server.
+With ``--private-network`` (the ``namespaces`` level without network) every child moves into network
+and IPC namespaces of its own before anything else (`netns.py`): without that, sessions of one server
+would share the sandbox's loopback, abstract unix sockets and System V IPC.
+
+Protocol, on a SOCK_SEQPACKET socket passed as stdin: once ready the server sends
+``{"ready": true, "private_network": bool, "error": str | null}`` (``private_network`` says whether
+its children get namespaces of their own; ``error`` why not, when asked for and refused here).
+Then the parent sends one datagram per session, ``{"workdir": ..., "argv": [...runner flags...]}``
+with the session's channel socket attached (SCM_RIGHTS); the server answers ``{"pid": N}`` once the
+child exists. End-of-file ends the server.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ def _load_runner() -> object:
     return module
 
 
-def _child(runner: object, control: socket.socket, channel_fd: int, request: dict) -> None:
+def _child(runner: object, control: socket.socket, channel_fd: int, request: dict,
+           netns: object | None) -> None:  # fmt: skip
     """In the forked child: become an ordinary runner whose stdin/stdout is the session's channel."""
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -42,17 +50,51 @@ def _child(runner: object, control: socket.socket, channel_fd: int, request: dic
         os.dup2(channel_fd, 0)
         os.dup2(channel_fd, 1)
         os.close(channel_fd)
+        if netns is not None:
+            try:
+                netns.separate()  # type: ignore[attr-defined]
+            except OSError as exc:  # fail closed: this session must not share the server's namespaces
+                _fatal(f"could not give the session network and IPC namespaces of its own ({exc})")
+                return
         os.chdir(request["workdir"])
         runner.main(list(request["argv"]))  # type: ignore[attr-defined]
     finally:
         os._exit(0)
 
 
+def _fatal(message: str) -> None:
+    """A startup failure, as the runner reports one (the parent reads it as the answer to its first request)."""
+    line = json.dumps({"op": "fatal", "message": message, "token": os.urandom(16).hex()}) + "\n"
+    os.write(1, line.encode())
+
+
+def _probe(netns: object) -> str | None:
+    """None if a child can take namespaces of its own here, else why not (checked once, at start)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_end)
+            netns.separate()  # type: ignore[attr-defined]
+            os._exit(0)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent as text
+            os.write(write_end, f"{type(exc).__name__}: {exc}".encode()[:2000])
+            os._exit(1)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        error = reader.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    return None if status == 0 else error or f"the probe ended with status {status}"
+
+
 def main(argv: list[str]) -> None:
+    private_network = False
     args = iter(argv)
     for flag in args:
         if flag == "--sys-path":
             sys.path.append(next(args))
+        elif flag == "--private-network":
+            private_network = True
     runner = _load_runner()
     # Pay for every import now, once, instead of in each session.
     guard = runner._load_sibling("guard")  # type: ignore[attr-defined]
@@ -77,12 +119,17 @@ def main(argv: list[str]) -> None:
     import subprocess  # noqa: F401
     import tempfile  # noqa: F401
 
+    netns = runner._load_sibling("netns") if private_network else None  # type: ignore[attr-defined]
+    error = _probe(netns) if netns is not None else None
+    if error is not None:
+        netns = None  # the parent starts each session in a sandbox of its own instead
     control = socket.socket(fileno=os.dup(0))
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
     os.close(null)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    control.send(json.dumps({"ready": True, "private_network": netns is not None, "error": error}).encode())
     while True:
         try:
             message, fds, _flags, _address = socket.recv_fds(control, 1 << 16, 1)
@@ -95,7 +142,7 @@ def main(argv: list[str]) -> None:
         request = json.loads(message)
         pid = os.fork()
         if pid == 0:
-            _child(runner, control, fds[0], request)
+            _child(runner, control, fds[0], request, netns)
         os.close(fds[0])
         control.send(json.dumps({"pid": pid}).encode())
 
