@@ -109,6 +109,19 @@ def test_without_a_system_bwrap_the_bundled_one_runs_the_sessions() -> None:
     assert found["net"] == "ConnectionRefusedError", found  # its own loopback: nothing listens there
 
 
+def test_doctor_says_which_bwrap_runs_and_why() -> None:
+    bundled = bundled_path()
+    done = subprocess.run([sys.executable, "-m", "kodeagent_cli", "doctor", "--backend", "host", "--json"],
+                          capture_output=True, text=True, timeout=120, env=environment(path_without_bwrap()),
+                          cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert "isolation: namespaces" in checks["backend host"]["detail"], checks
+    detail = checks["bubblewrap"]["detail"]
+    assert checks["bubblewrap"]["ok"] and detail.startswith("bundled bwrap ") and bundled in detail, detail
+    assert "no bwrap on PATH" in detail, detail
+
+
 def test_a_system_bwrap_wins_over_the_bundled_one() -> None:
     bundled_path()
     system = shutil.which("bwrap")

@@ -9,8 +9,8 @@ Two ways to make one:
   `runtime/forkserver.py`), a few milliseconds instead of tens. One server per (isolation, network);
   under ``namespaces`` it lives in one bwrap sandbox and its children are separated from each other
   by their private users, private working directories (mode 0700) and, unless the policy gives them
-  the host's network, network and IPC namespaces of their own (`runtime/netns.py`; about a
-  millisecond a session). Where a child cannot have them, sessions start as `spawn_worker`s instead.
+  the host's network, network and IPC namespaces of their own (`runtime/netns.py`; made ahead of
+  need by a spare child). Where a child cannot have them, sessions start as `spawn_worker`s instead.
 """
 
 from __future__ import annotations

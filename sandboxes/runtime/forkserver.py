@@ -9,7 +9,9 @@ state between sessions.
 
 With ``--private-network`` (the ``namespaces`` level without network) every child moves into network
 and IPC namespaces of its own before anything else (`netns.py`): without that, sessions of one server
-would share the sandbox's loopback, abstract unix sockets and System V IPC.
+would share the sandbox's loopback, abstract unix sockets and System V IPC. The kernel takes a
+millisecond or more to make them, so the server keeps one child forked and separated ahead of need
+(`_spare`) and hands each request to it.
 
 Protocol, on a SOCK_SEQPACKET socket passed as stdin: once ready the server sends
 ``{"ready": true, "private_network": bool, "error": str | null}`` (``private_network`` says whether
@@ -40,26 +42,52 @@ def _load_runner() -> object:
     return module
 
 
-def _child(runner: object, control: socket.socket, channel_fd: int, request: dict,
-           netns: object | None) -> None:  # fmt: skip
-    """In the forked child: become an ordinary runner whose stdin/stdout is the session's channel."""
+def _become_runner(runner: object, channel_fd: int, request: dict, problem: str | None = None) -> None:
+    """In a forked child: become an ordinary runner whose stdin/stdout is the session's channel."""
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        control.close()
         os.setsid()
         os.dup2(channel_fd, 0)
         os.dup2(channel_fd, 1)
         os.close(channel_fd)
-        if netns is not None:
-            try:
-                netns.separate()  # type: ignore[attr-defined]
-            except OSError as exc:  # fail closed: this session must not share the server's namespaces
-                _fatal(f"could not give the session network and IPC namespaces of its own ({exc})")
-                return
+        if problem is not None:  # fail closed: this session must not share the server's namespaces
+            _fatal(problem)
+            return
         os.chdir(request["workdir"])
         runner.main(list(request["argv"]))  # type: ignore[attr-defined]
     finally:
         os._exit(0)
+
+
+def _separate(netns: object) -> str | None:
+    """Move this child into namespaces of its own: None, or why not (the session's fatal message)."""
+    try:
+        netns.separate()  # type: ignore[attr-defined]
+    except OSError as exc:
+        return f"could not give the session network and IPC namespaces of its own ({exc})"
+    return None
+
+
+def _spare(runner: object, control: socket.socket, netns: object) -> tuple[int, socket.socket]:
+    """A child forked ahead of its session that has already moved into namespaces of its own (which
+    costs the kernel a millisecond or more), waiting on a socket of its own for its session's request
+    and channel: handing it over costs a message, and the next spare is made while the parent talks to
+    this one. Returns its pid and the server's end of that socket."""
+    handoff, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            control.close()
+            handoff.close()
+            problem = _separate(netns)
+            message, fds, _flags, _address = socket.recv_fds(theirs, 1 << 16, 1)
+            theirs.close()
+            if message and fds:  # end-of-file: the server is gone, or stopped needing this spare
+                _become_runner(runner, fds[0], json.loads(message), problem)
+        finally:
+            os._exit(0)
+    theirs.close()
+    return pid, handoff
 
 
 def _fatal(message: str) -> None:
@@ -130,6 +158,7 @@ def main(argv: list[str]) -> None:
     os.close(null)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     control.send(json.dumps({"ready": True, "private_network": netns is not None, "error": error}).encode())
+    spare = _spare(runner, control, netns) if netns is not None else None
     while True:
         try:
             message, fds, _flags, _address = socket.recv_fds(control, 1 << 16, 1)
@@ -139,12 +168,25 @@ def main(argv: list[str]) -> None:
             return
         if not fds:
             continue
-        request = json.loads(message)
-        pid = os.fork()
-        if pid == 0:
-            _child(runner, control, fds[0], request, netns)
+        pid = None
+        if spare is not None:
+            try:
+                socket.send_fds(spare[1], [message], fds)
+                pid = spare[0]
+            except OSError:  # the spare died (killed from outside): a child made now does as well
+                pass
+            spare[1].close()
+            spare = None
+        if pid is None:
+            pid = os.fork()
+            if pid == 0:
+                control.close()
+                problem = _separate(netns) if netns is not None else None
+                _become_runner(runner, fds[0], json.loads(message), problem)
         os.close(fds[0])
         control.send(json.dumps({"pid": pid}).encode())
+        if netns is not None:
+            spare = _spare(runner, control, netns)
 
 
 if __name__ == "__main__":
