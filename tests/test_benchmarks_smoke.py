@@ -178,3 +178,12 @@ def test_humaneval_with_reused_sessions() -> None:
     assert result["sandbox"]["passed"] == 4, result["failures"]
     assert result["sessions"].startswith("reused")
     assert "baseline" not in result
+
+
+# Not in the unit tier: the refusal comes from probing bubblewrap, a process.
+def test_humaneval_harness_semantics_refuses_bare_process_isolation() -> None:
+    from sandboxes import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable, match="bubblewrap") as caught:
+        humaneval.run(limit=1, concurrency=1, console=quiet(), backend_options={"isolation": "process"})
+    assert "--semantics policy" in str(caught.value)

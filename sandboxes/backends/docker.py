@@ -113,11 +113,20 @@ class DockerExecutor(Executor):
         limits = self.policy.limits
         pids_limit = min(pids_limit, limits.max_processes + 1)
         self.settings = ContainerSettings(
-            image=image, memory_mb=limits.memory_mb, cpus=cpus, pids_limit=pids_limit,
-            network=self.policy.network, read_only=read_only, tmp_mb=tmp_mb, user=user,
-            drop_capabilities=drop_capabilities, no_new_privileges=no_new_privileges, open_files=open_files,
-            file_size_mb=file_size_mb, host_workdir=self.workdir,
-        )  # fmt: skip
+            image=image,
+            memory_mb=limits.memory_mb,
+            cpus=cpus,
+            pids_limit=pids_limit,
+            network=self.policy.network,
+            read_only=read_only,
+            tmp_mb=tmp_mb,
+            user=user,
+            drop_capabilities=drop_capabilities,
+            no_new_privileges=no_new_privileges,
+            open_files=open_files,
+            file_size_mb=file_size_mb,
+            host_workdir=self.workdir,
+        )
         self.pool_size = max(0, pool_size) if pool and self.workdir is None else 0
 
     @property

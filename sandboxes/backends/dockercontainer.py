@@ -271,8 +271,9 @@ class DockerWorker(Worker):
         parts = path.split("/")
         for depth in range(1, len(parts) + 1):
             prefix = "/".join(parts[:depth])
-            response = api.head(api._url("/containers/{0}/archive", self.container_id),
-                                params={"path": f"{WORKDIR}/{prefix}"})  # fmt: skip
+            response = api.head(
+                api._url("/containers/{0}/archive", self.container_id), params={"path": f"{WORKDIR}/{prefix}"}
+            )
             if response.status_code == 404:
                 try:
                     api.inspect_container(self.container_id)

@@ -48,8 +48,16 @@ _uid_counter = itertools.count(1)
 class HostWorker(Worker):
     """A runner process on this machine, reached over a socketpair used as its stdin and stdout."""
 
-    def __init__(self, process: subprocess.Popen[bytes] | None, sock: socket.socket, workdir: str,
-                 uid: int | None, isolation: str, owns_workdir: bool, pid: int | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes] | None,
+        sock: socket.socket,
+        workdir: str,
+        uid: int | None,
+        isolation: str,
+        owns_workdir: bool,
+        pid: int | None = None,
+    ) -> None:
         self.process = process
         # A fork-server child is not our child: `pid` is its host pid at the process level; under
         # namespaces it lives in the server's PID namespace and is reached through its private user.
@@ -215,10 +223,23 @@ def _probe(bwrap: str) -> str | None:
     """Run `bwrap` as a worker would be run: None if it works, else what went wrong."""
     try:
         probe = subprocess.run(
-            [bwrap, *_bwrap_filesystem(), "--unshare-pid", "--unshare-net", "--unshare-ipc",
-             "--die-with-parent", sys.executable, "-I", "-S", "-c", "pass"],
-            capture_output=True, timeout=20, env={},
-        )  # fmt: skip
+            [
+                bwrap,
+                *_bwrap_filesystem(),
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-ipc",
+                "--die-with-parent",
+                sys.executable,
+                "-I",
+                "-S",
+                "-c",
+                "pass",
+            ],
+            capture_output=True,
+            timeout=20,
+            env={},
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{type(exc).__name__}: {exc}"
     if probe.returncode == 0:
@@ -356,13 +377,20 @@ def _sandboxed(command: list[str], isolation: str, network: bool, writable: str)
     if isolation != "namespaces":
         return command
     return [
-        bubblewrap().path or "bwrap", *_bwrap_filesystem(),
-        "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        bubblewrap().path or "bwrap",
+        *_bwrap_filesystem(),
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
         *([] if network else ["--unshare-net"]),
-        "--die-with-parent", "--new-session",
-        *_bind_with_parents(writable, writable=True), "--chdir", writable,
+        "--die-with-parent",
+        "--new-session",
+        *_bind_with_parents(writable, writable=True),
+        "--chdir",
+        writable,
         *command,
-    ]  # fmt: skip
+    ]
 
 
 def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWorker:
@@ -375,9 +403,15 @@ def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWork
     parent_end, child_end = socket.socketpair()
     try:
         process = subprocess.Popen(
-            command, stdin=child_end.fileno(), stdout=child_end.fileno(), stderr=subprocess.DEVNULL, cwd=directory,
-            env={}, start_new_session=True, close_fds=True,
-        )  # fmt: skip
+            command,
+            stdin=child_end.fileno(),
+            stdout=child_end.fileno(),
+            stderr=subprocess.DEVNULL,
+            cwd=directory,
+            env={},
+            start_new_session=True,
+            close_fds=True,
+        )
     except OSError as exc:
         parent_end.close()
         raise WorkerStartError(f"could not start the sandbox worker ({exc})") from exc
@@ -405,9 +439,15 @@ class ForkServer:
         command = _sandboxed(_python(FORKSERVER) + flags, isolation, network, self.base)
         try:
             self.process = subprocess.Popen(
-                command, stdin=child_end.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                cwd=self.base, env={}, start_new_session=True, close_fds=True,
-            )  # fmt: skip
+                command,
+                stdin=child_end.fileno(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=self.base,
+                env={},
+                start_new_session=True,
+                close_fds=True,
+            )
         except OSError as exc:
             self.control.close()
             raise WorkerStartError(f"could not start the sandbox fork server ({exc})") from exc

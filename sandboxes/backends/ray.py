@@ -130,10 +130,14 @@ class RayExecutor(Executor):
         self.placement_timeout = float(placement_timeout)
         self.init_options = dict(init_options or {})
         self.node_options: dict[str, Any] = {
-            "policy": self.policy, "timeout": self.timeout, "env": self.env, "workdir": self.workdir,
-            "stateless": self.stateless, "output_limit": self.output_limit,
+            "policy": self.policy,
+            "timeout": self.timeout,
+            "env": self.env,
+            "workdir": self.workdir,
+            "stateless": self.stateless,
+            "output_limit": self.output_limit,
             **{name: value for name, value in options.items() if name not in COMMON_OPTIONS},
-        }  # fmt: skip
+        }
         # refuses unknown or invalid options now, not at open
         executor_class(node_backend)(**self.node_options)
 
@@ -231,9 +235,12 @@ class RaySession(Session):
 
         async def answer() -> None:
             request: ToolCall = {
-                "op": "tool_call", "id": call["id"], "name": call["name"], "args": call["args"],
+                "op": "tool_call",
+                "id": call["id"],
+                "name": call["name"],
+                "args": call["args"],
                 "kwargs": call["kwargs"],
-            }  # fmt: skip
+            }
             reply = await call_tool(request)
             try:
                 await placement.agent.answer.remote(placement.session_id, call["id"], reply)

@@ -126,8 +126,11 @@ def _connect(address: str | None, init_options: Mapping[str, Any], start_local: 
             if not start_local:
                 raise BackendUnavailable(f"no Ray cluster is running here; {START_HINT}") from None
         cpus = os.cpu_count() or 1
-        local = {"resources": {SANDBOX_RESOURCE: cpus}, "include_dashboard": False,
-                 "object_store_memory": LOCAL_OBJECT_STORE_BYTES}  # fmt: skip
+        local = {
+            "resources": {SANDBOX_RESOURCE: cpus},
+            "include_dashboard": False,
+            "object_store_memory": LOCAL_OBJECT_STORE_BYTES,
+        }
         try:
             ray.init(**{**local, **options})
         except Exception as exc:
@@ -151,8 +154,13 @@ def node_processes(nodes: Any = None) -> set[int]:
         import ray._private.worker as ray_worker
 
         nodes = [ray_worker._global_node] if getattr(ray_worker, "_global_node", None) is not None else []
-    return {info.process.pid for node in nodes for infos in getattr(node, "all_processes", {}).values()
-            for info in infos if getattr(info, "process", None) is not None}  # fmt: skip
+    return {
+        info.process.pid
+        for node in nodes
+        for infos in getattr(node, "all_processes", {}).values()
+        for info in infos
+        if getattr(info, "process", None) is not None
+    }
 
 
 def descendants(roots: set[int]) -> set[int]:
@@ -193,8 +201,9 @@ def _stop_local_cluster(roots: set[int]) -> None:
         kill_leftovers(leftover)
 
 
-def connect(address: str | None = None, init_options: Mapping[str, Any] | None = None,
-            start_local: bool = True) -> None:  # fmt: skip
+def connect(
+    address: str | None = None, init_options: Mapping[str, Any] | None = None, start_local: bool = True
+) -> None:
     """Connect this process to a Ray cluster once (blocking; see `RayExecutor` for `address`). With
     `start_local` False and no cluster running, raise `BackendUnavailable` instead of starting one."""
     future = _INIT_THREAD.submit(_connect, address, dict(init_options or {}), start_local)
@@ -224,8 +233,9 @@ def capacity(address: str | None = None, init_options: Mapping[str, Any] | None 
     return int(ray_module().cluster_resources().get(sandbox_resource(refresh=True), 0))
 
 
-def describe(address: str | None = None, init_options: Mapping[str, Any] | None = None,
-             start_local: bool = True) -> dict[str, Any]:  # fmt: skip
+def describe(
+    address: str | None = None, init_options: Mapping[str, Any] | None = None, start_local: bool = True
+) -> dict[str, Any]:
     """The cluster as `kodeagent doctor` reports it: live nodes and the sandboxes each takes."""
     connect(address, init_options, start_local)
     ray = ray_module()
@@ -241,7 +251,7 @@ def describe(address: str | None = None, init_options: Mapping[str, Any] | None 
                 "sandboxes": int(n.get("Resources", {}).get(resource, 0)),
             }
             for n in nodes
-        ],  # fmt: skip
+        ],
         "capacity": int(sum(n.get("Resources", {}).get(resource, 0) for n in nodes)),
     }
 

@@ -60,8 +60,9 @@ class _Session:
             call_id = next(self.ids)
             answer: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
             self.pending[call_id] = answer
-            self.events.put_nowait({"kind": "tool", "id": call_id, "name": name, "args": list(args),
-                                    "kwargs": kwargs})  # fmt: skip
+            self.events.put_nowait(
+                {"kind": "tool", "id": call_id, "name": name, "args": list(args), "kwargs": kwargs}
+            )
             try:
                 reply = await answer
             finally:
@@ -100,8 +101,14 @@ class NodeAgent:
 
         return {"pid": os.getpid(), "sessions": len(self.sessions)}
 
-    async def open(self, session_id: str, placement_group: str, backend: str, options: dict[str, Any],
-                   tool_names: list[str]) -> NodeOpened | NodeError:  # fmt: skip
+    async def open(
+        self,
+        session_id: str,
+        placement_group: str,
+        backend: str,
+        options: dict[str, Any],
+        tool_names: list[str],
+    ) -> NodeOpened | NodeError:
         """Open a session of the node's `backend`; answers ``{"kind": "opened", "isolation": ...}``."""
         if self._reaper is None:
             self._reaper = asyncio.get_running_loop().create_task(self._reap())

@@ -65,9 +65,13 @@ def debian_base(
     with tempfile.TemporaryDirectory(prefix="kodeagent-rootfs-") as scratch:
         rootfs = Path(scratch) / "rootfs"
         command = [
-            "debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
-            DEBIAN_SUITE, str(rootfs), mirror,
-        ]  # fmt: skip
+            "debootstrap",
+            "--variant=minbase",
+            f"--include={','.join(DEBIAN_PACKAGES)}",
+            DEBIAN_SUITE,
+            str(rootfs),
+            mirror,
+        ]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             raise ImageBuildError(f"debootstrap failed:\n{(done.stdout + done.stderr)[-3000:]}")

@@ -150,7 +150,7 @@ def build_image(
                     LABEL_VARIANT: variant,
                     LABEL_INPUTS: inputs,
                     LABEL_RUNTIME: runtime_hash(),
-                },  # fmt: skip
+                },
                 network_mode="none",
                 rm=True,
                 forcerm=True,
@@ -191,7 +191,13 @@ def list_images() -> list[ImageInfo]:
         for tag in image.tags:
             if tag != alias:
                 found.append(
-                    _info(image, tag, alias if alias in image.tags else "", variant, labels.get(LABEL_INPUTS, ""),
-                          reused=True)
-                )  # fmt: skip
+                    _info(
+                        image,
+                        tag,
+                        alias if alias in image.tags else "",
+                        variant,
+                        labels.get(LABEL_INPUTS, ""),
+                        reused=True,
+                    )
+                )
     return sorted(found, key=lambda i: i.tag)

@@ -36,8 +36,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
-            info = build_image(args.variant, base=args.base, offline=args.offline, mirror=args.mirror,
-                               force=args.force, progress=lambda m: print(m, file=sys.stderr))  # fmt: skip
+            info = build_image(
+                args.variant,
+                base=args.base,
+                offline=args.offline,
+                mirror=args.mirror,
+                force=args.force,
+                progress=lambda m: print(m, file=sys.stderr),
+            )
             print(
                 f"{info.alias} -> {info.tag} ({'unchanged, reused' if info.reused else 'built'}, {info.size_mb} MB)"
             )

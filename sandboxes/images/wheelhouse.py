@@ -56,13 +56,31 @@ def fill_wheelhouse(requirements: Path, python: str, progress: Progress = print)
         return wheels
     progress(f"downloading wheels for CPython {python} into {directory}")
     command = [
-        sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--quiet",
-        "--dest", str(directory), "--only-binary=:all:", "--implementation", "cp",
-        "--python-version", python,
-        "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
-        "--platform", "manylinux_2_28_x86_64", "--platform", "linux_x86_64",
-        "-r", str(requirements), "pip",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--dest",
+        str(directory),
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        python,
+        "--platform",
+        "manylinux2014_x86_64",
+        "--platform",
+        "manylinux_2_17_x86_64",
+        "--platform",
+        "manylinux_2_28_x86_64",
+        "--platform",
+        "linux_x86_64",
+        "-r",
+        str(requirements),
+        "pip",
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise ImageBuildError(

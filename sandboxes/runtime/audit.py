@@ -29,39 +29,111 @@ from types import FrameType
 from typing import Any
 
 _PATH_EVENTS = {
-    "os.listdir": (0,), "os.scandir": (0,), "os.chdir": (0,), "os.mkdir": (0,), "os.rmdir": (0,),
-    "os.remove": (0,), "os.rename": (0, 1), "os.link": (0, 1), "os.truncate": (0,),
-    "os.chmod": (0,), "os.chown": (0,), "os.utime": (0,), "os.chflags": (0,), "os.mkfifo": (0,),
-    "os.mknod": (0,), "os.setxattr": (0,), "os.removexattr": (0,), "os.listxattr": (0,),
-    "os.getxattr": (0,), "shutil.copyfile": (0, 1), "shutil.copymode": (0, 1),
-    "shutil.copystat": (0, 1), "shutil.copytree": (0, 1), "shutil.rmtree": (0,),
-    "shutil.move": (0, 1), "shutil.chown": (0,), "shutil.make_archive": (0,),
-    "shutil.unpack_archive": (0, 1), "glob.glob": (0,), "os.symlink": (1,), "pathlib.Path.glob": (),
-}  # fmt: skip
+    "os.listdir": (0,),
+    "os.scandir": (0,),
+    "os.chdir": (0,),
+    "os.mkdir": (0,),
+    "os.rmdir": (0,),
+    "os.remove": (0,),
+    "os.rename": (0, 1),
+    "os.link": (0, 1),
+    "os.truncate": (0,),
+    "os.chmod": (0,),
+    "os.chown": (0,),
+    "os.utime": (0,),
+    "os.chflags": (0,),
+    "os.mkfifo": (0,),
+    "os.mknod": (0,),
+    "os.setxattr": (0,),
+    "os.removexattr": (0,),
+    "os.listxattr": (0,),
+    "os.getxattr": (0,),
+    "shutil.copyfile": (0, 1),
+    "shutil.copymode": (0, 1),
+    "shutil.copystat": (0, 1),
+    "shutil.copytree": (0, 1),
+    "shutil.rmtree": (0,),
+    "shutil.move": (0, 1),
+    "shutil.chown": (0,),
+    "shutil.make_archive": (0,),
+    "shutil.unpack_archive": (0, 1),
+    "glob.glob": (0,),
+    "os.symlink": (1,),
+    "pathlib.Path.glob": (),
+}
 
-_PROCESS_EVENTS = frozenset({
-    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill",
-    "os.killpg", "subprocess.Popen", "pty.spawn", "os.startfile", "os.setuid", "os.setgid",
-    "os.pidfd_open", "signal.pthread_kill",
-})  # fmt: skip
+_PROCESS_EVENTS = frozenset(
+    {
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.fork",
+        "os.forkpty",
+        "os.kill",
+        "os.killpg",
+        "subprocess.Popen",
+        "pty.spawn",
+        "os.startfile",
+        "os.setuid",
+        "os.setgid",
+        "os.pidfd_open",
+        "signal.pthread_kill",
+    }
+)
 
-_NETWORK_EVENTS = frozenset({
-    "socket.__new__", "socket.bind", "socket.connect", "socket.sendto", "socket.sendmsg",
-    "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr", "urllib.Request",
-    "http.client.connect", "ftplib.connect", "smtplib.connect", "telnetlib.Telnet.open",
-})  # fmt: skip
+_NETWORK_EVENTS = frozenset(
+    {
+        "socket.__new__",
+        "socket.bind",
+        "socket.connect",
+        "socket.sendto",
+        "socket.sendmsg",
+        "socket.getaddrinfo",
+        "socket.gethostbyname",
+        "socket.gethostbyaddr",
+        "urllib.Request",
+        "http.client.connect",
+        "ftplib.connect",
+        "smtplib.connect",
+        "telnetlib.Telnet.open",
+    }
+)
 
-_INTERNALS_EVENTS = frozenset({
-    "sys._current_frames", "sys._current_exceptions", "sys.settrace",
-    "sys.setprofile", "sys.monitoring.register_callback", "ctypes.dlopen", "ctypes.dlsym",
-    "ctypes.cdata", "ctypes.addressof", "ctypes.call_function", "ctypes.PyObj_FromPtr",
-    "ctypes.string_at", "ctypes.wstring_at", "code.__new__", "function.__new__",
-    "cpython.run_command", "cpython.run_file", "cpython.run_module",
-    "cpython.run_interactivehook", "cpython.run_startup", "cpython.PyInterpreterState_New",
-    "mmap.__new__", "marshal.loads", "marshal.load", "pickle.find_class",
-    "builtins.input", "builtins.breakpoint", "webbrowser.open",
-    "resource.setrlimit", "resource.prlimit",
-})  # fmt: skip
+_INTERNALS_EVENTS = frozenset(
+    {
+        "sys._current_frames",
+        "sys._current_exceptions",
+        "sys.settrace",
+        "sys.setprofile",
+        "sys.monitoring.register_callback",
+        "ctypes.dlopen",
+        "ctypes.dlsym",
+        "ctypes.cdata",
+        "ctypes.addressof",
+        "ctypes.call_function",
+        "ctypes.PyObj_FromPtr",
+        "ctypes.string_at",
+        "ctypes.wstring_at",
+        "code.__new__",
+        "function.__new__",
+        "cpython.run_command",
+        "cpython.run_file",
+        "cpython.run_module",
+        "cpython.run_interactivehook",
+        "cpython.run_startup",
+        "cpython.PyInterpreterState_New",
+        "mmap.__new__",
+        "marshal.loads",
+        "marshal.load",
+        "pickle.find_class",
+        "builtins.input",
+        "builtins.breakpoint",
+        "webbrowser.open",
+        "resource.setrlimit",
+        "resource.prlimit",
+    }
+)
 """`resource.setrlimit`: a worker running as root (the host's `process` level without a private user)
 could raise its own hard limits."""
 
@@ -76,16 +148,73 @@ _GENERATED_GLOBALS = frozenset({"hash", "super", "type", "NotImplemented", "_tup
 _GENERATED_ROOTS = frozenset({"self", "other", "__dataclass_self__", "__dataclass_builtins_object__"})
 _GENERATED_DUNDERS = frozenset({"__class__", "__qualname__", "__setattr__", "__delattr__", "__post_init__"})
 _GENERATED_NODES = (
-    "Module", "Expression", "Interactive", "FunctionDef", "Lambda", "arguments", "arg", "Return",
-    "Assign", "Expr", "If", "Raise", "Compare", "IfExp", "Call", "Attribute", "Name", "Constant",
-    "Tuple", "JoinedStr", "FormattedValue", "BinOp", "BoolOp", "UnaryOp", "keyword", "Load", "Store",
-    "Add", "Is", "IsNot", "Eq", "NotEq", "Lt", "LtE", "Gt", "GtE", "In", "NotIn", "And", "Or", "Not",
-)  # fmt: skip
-_FRAME_ATTRIBUTES = frozenset({
-    "tb_frame", "tb_next", "f_back", "f_builtins", "f_code", "f_generator", "f_globals", "f_locals",
-    "f_trace", "co_code", "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await",
-    "cr_origin", "ag_frame", "ag_code", "ag_await", "mro",
-})  # fmt: skip
+    "Module",
+    "Expression",
+    "Interactive",
+    "FunctionDef",
+    "Lambda",
+    "arguments",
+    "arg",
+    "Return",
+    "Assign",
+    "Expr",
+    "If",
+    "Raise",
+    "Compare",
+    "IfExp",
+    "Call",
+    "Attribute",
+    "Name",
+    "Constant",
+    "Tuple",
+    "JoinedStr",
+    "FormattedValue",
+    "BinOp",
+    "BoolOp",
+    "UnaryOp",
+    "keyword",
+    "Load",
+    "Store",
+    "Add",
+    "Is",
+    "IsNot",
+    "Eq",
+    "NotEq",
+    "Lt",
+    "LtE",
+    "Gt",
+    "GtE",
+    "In",
+    "NotIn",
+    "And",
+    "Or",
+    "Not",
+)
+_FRAME_ATTRIBUTES = frozenset(
+    {
+        "tb_frame",
+        "tb_next",
+        "f_back",
+        "f_builtins",
+        "f_code",
+        "f_generator",
+        "f_globals",
+        "f_locals",
+        "f_trace",
+        "co_code",
+        "gi_frame",
+        "gi_code",
+        "gi_yieldfrom",
+        "cr_frame",
+        "cr_code",
+        "cr_await",
+        "cr_origin",
+        "ag_frame",
+        "ag_code",
+        "ag_await",
+        "mro",
+    }
+)
 
 
 def check_generated_source(source: str) -> str | None:

@@ -30,45 +30,158 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 DEFAULT_BANNED_BUILTINS: tuple[str, ...] = (
-    "exec", "eval", "compile", "__import__", "breakpoint", "input", "globals", "locals", "vars",
-    "help", "exit", "quit", "memoryview", "open_code", "__build_class__", "__loader__", "__spec__",
-    "__builtins__", "copyright", "credits", "license",
-)  # fmt: skip
+    "exec",
+    "eval",
+    "compile",
+    "__import__",
+    "breakpoint",
+    "input",
+    "globals",
+    "locals",
+    "vars",
+    "help",
+    "exit",
+    "quit",
+    "memoryview",
+    "open_code",
+    "__build_class__",
+    "__loader__",
+    "__spec__",
+    "__builtins__",
+    "copyright",
+    "credits",
+    "license",
+)
 """Builtins the code may not name. `allow_builtins` can bring back any of them by name."""
 
 DEFAULT_ALLOWED_DUNDERS: tuple[str, ...] = (
-    "__init__", "__post_init__", "__new__", "__name__", "__qualname__", "__doc__", "__module__",
-    "__version__", "__class__", "__slots__", "__all__", "__annotations__", "__match_args__",
-    "__repr__", "__str__", "__format__", "__hash__", "__bool__", "__len__", "__iter__", "__next__",
-    "__reversed__", "__contains__", "__getitem__", "__setitem__", "__delitem__", "__missing__",
-    "__call__", "__enter__", "__exit__",
-    "__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__",
-    "__add__", "__sub__", "__mul__", "__matmul__", "__truediv__", "__floordiv__", "__mod__",
-    "__divmod__", "__pow__", "__lshift__", "__rshift__", "__and__", "__or__", "__xor__",
-    "__radd__", "__rsub__", "__rmul__", "__rmatmul__", "__rtruediv__", "__rfloordiv__", "__rmod__",
-    "__rpow__", "__rand__", "__ror__", "__rxor__",
-    "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
-    "__iand__", "__ior__", "__ixor__",
-    "__neg__", "__pos__", "__abs__", "__invert__", "__int__", "__float__", "__index__",
-    "__round__", "__complex__", "__cause__", "__context__", "__suppress_context__",
-)  # fmt: skip
+    "__init__",
+    "__post_init__",
+    "__new__",
+    "__name__",
+    "__qualname__",
+    "__doc__",
+    "__module__",
+    "__version__",
+    "__class__",
+    "__slots__",
+    "__all__",
+    "__annotations__",
+    "__match_args__",
+    "__repr__",
+    "__str__",
+    "__format__",
+    "__hash__",
+    "__bool__",
+    "__len__",
+    "__iter__",
+    "__next__",
+    "__reversed__",
+    "__contains__",
+    "__getitem__",
+    "__setitem__",
+    "__delitem__",
+    "__missing__",
+    "__call__",
+    "__enter__",
+    "__exit__",
+    "__eq__",
+    "__ne__",
+    "__lt__",
+    "__le__",
+    "__gt__",
+    "__ge__",
+    "__add__",
+    "__sub__",
+    "__mul__",
+    "__matmul__",
+    "__truediv__",
+    "__floordiv__",
+    "__mod__",
+    "__divmod__",
+    "__pow__",
+    "__lshift__",
+    "__rshift__",
+    "__and__",
+    "__or__",
+    "__xor__",
+    "__radd__",
+    "__rsub__",
+    "__rmul__",
+    "__rmatmul__",
+    "__rtruediv__",
+    "__rfloordiv__",
+    "__rmod__",
+    "__rpow__",
+    "__rand__",
+    "__ror__",
+    "__rxor__",
+    "__iadd__",
+    "__isub__",
+    "__imul__",
+    "__itruediv__",
+    "__ifloordiv__",
+    "__imod__",
+    "__ipow__",
+    "__iand__",
+    "__ior__",
+    "__ixor__",
+    "__neg__",
+    "__pos__",
+    "__abs__",
+    "__invert__",
+    "__int__",
+    "__float__",
+    "__index__",
+    "__round__",
+    "__complex__",
+    "__cause__",
+    "__context__",
+    "__suppress_context__",
+)
 """Dunders that ordinary classes define and use. Everything that walks the object graph
 (`__globals__`, `__subclasses__`, `__dict__`, `__mro__`, `__bases__`, `__code__`, `__builtins__`,
 `__reduce__`, `__getattribute__`...) is absent on purpose."""
 
-FRAME_ATTRIBUTES: frozenset[str] = frozenset({
-    "tb_frame", "tb_next", "f_back", "f_builtins", "f_code", "f_generator", "f_globals", "f_locals",
-    "f_trace", "co_code", "gi_frame", "gi_code", "gi_yieldfrom", "cr_frame", "cr_code", "cr_await",
-    "cr_origin", "ag_frame", "ag_code", "ag_await", "mro",
-})  # fmt: skip
+FRAME_ATTRIBUTES: frozenset[str] = frozenset(
+    {
+        "tb_frame",
+        "tb_next",
+        "f_back",
+        "f_builtins",
+        "f_code",
+        "f_generator",
+        "f_globals",
+        "f_locals",
+        "f_trace",
+        "co_code",
+        "gi_frame",
+        "gi_code",
+        "gi_yieldfrom",
+        "cr_frame",
+        "cr_code",
+        "cr_await",
+        "cr_origin",
+        "ag_frame",
+        "ag_code",
+        "ag_await",
+        "mro",
+    }
+)
 """Attributes that lead from ordinary values to interpreter internals (frames, code, tracebacks)."""
 
 UNSAFE_CALLABLES: tuple[tuple[str, str], ...] = (
-    ("operator", "attrgetter"), ("operator", "methodcaller"), ("string", "Formatter"),
-    ("types", "FunctionType"), ("types", "CodeType"), ("types", "LambdaType"),
+    ("operator", "attrgetter"),
+    ("operator", "methodcaller"),
+    ("string", "Formatter"),
+    ("types", "FunctionType"),
+    ("types", "CodeType"),
+    ("types", "LambdaType"),
     ("functools", "singledispatchmethod"),
-    ("os", "mknod"), ("os", "mkfifo"), ("os", "chroot"),
-)  # fmt: skip
+    ("os", "mknod"),
+    ("os", "mkfifo"),
+    ("os", "chroot"),
+)
 """Values of allowed modules that would do unguarded attribute access or build code objects, and
 `os` functions that raise no audit event, so the file guard cannot see their path (`mknod` makes
 device nodes as root; `chroot` changes what every checked path means)."""
@@ -77,10 +190,21 @@ IMPLICIT_IMPORTS: frozenset[str] = frozenset({"_strptime"})
 """Private stdlib helpers that C code of allowed modules imports by itself, through the `__import__`
 of the calling code's builtins (`datetime.datetime.strptime`, `time.strptime`)."""
 
-GUARD_NAMES = frozenset({
-    "_getattr_", "_getitem_", "_getiter_", "_write_", "_apply_", "_inplacevar_",
-    "_unpack_sequence_", "_iter_unpack_sequence_", "_print_", "_print", "__metaclass__",
-})  # fmt: skip
+GUARD_NAMES = frozenset(
+    {
+        "_getattr_",
+        "_getitem_",
+        "_getiter_",
+        "_write_",
+        "_apply_",
+        "_inplacevar_",
+        "_unpack_sequence_",
+        "_iter_unpack_sequence_",
+        "_print_",
+        "_print",
+        "__metaclass__",
+    }
+)
 
 
 _STR_FORMAT = str.format
@@ -579,11 +703,20 @@ class _GuardedFormatter(string.Formatter):
 
 
 _INPLACE = {
-    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
-    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "<<=": operator.ilshift,
-    ">>=": operator.irshift, "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor,
+    "+=": operator.iadd,
+    "-=": operator.isub,
+    "*=": operator.imul,
+    "/=": operator.itruediv,
+    "//=": operator.ifloordiv,
+    "%=": operator.imod,
+    "**=": operator.ipow,
+    "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+    "&=": operator.iand,
+    "|=": operator.ior,
+    "^=": operator.ixor,
     "@=": operator.imatmul,
-}  # fmt: skip
+}
 
 
 def _inplace(op: str, target: Any, value: Any) -> Any:

@@ -42,8 +42,11 @@ class _CapHeader(ctypes.Structure):
 
 
 class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]  # fmt: skip
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
 
 
 _libc: ctypes.CDLL | None = None
@@ -76,8 +79,11 @@ def separate() -> None:
         uid, gid = os.getuid(), os.getgid()
         if _c().unshare(CLONE_NEWUSER | flags) != 0:
             second = ctypes.get_errno()
-            raise OSError(second, f"unshare(network, IPC) failed ({os.strerror(first)}), and with a user "
-                                  f"namespace too ({os.strerror(second)})")  # fmt: skip
+            raise OSError(
+                second,
+                f"unshare(network, IPC) failed ({os.strerror(first)}), and with a user "
+                f"namespace too ({os.strerror(second)})",
+            )
         _map_to_self(uid, gid)
         own_user = True
     loopback_up()

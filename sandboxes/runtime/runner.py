@@ -403,10 +403,14 @@ class Runner:
                 subprocess=bool(policy.get("subprocess")),
                 readable_roots=_library_roots(),
                 protected_fds=(
-                    self.channel.reader.fileno(), self.channel.write_fd, self.stdout.fd, self.stderr.fd,
-                    self.stdout.read_fd, self.stderr.read_fd,
+                    self.channel.reader.fileno(),
+                    self.channel.write_fd,
+                    self.stdout.fd,
+                    self.stderr.fd,
+                    self.stdout.read_fd,
+                    self.stderr.read_fd,
                 ),
-            )  # fmt: skip
+            )
 
     def fresh_namespace(self) -> dict[str, Any]:
         return {"__builtins__": self.builtins, "__name__": "__main__", "__doc__": None}
@@ -618,8 +622,10 @@ class Runner:
             try:
                 self.channel.send(message, limit=bounds.TOOL_MESSAGE_LIMIT)
             except (TypeError, ValueError, RecursionError) as exc:
-                raise TypeError(f"arguments of tool {name!r} must be JSON values of at most "
-                                f"{bounds.TOOL_MESSAGE_LIMIT:,} bytes: {exc}") from None  # fmt: skip
+                raise TypeError(
+                    f"arguments of tool {name!r} must be JSON values of at most "
+                    f"{bounds.TOOL_MESSAGE_LIMIT:,} bytes: {exc}"
+                ) from None
             reply: ToolResult | None = self.channel.receive()
             if reply is None:
                 raise SystemExit(0)
@@ -680,11 +686,20 @@ def _reply() -> Reply:
 def _out_of_memory_reply() -> RunReply:
     message = "the code used up the memory limit, and its output could not be collected"
     return {
-        "op": "reply", "stdout": "", "stderr": "", "stdout_omitted": 0, "stderr_omitted": 0,
-        "truncated": False, "oom": True, "final_answer": None, "has_final_answer": False, "value": None,
-        "artifacts": [], "artifacts_omitted": 0,
+        "op": "reply",
+        "stdout": "",
+        "stderr": "",
+        "stdout_omitted": 0,
+        "stderr_omitted": 0,
+        "truncated": False,
+        "oom": True,
+        "final_answer": None,
+        "has_final_answer": False,
+        "value": None,
+        "artifacts": [],
+        "artifacts_omitted": 0,
         "error": {"type": "MemoryError", "message": message, "traceback": None, "line": None},
-    }  # fmt: skip
+    }
 
 
 def _apply_limits(limits: Mapping[str, Any], extra_address_space: int = 0) -> None:

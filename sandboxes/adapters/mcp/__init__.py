@@ -85,13 +85,19 @@ def serve(
 
     tokens = TokenTable(config.http.tokens)
     if generated:
-        print_stderr(f"no token given: clients must send 'Authorization: Bearer {generated}' (set "
-                     f"{TOKEN_VARIABLE} or http.tokens in a config file to choose one)")  # fmt: skip
+        print_stderr(
+            f"no token given: clients must send 'Authorization: Bearer {generated}' (set "
+            f"{TOKEN_VARIABLE} or http.tokens in a config file to choose one)"
+        )
     if not is_loopback(config.http.host):
-        print_stderr(f"warning: {config.http.host} is not a loopback address: the server is reachable from the "
-                     "network, and its bearer token travels in clear text without TLS in front")  # fmt: skip
-    announce = (f"listening on {url_of(sock, config.http.path)}, backend {config.backend}, "
-                f"tokens: {', '.join(tokens.tenants)} ({info})")  # fmt: skip
+        print_stderr(
+            f"warning: {config.http.host} is not a loopback address: the server is reachable from the "
+            "network, and its bearer token travels in clear text without TLS in front"
+        )
+    announce = (
+        f"listening on {url_of(sock, config.http.path)}, backend {config.backend}, "
+        f"tokens: {', '.join(tokens.tenants)} ({info})"
+    )
     anyio.run(
         lambda: serve_http(config, tokens, sock=sock, log_level=level, ready=lambda: print_stderr(announce))
     )

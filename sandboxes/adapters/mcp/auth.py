@@ -218,13 +218,23 @@ class HttpGuard:
             _is_ip_literal(name) or name.lower() == "localhost" or _matches(host, self.allowed_hosts)
         ):
             logger.warning("refused a request for Host %r", host)
-            return (421, BAD_HOST, f"this server does not answer to the Host {host!r} (DNS rebinding protection); "
-                    "list the name in http.allowed_hosts to allow it", [])  # fmt: skip
+            return (
+                421,
+                BAD_HOST,
+                f"this server does not answer to the Host {host!r} (DNS rebinding protection); "
+                "list the name in http.allowed_hosts to allow it",
+                [],
+            )
         origin = headers.get("origin")
         if origin is not None and not self._origin_allowed(origin):
             logger.warning("refused a request from Origin %r", origin)
-            return (403, FORBIDDEN_ORIGIN, f"requests from the Origin {origin!r} are not allowed (DNS rebinding "
-                    "protection); list it in http.allowed_origins to allow it", [])  # fmt: skip
+            return (
+                403,
+                FORBIDDEN_ORIGIN,
+                f"requests from the Origin {origin!r} are not allowed (DNS rebinding "
+                "protection); list it in http.allowed_origins to allow it",
+                [],
+            )
         return None
 
     def _origin_allowed(self, origin: str) -> bool:
@@ -255,10 +265,13 @@ async def _refuse(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                        *(headers or [])],
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *(headers or []),
+            ],
         }
-    )  # fmt: skip
+    )
     await send({"type": "http.response.body", "body": body})
 
 

@@ -166,8 +166,11 @@ class SandboxMcp:
 
     async def list_sessions(self, ctx: Context) -> SessionList:
         sessions = [SessionInfo(**s.info()) for s in self.manager.list(self.tenant(ctx))]
-        return SessionList(sessions=sessions, max_sessions_per_token=self.config.max_sessions_per_token,
-                           idle_timeout=self.config.idle_timeout)  # fmt: skip
+        return SessionList(
+            sessions=sessions,
+            max_sessions_per_token=self.config.max_sessions_per_token,
+            idle_timeout=self.config.idle_timeout,
+        )
 
     async def upload_file(
         self,
@@ -219,8 +222,13 @@ class SandboxMcp:
                     raise ToolError(f"{path!r} is not UTF-8 text; ask for encoding='base64'") from None
         if text is not None:
             return Downloaded(session_id=session.id, path=path, size=len(data), encoding="text", content=text)
-        return Downloaded(session_id=session.id, path=path, size=len(data), encoding="base64",
-                          content=base64.b64encode(data).decode("ascii"))  # fmt: skip
+        return Downloaded(
+            session_id=session.id,
+            path=path,
+            size=len(data),
+            encoding="base64",
+            content=base64.b64encode(data).decode("ascii"),
+        )
 
     # ------------------------------------------------------------------ the MCP server
 
@@ -231,22 +239,51 @@ class SandboxMcp:
             log_level=log_level,
         )
         add = app.add_tool
-        add(self.run_python, name="run_python", description=self._run_description(),
-            annotations=ToolAnnotations(title="Run Python in a sandbox", open_world_hint=self.config.policy.network))  # fmt: skip
-        add(self.open_session, name="open_session",
-            description="Open a new sandbox session and return its session_id (variables and files are per session).")  # fmt: skip
-        add(self.reset_session, name="reset_session",
-            description="Forget every variable of a session (its working directory's files stay).")  # fmt: skip
-        add(self.close_session, name="close_session",
+        add(
+            self.run_python,
+            name="run_python",
+            description=self._run_description(),
+            annotations=ToolAnnotations(
+                title="Run Python in a sandbox", open_world_hint=self.config.policy.network
+            ),
+        )
+        add(
+            self.open_session,
+            name="open_session",
+            description="Open a new sandbox session and return its session_id (variables and files are per session).",
+        )
+        add(
+            self.reset_session,
+            name="reset_session",
+            description="Forget every variable of a session (its working directory's files stay).",
+        )
+        add(
+            self.close_session,
+            name="close_session",
             description="Close a session: its worker stops, its variables and files are gone.",
-            annotations=ToolAnnotations(destructive_hint=True))  # fmt: skip
-        add(self.list_sessions, name="list_sessions", description="Your open sessions.",
-            annotations=ToolAnnotations(read_only_hint=True))  # fmt: skip
-        add(self.upload_file, name="upload_file", description=(
-            f"Write a file into a session's working directory (at most {self.config.max_file_bytes:,} bytes)."))  # fmt: skip
-        add(self.download_file, name="download_file", description=(
-            f"Read a file from a session's working directory (at most {self.config.max_file_bytes:,} bytes)."),
-            annotations=ToolAnnotations(read_only_hint=True))  # fmt: skip
+            annotations=ToolAnnotations(destructive_hint=True),
+        )
+        add(
+            self.list_sessions,
+            name="list_sessions",
+            description="Your open sessions.",
+            annotations=ToolAnnotations(read_only_hint=True),
+        )
+        add(
+            self.upload_file,
+            name="upload_file",
+            description=(
+                f"Write a file into a session's working directory (at most {self.config.max_file_bytes:,} bytes)."
+            ),
+        )
+        add(
+            self.download_file,
+            name="download_file",
+            description=(
+                f"Read a file from a session's working directory (at most {self.config.max_file_bytes:,} bytes)."
+            ),
+            annotations=ToolAnnotations(read_only_hint=True),
+        )
         return app
 
     def _run_description(self) -> str:
@@ -362,8 +399,13 @@ async def serve_http(
             # them cannot know the names this server answers to when bound to all interfaces.
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
         )
-        guarded = HttpGuard(inner, tokens, max_body=http.max_request_bytes,
-                            allowed_hosts=http.allowed_hosts, allowed_origins=http.allowed_origins)  # fmt: skip
+        guarded = HttpGuard(
+            inner,
+            tokens,
+            max_body=http.max_request_bytes,
+            allowed_hosts=http.allowed_hosts,
+            allowed_origins=http.allowed_origins,
+        )
         server = _server(
             uvicorn.Config(
                 guarded,

@@ -123,8 +123,12 @@ def _watch(server: int, docker_sweep: bool, scratch: str) -> int:
         code = os.WEXITSTATUS(status)
         how = f"exited with {code}"
     if killed or removed or code:
-        print(f"kodeagent mcp watchdog: the server (pid {server}) {how}; killed {killed} leftover "
-              f"process(es), removed {removed} container(s)", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"kodeagent mcp watchdog: the server (pid {server}) {how}; killed {killed} leftover "
+            f"process(es), removed {removed} container(s)",
+            file=sys.stderr,
+            flush=True,
+        )
     return code
 
 
@@ -183,8 +187,12 @@ def _sweep_containers() -> int:
     try:
         done = subprocess.run(
             [sys.executable, "-m", "sandboxes.images", "cleanup"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120, text=True,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=120,
+            text=True,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"kodeagent mcp watchdog: the container sweep failed: {exc}", file=sys.stderr, flush=True)
         return 0
