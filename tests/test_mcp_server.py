@@ -258,12 +258,17 @@ async def test_stdio_cancellation_discards_the_worker_and_the_next_result_says_s
 async def test_stdio_idle_sessions_are_reaped() -> None:
     async with stdio_session("--idle-timeout", "0.5") as session:
         opened = await call(session, "open_session")
+        kept, _, _ = await run(session, "x = 1")  # the default session
         with anyio.fail_after(30):
             while (await call(session, "list_sessions"))["sessions"]:
                 await anyio.sleep(0.2)
         assert "no open session" in await refused(
             session, "run_python", code="1", session_id=opened["session_id"]
         )
+        # A call without a session id gets a new default session, and is told the old one's state is gone.
+        fresh, _, _ = await run(session, "print('again')")
+        assert fresh["session_id"] != kept["session_id"] and fresh["state_lost"]
+        assert not (await run(session, "print(1)"))[0]["state_lost"]
 
 
 async def test_stdio_files_round_trip_bounded(tmp_path: pathlib.Path) -> None:

@@ -38,6 +38,8 @@ class Session:
     busy: int = 0
     cancelled: bool = False
     """The last run was cancelled by the client: its worker was discarded (the next result says state_lost)."""
+    replaces_reaped: bool = False
+    """A default session opened after the tenant's previous one was reaped: its first result says state_lost."""
     lock: anyio.Lock = field(default_factory=anyio.Lock)
 
     def info(self) -> dict[str, Any]:
@@ -72,6 +74,7 @@ class SessionManager:
         self._factory = executor_factory or self._open_executor
         self._sessions: dict[str, Session] = {}
         self._defaults: dict[str, str] = {}  # tenant -> its default session's id
+        self._reaped_defaults: set[str] = set()  # tenants whose default session was reaped while idle
         self._reserved: dict[str, int] = {}  # tenant -> sessions being opened (counted against the caps)
         self._default_lock = anyio.Lock()
         self._task_group: anyio.abc.TaskGroup | None = None
@@ -126,6 +129,8 @@ class SessionManager:
             s for s in self._sessions.values() if not s.busy and now - s.last_used > self.config.idle_timeout
         ]
         for session in idle:
+            if session.default:
+                self._reaped_defaults.add(session.tenant)
             await self._close(session)
         return [s.id for s in idle]
 
@@ -182,6 +187,8 @@ class SessionManager:
             if session_id is not None and session_id in self._sessions:
                 return self._sessions[session_id]
             session = await self.open(tenant, default=True)
+            session.replaces_reaped = tenant in self._reaped_defaults
+            self._reaped_defaults.discard(tenant)
             self._defaults[tenant] = session.id
             return session
 
@@ -227,6 +234,9 @@ class SessionManager:
                 except anyio.get_cancelled_exc_class():
                     session.cancelled = True
                     raise
+                if session.replaces_reaped:  # the variables of the reaped default session are gone
+                    session.replaces_reaped = False
+                    result.state_lost = True
                 session.runs += 1
                 return result, was_cancelled
 
