@@ -37,6 +37,8 @@ from typing import Any
 
 from rich.console import Console
 
+from sandboxes.backends import BACKEND_NAMES
+
 from .common import (
     fmt_ms,
     fmt_ratio,
@@ -51,6 +53,8 @@ from .common import (
 SNIPPET = "print(1)"
 TARGETS_MS = {"warm run": 1.0, "session from the pool": 5.0, "cold session": 50.0}
 WARM_RATIO_TARGET = 10.0
+ALL_BACKENDS = tuple(name for name in BACKEND_NAMES if name != "ray")
+"""What `--backend all` measures: every backend but Ray, whose rows start a local cluster (asked for by name)."""
 POOL_REFILL_WAIT = 5.0
 """Longest wait for the pool to refill between two pool-open samples (so each sample is a pool hit)."""
 
@@ -253,7 +257,7 @@ def other_backend_rows(backend: str, n: int) -> tuple[list[dict[str, Any]], str 
 # ---------------------------------------------------------------------- the benchmark
 
 
-def run(*, backends: Sequence[str] = ("host", "docker", "e2b"), n: int = 500, sessions: int = 30,
+def run(*, backends: Sequence[str] = ALL_BACKENDS, n: int = 500, sessions: int = 30,
         baseline_n: int = 100, other_n: int = 100, console: Console | None = None) -> dict[str, Any]:  # fmt: skip
     """Measure every requested backend; return the JSON-ready result."""
     console = console or make_console()
@@ -323,7 +327,7 @@ def report(console: Console, result: dict[str, Any]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="all", choices=["all", "host", "docker", "e2b", "ray"],
+    parser.add_argument("--backend", default="all", choices=["all", *BACKEND_NAMES],
                         help="which backend to measure (default all that are available)")  # fmt: skip
     parser.add_argument("--n", type=int, default=500, help="warm runs measured (default 500)")
     parser.add_argument(
@@ -342,7 +346,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def execute(args: argparse.Namespace) -> int:
     """Run from parsed arguments; exit 0 when the measurements were taken (targets are only reported)."""
     console = make_console(args.json)
-    backends = ("host", "docker", "e2b") if args.backend == "all" else (args.backend,)
+    backends = ALL_BACKENDS if args.backend == "all" else (args.backend,)
     result = run(backends=backends, n=args.n, sessions=args.sessions, baseline_n=args.baseline_n,
                  other_n=args.other_n, console=console)  # fmt: skip
     publish("latency", result, args, console, report)
