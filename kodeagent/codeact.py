@@ -1,6 +1,6 @@
 """`CodeActAgent`: thought and code, or a final answer. The code runs in a `sandboxes` executor.
 
-One executor is opened per run (in `pre_run`) and closed when the run ends, however it ends; its
+One executor is opened per run (in `pre_run`, held by its `AgentRun`) and closed when the run ends; its
 session keeps state between steps. Tools are handed to the executor as functions that run here, in
 the agent's process, with their arguments validated. The observation the model gets is built from
 the `ExecutionResult` (see `observation.py`). Nothing the code prints is ever parsed as the model's
@@ -19,8 +19,6 @@ import re
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
-from sandboxes.backends import BACKEND_NAMES, BackendName
-
 from . import prompts
 from .agent import Agent, FinalAnswer, StepReply
 from .errors import ConfigurationError, ResponseParseError
@@ -35,11 +33,19 @@ from .usage import CALLER_USAGE
 
 if TYPE_CHECKING:
     from sandboxes import ExecutionResult, Executor
+    from sandboxes.backends import BackendName as RunEnv  # where CodeAct code runs: a backend, by name
 
 __all__ = ["CodeActAgent", "RunEnv", "cut_stream", "format_observation", "split_packages"]
 
-RunEnv = BackendName
-"""Where CodeAct code runs: a `sandboxes` backend, by name (the one list is `sandboxes.backends.BACKEND_NAMES`)."""
+
+def __getattr__(name: str) -> Any:
+    # `RunEnv` is sandboxes' one list of backends (`BackendName`), loaded on first use so that
+    # `import kodeagent` does not import sandboxes.
+    if name == "RunEnv":
+        from sandboxes.backends import BackendName
+
+        return BackendName
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CodeActAgent(Agent):
@@ -71,6 +77,8 @@ class CodeActAgent(Agent):
         executor_options: dict[str, Any] | None = None,
         **options: Unpack[AgentOptions],
     ) -> None:
+        from sandboxes.backends import BACKEND_NAMES
+
         super().__init__(model_name, **options)
         if run_env not in BACKEND_NAMES:
             *others, last = (repr(name) for name in BACKEND_NAMES)
