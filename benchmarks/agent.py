@@ -114,8 +114,9 @@ def convert_currency(amount: float, from_currency: str, to_currency: str) -> flo
         return amount * RATES[pair]
     if pair[::-1] in RATES:
         return amount / RATES[pair[::-1]]
-    raise ValueError(f"no direct rate for {pair[0]}->{pair[1]}; quoted pairs: "
-                     + ", ".join(f"{a}-{b}" for a, b in RATES))  # fmt: skip
+    raise ValueError(
+        f"no direct rate for {pair[0]}->{pair[1]}; quoted pairs: " + ", ".join(f"{a}-{b}" for a, b in RATES)
+    )
 
 
 def get_population(city: str) -> int:
@@ -149,8 +150,15 @@ def get_forecast(city: str) -> list[float]:
     return list(FORECAST_C[_known(FORECAST_C, city, "city")])
 
 
-TOOLS: list[Callable[..., Any]] = [get_price, get_stock, list_products, convert_currency, get_population,
-                                   get_distance_km, get_forecast]  # fmt: skip
+TOOLS: list[Callable[..., Any]] = [
+    get_price,
+    get_stock,
+    list_products,
+    convert_currency,
+    get_population,
+    get_distance_km,
+    get_forecast,
+]
 
 
 @dataclass(frozen=True)
@@ -167,8 +175,11 @@ def _tool_tasks() -> list[ToolTask]:
     p, s = PRICES_USD, STOCK
     eur = (12 * p["apple"] + 7 * p["cherry"]) * RATES[("USD", "EUR")]
     value = s["apple"] * p["apple"] + s["banana"] * p["banana"]
-    trip = DISTANCE_KM[frozenset({"Paris", "Berlin"})] + DISTANCE_KM[frozenset({"Berlin", "Madrid"})] + \
-        DISTANCE_KM[frozenset({"Madrid", "Paris"})]  # fmt: skip
+    trip = (
+        DISTANCE_KM[frozenset({"Paris", "Berlin"})]
+        + DISTANCE_KM[frozenset({"Berlin", "Madrid"})]
+        + DISTANCE_KM[frozenset({"Madrid", "Paris"})]
+    )
     oslo = sum(FORECAST_C["Oslo"]) / 7
     gbp = 1000 * RATES[("JPY", "USD")] * RATES[("USD", "EUR")] * RATES[("EUR", "GBP")]
     swing = max(("Paris", "Berlin", "Oslo"), key=lambda c: max(FORECAST_C[c]) - min(FORECAST_C[c]))
@@ -185,14 +196,14 @@ def _tool_tasks() -> list[ToolTask]:
             "tools/1",
             "Which of Paris, Berlin and Madrid has the largest population? Answer with the city name.",
             max(("Paris", "Berlin", "Madrid"), key=POPULATION.__getitem__),
-        ),  # fmt: skip
+        ),
         ToolTask(
             "tools/2",
             "What is the average forecast high in Oslo over the next 7 days, in Celsius, "
             "rounded to 1 decimal?",
             round(oslo, 1),
             0.051,
-        ),  # fmt: skip
+        ),
         ToolTask("tools/3", "How many km is the round trip Paris -> Berlin -> Madrid -> Paris?", trip),
         ToolTask("tools/4", "What is the total value in USD of all apples and bananas in stock?", value),
         ToolTask("tools/5", "Convert 1000 JPY to GBP. Round to 2 decimals.", round(gbp, 2)),
@@ -201,12 +212,12 @@ def _tool_tasks() -> list[ToolTask]:
             "Among Paris, Berlin and Oslo, which city has the largest difference between its "
             "warmest and coldest forecast day? Answer with the city name.",
             swing,
-        ),  # fmt: skip
+        ),
         ToolTask(
             "tools/7",
             "List every product that costs less than 2 USD per unit, alphabetically, separated by commas.",
             cheap,
-        ),  # fmt: skip
+        ),
         ToolTask(
             "tools/8", "What is the total value in USD of the whole stock (every product)?", in_stock_value
         ),
@@ -216,7 +227,7 @@ def _tool_tasks() -> list[ToolTask]:
             "Round to the nearest whole number.",
             float(round(per_km)),
             0.51,
-        ),  # fmt: skip
+        ),
     ]
 
 
@@ -283,8 +294,14 @@ async def grade_humaneval(problem: dict[str, Any], answer: Any, backend: str) ->
 # ---------------------------------------------------------------------- running agents
 
 
-def make_agent(kind: str, model: str, backend: str, tools: list[Callable[..., Any]], max_iterations: int,
-               litellm_params: dict[str, Any]) -> Any:  # fmt: skip
+def make_agent(
+    kind: str,
+    model: str,
+    backend: str,
+    tools: list[Callable[..., Any]],
+    max_iterations: int,
+    litellm_params: dict[str, Any],
+) -> Any:
     from kodeagent import CodeActAgent, ReActAgent
 
     common: dict[str, Any] = {
@@ -314,13 +331,29 @@ async def run_one(agent: Any, task: str) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - a crashed run is a failed task, recorded with its reason
         error = f"{type(exc).__name__}: {exc}"
     usage = agent.usage_tracker.metrics()["total"]
-    return {"answer": final, "claimed_success": claimed, "steps": steps, "seconds": time.perf_counter() - started,
-            "tokens": usage["total_tokens"], "cost": usage["cost"], "calls": usage["calls"], "error": error}  # fmt: skip
+    return {
+        "answer": final,
+        "claimed_success": claimed,
+        "steps": steps,
+        "seconds": time.perf_counter() - started,
+        "tokens": usage["total_tokens"],
+        "cost": usage["cost"],
+        "calls": usage["calls"],
+        "error": error,
+    }
 
 
-def run(*, model: str, agents: Sequence[str] = ("codeact", "react"), task_sets: Sequence[str] = ("humaneval", "tools"),
-        backend: str = "host", limit: int | None = 20, max_iterations: int = 8, api_base: str | None = None,
-        console: Console | None = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    *,
+    model: str,
+    agents: Sequence[str] = ("codeact", "react"),
+    task_sets: Sequence[str] = ("humaneval", "tools"),
+    backend: str = "host",
+    limit: int | None = 20,
+    max_iterations: int = 8,
+    api_base: str | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
     """Run every agent on every task; return the JSON-ready result."""
     import anyio
 
@@ -337,8 +370,14 @@ def run(*, model: str, agents: Sequence[str] = ("codeact", "react"), task_sets: 
             async def grade_code(answer: Any, p: dict[str, Any] = problem) -> tuple[bool, str]:
                 return await grade_humaneval(p, answer, backend)
 
-            work.append(("humaneval", problem["task_id"], HUMANEVAL_TEMPLATE.format(prompt=problem["prompt"]),
-                         grade_code))  # fmt: skip
+            work.append(
+                (
+                    "humaneval",
+                    problem["task_id"],
+                    HUMANEVAL_TEMPLATE.format(prompt=problem["prompt"]),
+                    grade_code,
+                )
+            )
     if "tools" in task_sets:
         for tool_task in TOOL_TASKS[: limit if limit else None]:
 
@@ -360,15 +399,28 @@ def run(*, model: str, agents: Sequence[str] = ("codeact", "react"), task_sets: 
                     passed, verdict = await grader(outcome["answer"])
                 else:
                     passed, verdict = False, outcome["error"] or "no final answer"
-                records.append({"agent": kind, "task_set": task_set, "task_id": task_id, "passed": passed,
-                                "verdict": verdict[:300], **{k: v for k, v in outcome.items() if k != "answer"},
-                                "answer": str(outcome["answer"])[:2000]})  # fmt: skip
+                records.append(
+                    {
+                        "agent": kind,
+                        "task_set": task_set,
+                        "task_id": task_id,
+                        "passed": passed,
+                        "verdict": verdict[:300],
+                        **{k: v for k, v in outcome.items() if k != "answer"},
+                        "answer": str(outcome["answer"])[:2000],
+                    }
+                )
                 advance(1)
 
     with progress(console, f"agents on {model}", len(work) * len(agents)) as advance:
         anyio.run(all_runs, advance)
-    return {"model": model, "backend": backend, "max_iterations": max_iterations, "records": records,
-            "summary": summarise(records)}  # fmt: skip
+    return {
+        "model": model,
+        "backend": backend,
+        "max_iterations": max_iterations,
+        "records": records,
+        "summary": summarise(records),
+    }
 
 
 def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -378,25 +430,42 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         groups.setdefault((record["agent"], record["task_set"]), []).append(record)
     rows = []
     for (agent, task_set), group in groups.items():
-        rows.append({
-            "agent": agent, "task_set": task_set, "tasks": len(group),
-            "passed": sum(r["passed"] for r in group),
-            "success_rate": sum(r["passed"] for r in group) / len(group),
-            "mean_steps": sum(r["steps"] for r in group) / len(group),
-            "tokens": sum(r["tokens"] for r in group),
-            "cost": None if any(r["cost"] is None for r in group) else sum(r["cost"] for r in group),
-            "wall_seconds": sum(r["seconds"] for r in group),
-            "per_task": summarize([r["seconds"] for r in group]),
-        })  # fmt: skip
+        rows.append(
+            {
+                "agent": agent,
+                "task_set": task_set,
+                "tasks": len(group),
+                "passed": sum(r["passed"] for r in group),
+                "success_rate": sum(r["passed"] for r in group) / len(group),
+                "mean_steps": sum(r["steps"] for r in group) / len(group),
+                "tokens": sum(r["tokens"] for r in group),
+                "cost": None if any(r["cost"] is None for r in group) else sum(r["cost"] for r in group),
+                "wall_seconds": sum(r["seconds"] for r in group),
+                "per_task": summarize([r["seconds"] for r in group]),
+            }
+        )
     return rows
 
 
 def report(console: Console, result: dict[str, Any]) -> None:
-    rows = [[f"{s['agent']} / {s['task_set']}", f"{s['passed']}/{s['tasks']}", f"{s['success_rate']:.0%}",
-             f"{s['mean_steps']:.1f}", f"{s['tokens']:,}", "unknown" if s["cost"] is None else f"${s['cost']:.4f}", f"{s['wall_seconds']:.1f} s"]
-            for s in result["summary"]]  # fmt: skip
-    print_table(console, f"Agents on {result['model']} (code runs on {result['backend']})",
-                ["agent / tasks", "passed", "success", "steps", "tokens", "cost", "wall time"], rows)  # fmt: skip
+    rows = [
+        [
+            f"{s['agent']} / {s['task_set']}",
+            f"{s['passed']}/{s['tasks']}",
+            f"{s['success_rate']:.0%}",
+            f"{s['mean_steps']:.1f}",
+            f"{s['tokens']:,}",
+            "unknown" if s["cost"] is None else f"${s['cost']:.4f}",
+            f"{s['wall_seconds']:.1f} s",
+        ]
+        for s in result["summary"]
+    ]
+    print_table(
+        console,
+        f"Agents on {result['model']} (code runs on {result['backend']})",
+        ["agent / tasks", "passed", "success", "steps", "tokens", "cost", "wall time"],
+        rows,
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -435,10 +504,16 @@ def _split(value: str, allowed: Sequence[str], what: str) -> list[str]:
 def execute(args: argparse.Namespace) -> int:
     """Exit 0 when the runs completed (the success rates are the result, not a pass/fail)."""
     console = make_console(args.json)
-    result = run(model=args.model, agents=_split(args.agents, ("codeact", "react"), "--agents"),
-                 task_sets=_split(args.tasks, ("humaneval", "tools"), "--tasks"), backend=args.backend,
-                 limit=args.limit or None, max_iterations=args.max_iterations, api_base=args.api_base,
-                 console=console)  # fmt: skip
+    result = run(
+        model=args.model,
+        agents=_split(args.agents, ("codeact", "react"), "--agents"),
+        task_sets=_split(args.tasks, ("humaneval", "tools"), "--tasks"),
+        backend=args.backend,
+        limit=args.limit or None,
+        max_iterations=args.max_iterations,
+        api_base=args.api_base,
+        console=console,
+    )
     publish("agent", result, args, console, report)
     return 0
 

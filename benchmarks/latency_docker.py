@@ -163,13 +163,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(to_json(result))
     rows = [
-        [r["name"], r["n"], fmt_ms(r["p50_ms"]), fmt_ms(r["p95_ms"]), r.get("baseline", ""),
-         fmt_ratio(r["speedup_p50"]) if "speedup_p50" in r else "",
-         (("yes" if r["meets_target"] else "NO") + f" (<= {r['target_p50_ms']:g} ms)") if "meets_target" in r else ""]
+        [
+            r["name"],
+            r["n"],
+            fmt_ms(r["p50_ms"]),
+            fmt_ms(r["p95_ms"]),
+            r.get("baseline", ""),
+            fmt_ratio(r["speedup_p50"]) if "speedup_p50" in r else "",
+            (("yes" if r["meets_target"] else "NO") + f" (<= {r['target_p50_ms']:g} ms)")
+            if "meets_target" in r
+            else "",
+        ]
         for r in result["rows"]
-    ]  # fmt: skip
-    print_table(console, "Docker backend latency", ["measurement", "n", "p50", "p95", "baseline", "p50 speedup",
-                "target p50"], rows, note=f"result: {path}")  # fmt: skip
+    ]
+    print_table(
+        console,
+        "Docker backend latency",
+        ["measurement", "n", "p50", "p95", "baseline", "p50 speedup", "target p50"],
+        rows,
+        note=f"result: {path}",
+    )
     return 0
 
 

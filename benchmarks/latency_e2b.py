@@ -26,6 +26,7 @@ import math
 import struct
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,7 @@ class _BareRunner:
         self.frames = bytearray()
         self.output = bytearray()
 
-    async def start(self, command: str, init: dict[str, Any], files: list[tuple[str, bytes]]) -> None:
+    async def start(self, command: str, init: Mapping[str, Any], files: list[tuple[str, bytes]]) -> None:
         api = await _RawConnection.open(self.standin.api_url)
         body = json.dumps({"templateID": "base", "timeout": 600}).encode()
         created = json.loads(
@@ -166,7 +167,7 @@ class _BareRunner:
                     return dict(message["event"])
             self.frames += await self.stream.read_chunk()
 
-    async def round_trip(self, message: dict[str, Any]) -> dict[str, Any]:
+    async def round_trip(self, message: Mapping[str, Any]) -> dict[str, Any]:
         line = json.dumps(message).encode() + b"\n"
         body = json.dumps({"process": {"pid": self.pid}, "input": {"stdin": base64.b64encode(line).decode()}})
         unary = {**self.headers, "Content-Type": "application/json", "Connect-Protocol-Version": "1"}
@@ -197,7 +198,7 @@ async def _measure(standin: Any, n: int, open_n: int) -> dict[str, list[float]]:
 
         bare = _BareRunner(standin)
         files = [(f"{REMOTE_RUNTIME}/{name}", data) for name, data in await _runtime_files()]
-        await bare.start(ex._runner_command(), ex._init_message(), files)
+        await bare.start(ex._runner_command(), ex._runner_init(), files)
         request = {"op": "run", "code": CODE}
         for _ in range(20):
             await bare.round_trip(request)
@@ -259,12 +260,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(to_json(result))
     rows = [
-        [r["name"], r["n"], fmt_ms(r["p50_ms"]), fmt_ms(r["p95_ms"]), r.get("baseline", ""),
-         (("yes" if r["meets_target"] else "NO") + f" (< {r['target_p50_ms']:g} ms)") if "meets_target" in r else ""]
+        [
+            r["name"],
+            r["n"],
+            fmt_ms(r["p50_ms"]),
+            fmt_ms(r["p95_ms"]),
+            r.get("baseline", ""),
+            (("yes" if r["meets_target"] else "NO") + f" (< {r['target_p50_ms']:g} ms)")
+            if "meets_target" in r
+            else "",
+        ]
         for r in result["rows"]
-    ]  # fmt: skip
-    print_table(console, "E2B backend latency (loopback stand-in)", ["measurement", "n", "p50", "p95", "baseline",
-                "target"], rows, note=f"result: {path}")  # fmt: skip
+    ]
+    print_table(
+        console,
+        "E2B backend latency (loopback stand-in)",
+        ["measurement", "n", "p50", "p95", "baseline", "target"],
+        rows,
+        note=f"result: {path}",
+    )
     return 0
 
 

@@ -59,14 +59,19 @@ class LocalCluster:
         from ray.cluster_utils import Cluster
 
         self.per_node = per_node
-        head = {"num_cpus": 1, "resources": {"kodeagent_sandbox": 0}, "object_store_memory": OBJECT_STORE_BYTES,
-                "include_dashboard": False}  # fmt: skip
+        head = {
+            "num_cpus": 1,
+            "resources": {"kodeagent_sandbox": 0},
+            "object_store_memory": OBJECT_STORE_BYTES,
+            "include_dashboard": False,
+        }
         self.cluster = Cluster(initialize_head=True, head_node_args=head, shutdown_at_exit=False)
         ray.init(address=self.cluster.address, logging_level=logging.WARNING, log_to_driver=False)
 
     def add_node(self) -> str:
-        node = self.cluster.add_node(num_cpus=1, resources={"kodeagent_sandbox": self.per_node},
-                                     object_store_memory=OBJECT_STORE_BYTES)  # fmt: skip
+        node = self.cluster.add_node(
+            num_cpus=1, resources={"kodeagent_sandbox": self.per_node}, object_store_memory=OBJECT_STORE_BYTES
+        )
         self.cluster.wait_for_nodes()
         return str(node.node_id)
 
@@ -90,8 +95,10 @@ async def warm_runs(n: int, code: str, tools: dict[str, Any] | None = None) -> d
     from sandboxes.backends.ray import RayExecutor
 
     samples: dict[str, list[float]] = {"ray": [], "host": []}
-    async with RayExecutor(node_backend="host", timeout=30, tools=tools) as remote, \
-            HostExecutor(timeout=30, tools=tools) as local:  # fmt: skip
+    async with (
+        RayExecutor(node_backend="host", timeout=30, tools=tools) as remote,
+        HostExecutor(timeout=30, tools=tools) as local,
+    ):
         for _ in range(20):  # warm-up: imports, caches, first calls
             await remote.run(code)
             await local.run(code)
@@ -116,8 +123,10 @@ async def session_opens(sessions: int, linger: float, settle: float = 0.15) -> d
     ray_backend.LINGER = linger
     samples: dict[str, list[float]] = {"ray": [], "host": []}
     for _ in range(sessions + 3):
-        for name, make in (("ray", lambda: RayExecutor(node_backend="host", timeout=30)),
-                           ("host", lambda: HostExecutor(timeout=30))):  # fmt: skip
+        for name, make in (
+            ("ray", lambda: RayExecutor(node_backend="host", timeout=30)),
+            ("host", lambda: HostExecutor(timeout=30)),
+        ):
             await anyio.sleep(settle)
             executor = make()
             started = time.perf_counter()
@@ -178,8 +187,14 @@ async def throughput(backend: str, code: str, programs: int, concurrency: int) -
 # ---------------------------------------------------------------------- the benchmark
 
 
-def run(*, n: int = 300, sessions: int = 30, programs: int = 96, per_node: int | None = None,
-        console: Console | None = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    *,
+    n: int = 300,
+    sessions: int = 30,
+    programs: int = 96,
+    per_node: int | None = None,
+    console: Console | None = None,
+) -> dict[str, Any]:
     """Start a local cluster, measure, shut it down; return the JSON-ready result."""
     from sandboxes.backends.ray import capacity
 
@@ -195,14 +210,24 @@ def run(*, n: int = 300, sessions: int = 30, programs: int = 96, per_node: int |
     cluster = LocalCluster(per_node)
     try:
         cluster.add_node()
-        result: dict[str, Any] = {"cpus": cpus, "per_node": per_node, "cluster_start_s": time.perf_counter() - started,
-                                  "rows": [], "throughput": []}  # fmt: skip
+        result: dict[str, Any] = {
+            "cpus": cpus,
+            "per_node": per_node,
+            "cluster_start_s": time.perf_counter() - started,
+            "rows": [],
+            "throughput": [],
+        }
 
         def pair(name: str, samples: dict[str, list[float]], baseline: str, target: bool = False) -> None:
             ray_stats, host_stats = summarize(samples["ray"]), summarize(samples["host"])
             overhead = ray_stats["p50_ms"] - host_stats["p50_ms"]
-            entry = {"name": f"ray: {name}", **ray_stats, "overhead_p50_ms": overhead,
-                     "overhead_p95_ms": ray_stats["p95_ms"] - host_stats["p95_ms"], "baseline": baseline}  # fmt: skip
+            entry = {
+                "name": f"ray: {name}",
+                **ray_stats,
+                "overhead_p50_ms": overhead,
+                "overhead_p95_ms": ray_stats["p95_ms"] - host_stats["p95_ms"],
+                "baseline": baseline,
+            }
             if target:
                 entry["target"] = f"p50 <= host + {OVERHEAD_TARGET_MS:g} ms"
                 entry["meets_target"] = overhead <= OVERHEAD_TARGET_MS
@@ -212,24 +237,40 @@ def run(*, n: int = 300, sessions: int = 30, programs: int = 96, per_node: int |
         pair("warm run", anyio.run(warm_runs, n, "print(1)"), "warm run", target=True)
         log(f"runs with a tool call ({max(n // 3, 10)} each)")
         tools = {"f": lambda x: x + 1}
-        pair("run with a tool call", anyio.run(warm_runs, max(n // 3, 10), "print(f(1))", tools),
-             "run with a tool call")  # fmt: skip
+        pair(
+            "run with a tool call",
+            anyio.run(warm_runs, max(n // 3, 10), "print(f(1))", tools),
+            "run with a tool call",
+        )
         from sandboxes.backends import raycluster as ray_backend
 
         linger = ray_backend.LINGER
         log(f"session opens ({sessions} each), a new reservation each")
-        pair("session open, warm node, new reservation", anyio.run(session_opens, sessions, 0.0),
-             "session from the pool")  # fmt: skip
+        pair(
+            "session open, warm node, new reservation",
+            anyio.run(session_opens, sessions, 0.0),
+            "session from the pool",
+        )
         log(f"session opens ({sessions} each), reusing the last reservation")
-        pair("session open, warm node, reservation reused", anyio.run(session_opens, sessions, linger),
-             "session from the pool")  # fmt: skip
+        pair(
+            "session open, warm node, reservation reused",
+            anyio.run(session_opens, sessions, linger),
+            "session from the pool",
+        )
 
         for workload, code in WORKLOADS.items():
             log(f"throughput, {workload}: {programs} programs on the host backend, concurrency {cpus}")
             seconds, cpu = anyio.run(throughput, "host", code, programs, cpus)
-            result["throughput"].append({"workload": workload, "setup": "host backend, this process",
-                                         "capacity": cpus, "programs": programs, "seconds": seconds,
-                                         "driver_cpu_s": cpu})  # fmt: skip
+            result["throughput"].append(
+                {
+                    "workload": workload,
+                    "setup": "host backend, this process",
+                    "capacity": cpus,
+                    "programs": programs,
+                    "seconds": seconds,
+                    "driver_cpu_s": cpu,
+                }
+            )
         for nodes in (1, 2):
             if nodes == 2:
                 log("adding a second sandbox node")
@@ -240,13 +281,23 @@ def run(*, n: int = 300, sessions: int = 30, programs: int = 96, per_node: int |
             for workload, code in WORKLOADS.items():
                 log(f"throughput, {workload}: {programs} programs on {nodes} node(s), concurrency {total}")
                 seconds, cpu = anyio.run(throughput, "ray", code, programs, total)
-                result["throughput"].append({"workload": workload, "setup": f"ray, {nodes} sandbox node(s)",
-                                             "capacity": total, "programs": programs, "seconds": seconds,
-                                             "driver_cpu_s": cpu})  # fmt: skip
+                result["throughput"].append(
+                    {
+                        "workload": workload,
+                        "setup": f"ray, {nodes} sandbox node(s)",
+                        "capacity": total,
+                        "programs": programs,
+                        "seconds": seconds,
+                        "driver_cpu_s": cpu,
+                    }
+                )
         for entry in result["throughput"]:
             entry["programs_per_s"] = entry["programs"] / entry["seconds"]
-            base = next(t for t in result["throughput"]
-                        if t["workload"] == entry["workload"] and t["setup"].startswith("host"))  # fmt: skip
+            base = next(
+                t
+                for t in result["throughput"]
+                if t["workload"] == entry["workload"] and t["setup"].startswith("host")
+            )
             entry["vs_host"] = entry["programs_per_s"] / base["programs_per_s"]
     finally:
         cluster.shutdown()
@@ -264,9 +315,15 @@ def ray_latency_rows(n: int) -> list[dict[str, Any]]:
         cluster.add_node()
         warm = anyio.run(warm_runs, n, "print(1)")
         host_p50 = summarize(warm["host"])["p50_ms"]
-        rows.append({"name": "warm run (node backend host)", **summarize(warm["ray"]), "baseline": "host warm run",
-                     "target_p50_ms": round(host_p50 + OVERHEAD_TARGET_MS, 2),
-                     "meets_target": summarize(warm["ray"])["p50_ms"] <= host_p50 + OVERHEAD_TARGET_MS})  # fmt: skip
+        rows.append(
+            {
+                "name": "warm run (node backend host)",
+                **summarize(warm["ray"]),
+                "baseline": "host warm run",
+                "target_p50_ms": round(host_p50 + OVERHEAD_TARGET_MS, 2),
+                "meets_target": summarize(warm["ray"])["p50_ms"] <= host_p50 + OVERHEAD_TARGET_MS,
+            }
+        )
         rows.append({"name": "host warm run", **summarize(warm["host"])})
         opens = anyio.run(session_opens, max(n // 10, 10), raycluster.LINGER)
         rows.append(
@@ -293,25 +350,57 @@ def report(console: Console, result: dict[str, Any]) -> None:
         target = ""
         if "target" in entry:
             target = f"{entry['target']}: {'met' if entry['meets_target'] else 'NOT met'}"
-        rows.append([entry["name"], str(entry["n"]), fmt_ms(entry["p50_ms"]), fmt_ms(entry["p95_ms"]), comparison,
-                     target])  # fmt: skip
-    note = (f"local cluster on {result['cpus']} cores: a head node (no sandboxes) and sandbox nodes of "
-            f"{result['per_node']}, started in {result['cluster_start_s']:.1f} s; host rows: the same "
-            "measurement on the host backend in this process, interleaved")  # fmt: skip
-    print_table(console, "Ray backend latency", ["measurement", "n", "p50", "p95", "comparison", "target"], rows,
-                note, left=(0, 4, 5))  # fmt: skip
-    rows = [[t["workload"], t["setup"], str(t["capacity"]), str(t["programs"]), f"{t['seconds']:.2f} s",
-             f"{t['programs_per_s']:.1f}/s", fmt_ratio(t["vs_host"]),
-             fmt_ms(1000 * t["driver_cpu_s"] / t["programs"])] for t in result["throughput"]]  # fmt: skip
-    note = ("each program in a fresh session (open, run, close), as many at once as the capacity; every node "
-            f"of this local cluster shares the same {result['cpus']} cores, so the cpu workload is CPU-bound "
-            "here and more nodes cannot speed it up; the wait workload shows the capacity scaling; driver CPU: "
-            "what this process spent per program (with the host backend it includes the sandboxes' own "
-            "start-up and kill, which ray moves to the nodes)")  # fmt: skip
-    print_table(console, "Ray backend throughput",
-                ["workload", "setup", "capacity", "programs", "wall", "throughput", "vs host", "driver CPU/program"],
-                rows, note,
-                left=(0, 1))  # fmt: skip
+        rows.append(
+            [
+                entry["name"],
+                str(entry["n"]),
+                fmt_ms(entry["p50_ms"]),
+                fmt_ms(entry["p95_ms"]),
+                comparison,
+                target,
+            ]
+        )
+    note = (
+        f"local cluster on {result['cpus']} cores: a head node (no sandboxes) and sandbox nodes of "
+        f"{result['per_node']}, started in {result['cluster_start_s']:.1f} s; host rows: the same "
+        "measurement on the host backend in this process, interleaved"
+    )
+    print_table(
+        console,
+        "Ray backend latency",
+        ["measurement", "n", "p50", "p95", "comparison", "target"],
+        rows,
+        note,
+        left=(0, 4, 5),
+    )
+    rows = [
+        [
+            t["workload"],
+            t["setup"],
+            str(t["capacity"]),
+            str(t["programs"]),
+            f"{t['seconds']:.2f} s",
+            f"{t['programs_per_s']:.1f}/s",
+            fmt_ratio(t["vs_host"]),
+            fmt_ms(1000 * t["driver_cpu_s"] / t["programs"]),
+        ]
+        for t in result["throughput"]
+    ]
+    note = (
+        "each program in a fresh session (open, run, close), as many at once as the capacity; every node "
+        f"of this local cluster shares the same {result['cpus']} cores, so the cpu workload is CPU-bound "
+        "here and more nodes cannot speed it up; the wait workload shows the capacity scaling; driver CPU: "
+        "what this process spent per program (with the host backend it includes the sandboxes' own "
+        "start-up and kill, which ray moves to the nodes)"
+    )
+    print_table(
+        console,
+        "Ray backend throughput",
+        ["workload", "setup", "capacity", "programs", "wall", "throughput", "vs host", "driver CPU/program"],
+        rows,
+        note,
+        left=(0, 1),
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

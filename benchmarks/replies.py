@@ -173,10 +173,17 @@ def run(*, agents: Sequence[str] = ("codeact", "react"), shapes: Sequence[str] =
         if reply.agent not in agents or (shapes and not any(s in reply.shape for s in shapes)):
             continue
         verdict = judge(built[reply.agent], reply)
-        items.append({
-            "agent": reply.agent, "name": reply.name, "shape": reply.shape, "expect": reply.expect,
-            "outcome": verdict.outcome, "detail": verdict.detail, "parsed": verdict.parsed,
-        })  # fmt: skip
+        items.append(
+            {
+                "agent": reply.agent,
+                "name": reply.name,
+                "shape": reply.shape,
+                "expect": reply.expect,
+                "outcome": verdict.outcome,
+                "detail": verdict.detail,
+                "parsed": verdict.parsed,
+            }
+        )
     totals = {o: sum(i["outcome"] == o for i in items) for o in OUTCOMES}
     must_read = [i for i in items if i["expect"] == "read"]
     return {
@@ -212,19 +219,37 @@ def report(console: Console, result: dict[str, Any]) -> None:
         f"problem; must-read replies read: {result['must_read_read']}/{result['must_read']}; "
         f"must-refuse replies: {result['must_refuse']}"
     )
-    print_table(console, "Replies corpus", ["shape", "agent", "n", *OUTCOMES], summary_rows(result),
-                note=note, left=(0, 1))  # fmt: skip
+    print_table(
+        console,
+        "Replies corpus",
+        ["shape", "agent", "n", *OUTCOMES],
+        summary_rows(result),
+        note=note,
+        left=(0, 1),
+    )
     for item in result["items"]:
         if item["outcome"] != "read as intended":
-            console.print(f"  {item['outcome'].upper()}: {item['agent']}/{item['name']}: {item['detail'][:200]}",
-                          markup=False, highlight=False)  # fmt: skip
+            console.print(
+                f"  {item['outcome'].upper()}: {item['agent']}/{item['name']}: {item['detail'][:200]}",
+                markup=False,
+                highlight=False,
+            )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--agent", action="append", choices=["codeact", "react"],
-                        help="only this agent's replies (repeatable; default both)")  # fmt: skip
-    parser.add_argument("--shape", action="append", default=[], metavar="TEXT",
-                        help="only shapes containing TEXT (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "--agent",
+        action="append",
+        choices=["codeact", "react"],
+        help="only this agent's replies (repeatable; default both)",
+    )
+    parser.add_argument(
+        "--shape",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="only shapes containing TEXT (repeatable)",
+    )
     parser.add_argument(
         "--output", metavar="PATH", help="result JSON path (default results/replies-<time>.json)"
     )

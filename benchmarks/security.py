@@ -80,8 +80,15 @@ def load_corpus(directory: Path = CORPUS) -> tuple[list[Attack], list[Benign]]:
         for entry in data.get("attack", []):
             if entry.get("effect") not in EFFECTS:
                 raise ValueError(f"{path.name}: {entry.get('name')!r} has effect {entry.get('effect')!r}")
-            attacks.append(Attack(path.stem, entry["name"], entry["effect"], entry["code"],
-                                  float(entry.get("timeout", DEFAULT_TIMEOUT))))  # fmt: skip
+            attacks.append(
+                Attack(
+                    path.stem,
+                    entry["name"],
+                    entry["effect"],
+                    entry["code"],
+                    float(entry.get("timeout", DEFAULT_TIMEOUT)),
+                )
+            )
         for entry in data.get("benign", []):
             benign.append(Benign(entry["name"], entry["code"], entry["expected"]))
     return attacks, benign
@@ -154,8 +161,12 @@ class Targets:
         return self.directory / f"canary-{self._counter}"
 
     def render(self, code: str, canary: Path) -> str:
-        return (code.replace("@CANARY@", str(canary)).replace("@SECRET_FILE@", str(self.secret_file))
-                .replace("@PORT@", str(self.listener.port)).replace("@VICTIM_PID@", str(self.victim.pid)))  # fmt: skip
+        return (
+            code.replace("@CANARY@", str(canary))
+            .replace("@SECRET_FILE@", str(self.secret_file))
+            .replace("@PORT@", str(self.listener.port))
+            .replace("@VICTIM_PID@", str(self.victim.pid))
+        )
 
     def leaked(self, text: str, effect: str) -> bool:
         token = self.file_token if effect == "read" else self.env_token
@@ -231,10 +242,15 @@ async def run_attack(backend: str, attack: Attack, where: Targets) -> dict[str, 
         happened = result is not None and result.has_final_answer
     else:
         happened = result is None or not usable
-    return {"class": attack.attack_class, "name": attack.name, "effect": attack.effect,
-            "contained": not happened, "stopped_by": _stopped_by(result) if not happened else "",
-            "error": str(result.error)[:300] if result is not None and result.error else None,
-            "seconds": elapsed}  # fmt: skip
+    return {
+        "class": attack.attack_class,
+        "name": attack.name,
+        "effect": attack.effect,
+        "contained": not happened,
+        "stopped_by": _stopped_by(result) if not happened else "",
+        "error": str(result.error)[:300] if result is not None and result.error else None,
+        "seconds": elapsed,
+    }
 
 
 async def run_benign(backend: str, snippet: Benign) -> dict[str, Any]:
@@ -244,8 +260,12 @@ async def run_benign(backend: str, snippet: Benign) -> dict[str, Any]:
     async with open_executor(name, timeout=DEFAULT_TIMEOUT, **options) as executor:
         result = await executor.run(snippet.code)
     correct = result.ok and result.stdout == snippet.expected
-    return {"name": snippet.name, "correct": correct, "stdout": result.stdout[:500],
-            "error": str(result.error)[:300] if result.error else None}  # fmt: skip
+    return {
+        "name": snippet.name,
+        "correct": correct,
+        "stdout": result.stdout[:500],
+        "error": str(result.error)[:300] if result.error else None,
+    }
 
 
 async def backend_isolation(backend: str) -> str:
@@ -268,8 +288,15 @@ def control_attack(attack: Attack, where: Targets) -> bool:
     connections = where.listener.connections
     with tempfile.TemporaryDirectory(prefix="kodeagent-control-") as cwd:
         try:
-            done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True,
-                                  timeout=15, stdin=subprocess.DEVNULL, env=dict(os.environ))  # fmt: skip
+            done = subprocess.run(
+                [sys.executable, "-c", code],
+                cwd=cwd,
+                capture_output=True,
+                text=True,
+                timeout=15,
+                stdin=subprocess.DEVNULL,
+                env=dict(os.environ),
+            )
             output = done.stdout + done.stderr
         except subprocess.TimeoutExpired as exc:
             output = str(exc.stdout or "") + str(exc.stderr or "")
@@ -283,16 +310,27 @@ def control_attack(attack: Attack, where: Targets) -> bool:
 
 def control_benign(snippet: Benign) -> bool:
     with tempfile.TemporaryDirectory(prefix="kodeagent-control-") as cwd:
-        done = subprocess.run([sys.executable, "-c", snippet.code], cwd=cwd, capture_output=True, text=True,
-                              timeout=15, stdin=subprocess.DEVNULL)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-c", snippet.code],
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=15,
+            stdin=subprocess.DEVNULL,
+        )
     return done.returncode == 0 and done.stdout == snippet.expected
 
 
 # ---------------------------------------------------------------------- the benchmark
 
 
-def run(*, backends: Sequence[str] = ("host", "host:process"), classes: Sequence[str] = (), control: bool = True,
-        console: Console | None = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    *,
+    backends: Sequence[str] = ("host", "host:process"),
+    classes: Sequence[str] = (),
+    control: bool = True,
+    console: Console | None = None,
+) -> dict[str, Any]:
     """Run the corpus against each backend; return the JSON-ready result."""
     import anyio
 
@@ -377,27 +415,38 @@ def summary_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     ok = control.get("benign_correct", {})
     benign_row.append(f"{sum(ok.values())}/{len(ok)}" if ok else "n/a")
     rows.append(benign_row)
-    columns = ["class", *(f"{b} ({result['backends'][b]['isolation']})" for b in backends),
-               "control: works unsandboxed"]  # fmt: skip
+    columns = [
+        "class",
+        *(f"{b} ({result['backends'][b]['isolation']})" for b in backends),
+        "control: works unsandboxed",
+    ]
     return columns, rows
 
 
 def report(console: Console, result: dict[str, Any]) -> None:
     columns, rows = summary_rows(result)
-    notes = ["attack cells: contained/total; control: attacks whose effect happens without a sandbox "
-             "(write, read, env and network attacks)"]  # fmt: skip
+    notes = [
+        "attack cells: contained/total; control: attacks whose effect happens without a sandbox "
+        "(write, read, env and network attacks)"
+    ]
     for backend, reason in result["unavailable"].items():
         notes.append(f"{backend}: unavailable: {reason[:160]}")
     print_table(console, "Security corpus", columns, rows, note="\n".join(notes))
     for backend, data in result["backends"].items():
         for outcome in data["attacks"]:
             if not outcome["contained"]:
-                console.print(f"  NOT CONTAINED on {backend}: {outcome['class']}/{outcome['name']}",
-                              markup=False, highlight=False)  # fmt: skip
+                console.print(
+                    f"  NOT CONTAINED on {backend}: {outcome['class']}/{outcome['name']}",
+                    markup=False,
+                    highlight=False,
+                )
         for snippet in data["benign"]:
             if not snippet["correct"]:
-                console.print(f"  benign wrong on {backend}: {snippet['name']}: {snippet['error'] or snippet['stdout']!r}",
-                              markup=False, highlight=False)  # fmt: skip
+                console.print(
+                    f"  benign wrong on {backend}: {snippet['name']}: {snippet['error'] or snippet['stdout']!r}",
+                    markup=False,
+                    highlight=False,
+                )
     effective = result.get("control", {}).get("attacks_effective", {})
     for key, worked in effective.items():
         if not worked:
@@ -407,11 +456,21 @@ def report(console: Console, result: dict[str, Any]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", action="append", choices=[*BACKEND_CHOICES, "all"],
-                        help="backend to attack (repeatable; default all: every one that works here)")  # fmt: skip
-    parser.add_argument("--class", dest="classes", action="append", default=[], metavar="CLASS",
-                        help="only this attack class (repeatable): " + ", ".join(
-                            sorted(p.stem for p in CORPUS.glob("*.toml") if p.stem != "benign")))  # fmt: skip
+    parser.add_argument(
+        "--backend",
+        action="append",
+        choices=[*BACKEND_CHOICES, "all"],
+        help="backend to attack (repeatable; default all: every one that works here)",
+    )
+    parser.add_argument(
+        "--class",
+        dest="classes",
+        action="append",
+        default=[],
+        metavar="CLASS",
+        help="only this attack class (repeatable): "
+        + ", ".join(sorted(p.stem for p in CORPUS.glob("*.toml") if p.stem != "benign")),
+    )
     parser.add_argument("--no-control", action="store_true", help="skip the unsandboxed control run")
     parser.add_argument(
         "--output", metavar="PATH", help="result JSON path (default results/security-<time>.json)"

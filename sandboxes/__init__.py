@@ -16,7 +16,7 @@ from .errors import (
     UnknownBackend,
     WorkerStartError,
 )
-from .executor import Executor, ExecutorOptions
+from .executor import Executor, ExecutorOptions, ExecutorState
 from .models import Artifact, ExecutionError, ExecutionResult
 from .policy import DEFAULT_ALLOWED_IMPORTS, Limits, Policy
 from .sync import SyncExecutor, open_executor_sync
@@ -54,6 +54,7 @@ __all__ = [
     "Executor",
     "ExecutorClosed",
     "ExecutorOptions",
+    "ExecutorState",
     "HostExecutor",
     "Limits",
     "Policy",

@@ -1,21 +1,21 @@
-"""`Executor`: the one interface every backend shares, and the protocol logic they all reuse.
+"""`Executor`: the one interface every backend shares, and what a session's life means to its caller.
 
-The hooks a backend implements or may override:
+`Executor` owns the life cycle (`ExecutorState`), the lock (one operation at a time), the options
+every backend shares (`ExecutorOptions`), the static policy check, the wall-clock timeout, tool calls
+back into the parent, respawn after a loss with `state_lost`, and stamping the result. A backend
+supplies sessions through two hooks (the contract is `sandboxes.session`):
 
-- `_start_worker()` (required): start a runner (or take one from a warm pool) and return its `Worker`;
-  this class then sends `init` and waits for the handshake.
-- `_release_worker(worker)`: dispose of the worker at `close()` (default: kill it).
-- `_init_message()`: adjust the `init` request (Docker leaves rlimits to the container's cgroup).
-- `_ensure_worker()`: wrap the start-and-handshake (Docker refills its pool after the handshake).
+- `_new_session()` (required): start a session and return it ready to run. Backends that run our
+  runner start a `Worker` and return `await self._runner_session(worker)`;
+- `_close_backend()`: release what outlives single sessions, once, at `close()` and after a failed
+  `open()` (default: nothing).
 
-This class does the rest: the options every backend shares (`ExecutorOptions`), the static policy
-check, the request/reply conversation with the runner, tool calls back into the parent, the
-wall-clock timeout that kills, respawn after a crash with `state_lost`, and building a bounded
-`ExecutionResult` (`runtime/bounds.py`).
+No backend overrides a public method or touches the private state of this class.
 """
 
 from __future__ import annotations
 
+import enum
 import functools
 import inspect
 import json
@@ -23,26 +23,50 @@ import math
 import posixpath
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from types import TracebackType
-from typing import Any, ClassVar, Self, TypedDict, Unpack
+from typing import Any, ClassVar, Self, TypedDict, TypeVar, Unpack
 
 import anyio
 
-from .errors import BackendUnavailable, ExecutorClosed, ProtocolError, SandboxFileError, WorkerStartError
-from .models import Artifact, ExecutionError, ExecutionResult
+from .errors import BackendUnavailable, ExecutorClosed, ProtocolError, SandboxFileError
+from .models import ExecutionError, ExecutionResult
 from .policy import Policy, prepare_code
 from .runtime import bounds
-from .worker import Worker, WorkerExited
+from .runtime.protocol import (
+    TIMEOUT,
+    TOOL_RESULT_TOO_LARGE,
+    WORKER_CRASHED,
+    InitRequest,
+    ToolCall,
+    ToolResult,
+)
+from .session import KILL_TIMEOUT, Release, RunnerSession, Session, SessionLost
+from .worker import Worker
+
+__all__ = [
+    "DEFAULT_OUTPUT_LIMIT",
+    "DEFAULT_TIMEOUT",
+    "Executor",
+    "ExecutorOptions",
+    "ExecutorState",
+    "KILL_TIMEOUT",
+]
 
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_OUTPUT_LIMIT = 64_000
 """Characters kept of stdout (and of stderr): the first half and the last half, when longer."""
 
-HANDSHAKE_TIMEOUT = 30.0
-KILL_TIMEOUT = 10.0
-
 ToolFunction = Callable[..., Any]
+T = TypeVar("T")
+
+
+class ExecutorState(enum.Enum):
+    """Where an executor is in its life: `open()` moves it to OPEN, `close()` to CLOSED for good."""
+
+    UNOPENED = "unopened"
+    OPEN = "open"
+    CLOSED = "closed"
 
 
 class ExecutorOptions(TypedDict, total=False):
@@ -108,9 +132,8 @@ class Executor(ABC):
         self.workdir: str | None = options.get("workdir")
         self.stateless = bool(options.get("stateless", False))
         self.output_limit = output_limit
-        self._worker: Worker | None = None
-        self._opened = False
-        self._closed = False
+        self._state = ExecutorState.UNOPENED
+        self._current: Session | None = None
         self._state_lost_pending = False
         self._lock = anyio.Lock()
         self._isolation = "not started"
@@ -118,50 +141,90 @@ class Executor(ABC):
     # ----------------------------------------------------------------- backend hooks
 
     @abstractmethod
-    async def _start_worker(self) -> Worker:
-        """Start (or take from a pool) a runner; the caller then sends `init` and waits for its reply."""
+    async def _new_session(self) -> Session:
+        """Start a session (or take one from a warm pool) and return it ready to run."""
 
-    async def _release_worker(self, worker: Worker) -> None:
-        """Dispose of a worker at close. Default: kill it (a worker is never reused by another session)."""
-        await worker.kill()
+    async def _close_backend(self) -> None:  # noqa: B027 - an optional hook: nothing to release by default
+        """Release what outlives single sessions (once, at `close()` and after a failed `open()`)."""
+
+    def _runner_init(self) -> InitRequest:
+        """The runner's `init` request for this executor's options (a backend may adjust a copy)."""
+        return {
+            "op": "init",
+            "policy": self.policy.runtime_config(),
+            "env": self.env,
+            "tools": sorted(self.tools),
+            "stateless": self.stateless,
+            "output_limit": self.output_limit,
+        }
+
+    async def _runner_session(
+        self, worker: Worker, init: InitRequest | None = None, release: Release | None = None
+    ) -> RunnerSession:
+        """The runner's protocol over a started `worker`, handshake done; for `_new_session`.
+
+        `release` disposes of the worker at a normal close (default: kill it)."""
+        if not self.policy.python_guards and worker.isolation == "process":
+            with anyio.CancelScope(shield=True):
+                await worker.kill()
+            raise BackendUnavailable(
+                "Policy(python_guards=False) runs code without the Python-level guards, so it needs a "
+                "boundary around the process, and this host backend has only the bare 'process' level: "
+                "install bubblewrap (`apt-get install bubblewrap`) for the 'namespaces' level, or use "
+                "the docker or e2b backend, or keep python_guards=True"
+            )
+        return await RunnerSession.start(worker, init or self._runner_init(), release)
+
+    # ----------------------------------------------------------------- introspection
+
+    @property
+    def state(self) -> ExecutorState:
+        """Unopened, open or closed."""
+        return self._state
 
     @property
     def isolation(self) -> str:
         """Which isolation level is active for this session (see the docs of each backend)."""
         return self._isolation
 
+    @property
+    def session(self) -> Session | None:
+        """The backend's live session, if one is (None before open, after close or a loss). For
+        introspection: go through the executor's methods to use it."""
+        return self._current
+
     # ----------------------------------------------------------------- lifecycle
 
     async def open(self) -> Self:
-        """Start the worker. Raises `BackendUnavailable` when the backend cannot work here."""
-        if self._closed:
+        """Start the session. Raises `BackendUnavailable` when the backend cannot work here."""
+        if self._state is ExecutorState.CLOSED:
             raise ExecutorClosed("this executor was closed; create a new one")
-        if not self._opened:
-            self._opened = True
-            try:
-                await self._open_session()
-            except BaseException:
-                self._opened = False
-                raise
+        if self._state is ExecutorState.UNOPENED:
+            async with self._lock:
+                if self._state is ExecutorState.UNOPENED:
+                    try:
+                        await self._live_session()
+                    except BaseException:
+                        with anyio.CancelScope(shield=True):
+                            await self._close_backend()
+                        raise
+                    self._state = ExecutorState.OPEN
         return self
 
     async def close(self) -> None:
-        """Kill the worker and everything it started. Safe to call twice."""
-        if self._closed:
+        """End the session and everything it started. Safe to call twice, and during a run (which then
+        ends with the session lost)."""
+        if self._state is ExecutorState.CLOSED:
             return
-        self._closed = True
+        self._state = ExecutorState.CLOSED
         with anyio.CancelScope(shield=True):
-            await self._close_session()
-
-    async def _open_session(self) -> None:
-        """What `open()` does once: start the worker and shake hands (overridden by delegating backends)."""
-        await self._ensure_worker()
-
-    async def _close_session(self) -> None:
-        """What `close()` does once, shielded from cancellation: release the worker."""
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            await self._release_worker(worker)
+            session, self._current = self._current, None
+            if session is not None:
+                if self._lock.locked():  # an operation is in progress: its state is unknown
+                    await session.discard()
+                else:
+                    await session.close()
+            await self._close_backend()
 
     async def __aenter__(self) -> Self:
         return await self.open()
@@ -172,51 +235,35 @@ class Executor(ABC):
         await self.close()
 
     def _check_usable(self) -> None:
-        if self._closed:
+        if self._state is ExecutorState.CLOSED:
             raise ExecutorClosed("this executor was closed; create a new one")
-        if not self._opened:
+        if self._state is ExecutorState.UNOPENED:
             raise ExecutorClosed("call `await executor.open()` or use `async with` before run()")
 
-    async def _ensure_worker(self) -> Worker:
-        if self._worker is None:
-            worker = await self._start_worker()
-            worker.line_limit = bounds.line_limit(self.output_limit)
-            if not self.policy.python_guards and worker.isolation == "process":
-                with anyio.CancelScope(shield=True):
-                    await worker.kill()
-                raise BackendUnavailable(
-                    "Policy(python_guards=False) runs code without the Python-level guards, so it needs a "
-                    "boundary around the process, and this host backend has only the bare 'process' level: "
-                    "install bubblewrap (`apt-get install bubblewrap`) for the 'namespaces' level, or use "
-                    "the docker or e2b backend, or keep python_guards=True"
-                )
-            try:
-                with anyio.fail_after(HANDSHAKE_TIMEOUT):
-                    await self._request(worker, self._init_message())
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await worker.kill()
-                raise
-            self._worker = worker
-            self._isolation = worker.isolation
-        return self._worker
+    async def _live_session(self) -> tuple[Session, bool]:
+        """The current session, replaced first if it died while idle; and whether it is a new one."""
+        session = self._current
+        if session is not None and not await session.alive():
+            await self._discard(session)
+            session = None
+        if session is not None:
+            return session, False
+        session = await self._new_session()
+        if self._state is ExecutorState.CLOSED:  # closed while it started
+            await session.discard()
+            raise ExecutorClosed("this executor was closed while its session started")
+        self._current = session
+        self._isolation = session.isolation
+        return session, True
 
-    def _init_message(self) -> dict[str, Any]:
-        return {
-            "op": "init",
-            "policy": self.policy.runtime_config(),
-            "env": self.env,
-            "tools": sorted(self.tools),
-            "stateless": self.stateless,
-            "output_limit": self.output_limit,
-        }
-
-    async def _discard_worker(self) -> None:
-        worker, self._worker = self._worker, None
-        if worker is not None:
-            with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
-                await worker.kill()
-        self._state_lost_pending = True
+    async def _discard(self, session: Session, *, report: bool = True) -> None:
+        """Replace a session whose state is unknown; with `report`, the next run says `state_lost`."""
+        if self._current is session:
+            self._current = None
+        with anyio.CancelScope(shield=True):
+            await session.discard()
+        if report:
+            self._state_lost_pending = True
 
     # ----------------------------------------------------------------- running code
 
@@ -225,12 +272,7 @@ class Executor(ABC):
         self._check_usable()
         async with self._lock:
             started = time.perf_counter()
-            try:
-                result = await self._run_locked(code)
-            except BaseException:
-                # Cancelled (or failed) mid-conversation: the worker's state is unknown, so replace it.
-                await self._discard_worker()
-                raise
+            result = await self._run_locked(code)
             result.duration = time.perf_counter() - started
             result.backend = self.backend
             return result
@@ -243,119 +285,56 @@ class Executor(ABC):
         if problem is not None:
             return ExecutionResult(error=problem)
         assert text is not None
-        if self._worker is not None and not await self._worker.alive():
-            await self._discard_worker()
-        if self._worker is None:
-            await self._ensure_worker()
+        session, _ = await self._live_session()
         state_lost, self._state_lost_pending = self._state_lost_pending, False
-        worker = self._worker
-        assert worker is not None
+        limit = self.timeout + session.timeout_backstop
         try:
-            with anyio.fail_after(self.timeout):
-                reply = await self._request(worker, {"op": "run", "code": text})
-            result = self._result_from_reply(reply)
-        except ProtocolError as exc:
-            await self._discard_worker()
-            self._state_lost_pending = False
-            return ExecutionResult(
-                state_lost=True,
-                error=ExecutionError(type="WorkerCrashed", message=f"{exc}; the sandbox was replaced"),
-            )
+            with anyio.fail_after(limit):
+                result = await session.run(text, self._call_tool)
         except TimeoutError:
-            await self._discard_worker()
-            self._state_lost_pending = False
+            await self._discard(session, report=False)
+            if session.timeout_backstop:
+                message = (
+                    f"the session did not answer within {limit:g} s (its timeout of {self.timeout:g} s and "
+                    f"{session.timeout_backstop:g} s more); it was dropped and the next run starts a "
+                    "fresh one; variables from earlier runs are lost"
+                )
+            else:
+                message = (
+                    f"the code ran longer than {self.timeout:g} s and was stopped; "
+                    "variables from earlier runs are lost"
+                )
             return ExecutionResult(
-                timed_out=True,
+                timed_out=True, state_lost=True, error=ExecutionError(type=TIMEOUT, message=message)
+            )
+        except SessionLost as exc:
+            await self._discard(session, report=False)
+            return ExecutionResult(
                 state_lost=True,
+                oom=exc.oom,
                 error=ExecutionError(
-                    type="Timeout",
-                    message=f"the code ran longer than {self.timeout:g} s and was stopped; "
+                    type=WORKER_CRASHED,
+                    message=f"the sandbox process ended during the run ({exc.detail}); "
                     "variables from earlier runs are lost",
                 ),
             )
-        except WorkerExited:
-            exit_info = await worker.exit_info()
-            await self._discard_worker()
-            self._state_lost_pending = False
+        except ProtocolError as exc:
+            await self._discard(session, report=False)
             return ExecutionResult(
                 state_lost=True,
-                oom=exit_info.oom,
-                error=ExecutionError(
-                    type="WorkerCrashed",
-                    message=f"the sandbox process ended during the run ({exit_info.detail}); "
-                    "variables from earlier runs are lost",
-                ),
+                error=ExecutionError(type=WORKER_CRASHED, message=f"{exc}; the sandbox was replaced"),
             )
+        except BaseException:
+            # Cancelled (or failed) mid-conversation: the session's state is unknown, so replace it.
+            await self._discard(session)
+            raise
         result.state_lost = result.state_lost or state_lost
         return result
 
-    def _result_from_reply(self, reply: dict[str, Any]) -> ExecutionResult:
-        """The result of a run reply, every part cut to its bound again here: the runner already cuts,
-        but code without the Python-level guards can replace the runner's reply."""
-        limit = self.output_limit
-        try:
-            stdout, stdout_cut = bounds.clip(_text(reply.get("stdout", "")), limit)
-            stderr, stderr_cut = bounds.clip(_text(reply.get("stderr", "")), limit)
-            error = reply.get("error")
-            artifacts, artifacts_cut = bounds.bound_artifacts(list(reply.get("artifacts") or []))
-            final = reply.get("final_answer")
-            final_cut = 0
-            if isinstance(final, str):
-                final, final_cut = bounds.clip(final, limit)
-            elif final is not None:
-                encoded = json.dumps(final, ensure_ascii=False)
-                if len(encoded) > limit:
-                    final, final_cut = bounds.clip(encoded, limit)
-            artifacts_omitted = int(reply.get("artifacts_omitted", 0)) + artifacts_cut
-            return ExecutionResult(
-                stdout=stdout,
-                stderr=stderr,
-                stdout_omitted=int(reply.get("stdout_omitted", 0)) + stdout_cut,
-                stderr_omitted=int(reply.get("stderr_omitted", 0)) + stderr_cut,
-                error=ExecutionError(**bounds.bound_error(error)) if error else None,
-                oom=bool(reply.get("oom")),
-                truncated=bool(reply.get("truncated"))
-                or bool(stdout_cut or stderr_cut or final_cut or artifacts_cut),
-                artifacts=[Artifact(**a) for a in artifacts],
-                artifacts_omitted=artifacts_omitted,
-                final_answer=final,
-                has_final_answer=bool(reply.get("has_final_answer")),
-            )
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise ProtocolError(f"malformed result from the runner: {bounds.clipped(str(exc), 500)}") from exc
-
-    async def _request(self, worker: Worker, message: dict[str, Any]) -> dict[str, Any]:
-        """Send one request and serve tool calls until its reply arrives."""
-        await worker.send(_encode(message))
-        while True:
-            line = await worker.receive_line()
-            try:
-                reply = json.loads(line)
-            except ValueError as exc:
-                raise ProtocolError(f"the runner sent a line that is not JSON: {line[:200]!r}") from exc
-            if not isinstance(reply, dict):
-                raise ProtocolError(f"the runner sent a line that is not a message: {line[:200]!r}")
-            token = reply.pop("token", None)
-            known = worker.channel_token
-            if known is None and message.get("op") == "init" and isinstance(token, str):
-                worker.channel_token = token  # learnt before any code runs
-            elif known is None or token != known:
-                raise ProtocolError("a message on the sandbox channel did not come from the runner "
-                                    "(the code wrote to the channel's descriptor)")  # fmt: skip
-            op = reply.get("op")
-            if op == "tool_call":
-                await worker.send(_encode(await self._call_tool(reply)))
-            elif op == "fatal":
-                raise WorkerStartError(f"the sandbox runner failed: {reply.get('message')}")
-            elif op == "reply":
-                return reply
-            else:
-                raise ProtocolError(f"unexpected message from the runner: {op!r}")
-
-    async def _call_tool(self, call: dict[str, Any]) -> dict[str, Any]:
+    async def _call_tool(self, call: ToolCall) -> ToolResult:
         name = call.get("name", "")
         function = self.tools.get(name)
-        reply: dict[str, Any] = {"op": "tool_result", "id": call.get("id")}
+        reply: ToolResult = {"op": "tool_result", "id": call.get("id")}
         if function is None:
             reply["error"] = {"type": "NameError", "message": f"no tool named {name!r}"}
             return reply
@@ -379,9 +358,9 @@ class Executor(ABC):
             return reply
         if size > bounds.TOOL_MESSAGE_LIMIT:
             reply["error"] = {
-                "type": "ToolResultTooLarge",
-                "message": f"the result is {size:,} bytes of JSON; at most {bounds.TOOL_MESSAGE_LIMIT:,} cross into "
-                "the sandbox. Have the tool return less, or a summary",
+                "type": TOOL_RESULT_TOO_LARGE,
+                "message": f"the result is {size:,} bytes of JSON; at most {bounds.TOOL_MESSAGE_LIMIT:,} "
+                "cross into the sandbox. Have the tool return less, or a summary",
             }
             return reply
         reply["value"] = value
@@ -390,17 +369,23 @@ class Executor(ABC):
     # ----------------------------------------------------------------- state and files
 
     async def reset(self) -> None:
-        """Forget every variable of the session (the working directory's files stay)."""
+        """Forget every variable of the session (the working directory's files stay).
+
+        A reset that does not end with the runner's answer (timed out, cancelled, lost) replaces the
+        session instead, and the next run says `state_lost`: whether the reset happened is unknown."""
         self._check_usable()
         async with self._lock:
-            if self._worker is None:
-                await self._ensure_worker()
-                return
-            try:
-                with anyio.fail_after(self.timeout):
-                    await self._request(self._worker, {"op": "reset"})
-            except (TimeoutError, WorkerExited):
-                await self._discard_worker()
+            session, new = await self._live_session()
+            if not new:
+                try:
+                    with anyio.fail_after(self.timeout + session.timeout_backstop):
+                        await session.reset()
+                except (TimeoutError, SessionLost, ProtocolError):
+                    await self._discard(session)
+                    return
+                except BaseException:
+                    await self._discard(session)
+                    raise
             self._state_lost_pending = False
 
     async def upload(self, path: str, data: bytes | str) -> None:
@@ -409,26 +394,30 @@ class Executor(ABC):
         relative = _relative_path(path)
         payload = data.encode() if isinstance(data, str) else bytes(data)
         async with self._lock:
-            worker = await self._ensure_worker()
-            await worker.write_file(relative, payload)
+            await self._transfer(path, lambda session: session.upload(relative, payload))
 
     async def download(self, path: str) -> bytes:
         """Read a file from the working directory (`path` is relative to it)."""
         self._check_usable()
         relative = _relative_path(path)
         async with self._lock:
-            worker = await self._ensure_worker()
-            return await worker.read_file(relative)
+            return await self._transfer(path, lambda session: session.download(relative))
 
-
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"expected text, got {type(value).__name__}")
-    return value
-
-
-def _encode(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, ensure_ascii=False).encode() + b"\n"
+    async def _transfer(self, path: str, operation: Callable[[Session], Awaitable[T]]) -> T:
+        session, _ = await self._live_session()
+        try:
+            return await operation(session)
+        except SandboxFileError:
+            raise  # refused, with an answer: the session is intact
+        except SessionLost as exc:
+            await self._discard(session)
+            raise SandboxFileError(
+                f"the sandbox was lost while transferring {path!r} ({exc.detail}); "
+                "the next run starts a fresh session"
+            ) from exc
+        except BaseException:
+            await self._discard(session)
+            raise
 
 
 def _relative_path(path: str) -> str:

@@ -35,9 +35,10 @@ class Artifact(BaseModel):
 class ExecutionResult(BaseModel):
     """Everything one `run(code)` produced. Built by the shared executor code, the same for every backend.
 
-    Bounded whatever the code does: `stdout`, `stderr` and the final answer's JSON hold at most
-    `output_limit` characters each (head and tail, with a marker that counts what was left out), the
-    error and the artifact list a few KB; see `sandboxes.runtime.bounds` for the exact figures.
+    Bounded whatever the code does: `stdout`, `stderr` and the final answer's (or `value`'s) JSON
+    hold at most `output_limit` characters each (head and tail, with a marker that counts what was
+    left out), the error and the artifact list a few KB; see `sandboxes.runtime.bounds` for the
+    exact figures.
     """
 
     stdout: str = ""
@@ -52,6 +53,12 @@ class ExecutionResult(BaseModel):
     artifacts: list[Artifact] = Field(default_factory=list)
     final_answer: Any = None
     has_final_answer: bool = False
+    value: Any = Field(
+        None,
+        description="The value of the code's last expression, as a notebook cell has one (None when the code "
+        "does not end with an expression, or raised, or called final_answer): a JSON value when it is "
+        "JSON and its JSON fits `output_limit`; else its repr() (or that JSON text), cut to head and tail.",
+    )
     truncated: bool = Field(
         False,
         description="Some part was longer than its bound and was cut: head and tail kept, the middle counted.",

@@ -20,6 +20,7 @@ from .runtime.guard import (
     FRAME_ATTRIBUTES,
     module_allowed,
 )
+from .runtime.protocol import INVALID_CODE, POLICY_VIOLATION, SYNTAX_ERROR, PolicyConfig
 
 DEFAULT_ALLOWED_IMPORTS: tuple[str, ...] = (
     "math", "cmath", "decimal", "fractions", "numbers", "random", "statistics",
@@ -104,8 +105,9 @@ class Policy(BaseModel):
     def effective_banned_builtins(self) -> frozenset[str]:
         return frozenset(self.banned_builtins) - frozenset(self.allow_builtins)
 
-    def runtime_config(self) -> dict[str, Any]:
+    def runtime_config(self) -> PolicyConfig:
         """The part of the policy the runner enforces, as JSON."""
+        limits = self.limits
         return {
             "allowed_imports": list(self.allowed_imports),
             "banned_builtins": sorted(self.effective_banned_builtins),
@@ -113,7 +115,13 @@ class Policy(BaseModel):
             "files": self.files,
             "network": self.network,
             "subprocess": self.subprocess,
-            "limits": self.limits.model_dump(),
+            "limits": {
+                "memory_mb": limits.memory_mb,
+                "cpu_seconds": limits.cpu_seconds,
+                "max_processes": limits.max_processes,
+                "max_file_mb": limits.max_file_mb,
+                "max_open_files": limits.max_open_files,
+            },
             "python_guards": self.python_guards,
         }
 
@@ -127,7 +135,7 @@ class Policy(BaseModel):
             tree = ast.parse(code, filename="<code>")
         except SyntaxError as exc:
             return ExecutionError(
-                type="SyntaxError",
+                type=SYNTAX_ERROR,
                 message=f"{exc.msg} (line {exc.lineno}, column {exc.offset})",
                 line=exc.lineno,
                 column=exc.offset,
@@ -138,7 +146,7 @@ class Policy(BaseModel):
                 if isinstance(exc, RecursionError | MemoryError)
                 else type(exc).__name__
             )
-            return ExecutionError(type="InvalidCode", message=f"the code cannot be parsed: {why}")
+            return ExecutionError(type=INVALID_CODE, message=f"the code cannot be parsed: {why}")
         checker = _StaticChecker(self, frozenset(extra_names))
         checker.check(tree)
         return checker.violation
@@ -151,7 +159,7 @@ def prepare_code(
     size = len(code)
     if size > policy.max_code_bytes:
         return None, ExecutionError(
-            type="InvalidCode",
+            type=INVALID_CODE,
             message=f"the code is {size:,} bytes; the limit is {policy.max_code_bytes:,} "
             "(Policy.max_code_bytes). Send it in smaller pieces or write data to a file.",
         )
@@ -160,14 +168,14 @@ def prepare_code(
             code = code.decode("utf-8")
         except UnicodeDecodeError as exc:
             return None, ExecutionError(
-                type="InvalidCode", message=f"the code is not valid UTF-8 (byte {exc.start}): {exc.reason}"
+                type=INVALID_CODE, message=f"the code is not valid UTF-8 (byte {exc.start}): {exc.reason}"
             )
     if not isinstance(code, str):
         raise TypeError(f"code must be str or bytes, not {type(code).__name__}")
     if "\x00" in code:
         line = code.count("\n", 0, code.index("\x00")) + 1
         return None, ExecutionError(
-            type="InvalidCode", message=f"the code contains a NUL byte (line {line})", line=line
+            type=INVALID_CODE, message=f"the code contains a NUL byte (line {line})", line=line
         )
     return code, policy.check(code, extra_names)
 
@@ -207,7 +215,7 @@ class _StaticChecker(ast.NodeVisitor):
             return  # keep the earliest
         where = f" (line {line})" if line else ""
         self.violation = ExecutionError(
-            type="PolicyViolation", message=message + where, line=line, column=column
+            type=POLICY_VIOLATION, message=message + where, line=line, column=column
         )
 
     def check_module(self, node: ast.AST, name: str) -> None:

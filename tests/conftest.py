@@ -1,4 +1,5 @@
-"""Shared fixtures. The conformance suite runs once per available backend.
+"""Shared fixtures: the backends (the conformance suite runs once per available backend), the LLM
+stand-in (`llm`) and a loopback TCP listener (`listener`).
 
 Each backend has a module `tests/backend_<name>.py` with two functions:
 
@@ -15,10 +16,12 @@ from __future__ import annotations
 import importlib
 import os
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from listener import Listener
+from llm_standin import StandinLLM, register_standin_models
 from needs import require
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -32,9 +35,14 @@ def backend_module(name: str) -> Any:
     return importlib.import_module(f"backend_{name}")
 
 
+# The piece each backend needs beyond this machine's processes, as a marker, so that each tier runs
+# alone (`-m docker`, `-m "not docker and not ray and not e2b"`); host and hostprocess need none.
+BACKEND_MARKS = {"docker": pytest.mark.docker, "e2b": pytest.mark.e2b, "ray": pytest.mark.ray}
+
+
 def backend_param(name: str) -> Any:
-    """A backend name as a test parameter, marked `docker` where it runs containers."""
-    return pytest.param(name, marks=[pytest.mark.docker] if name == "docker" else [])
+    """A backend name as a test parameter, marked with the piece it needs (`docker`, `e2b`, `ray`)."""
+    return pytest.param(name, marks=[BACKEND_MARKS[name]] if name in BACKEND_MARKS else [])
 
 
 @pytest.fixture(params=[backend_param(name) for name in BACKEND_NAMES])
@@ -61,3 +69,19 @@ def executor_factory(backend: str) -> Callable[..., Any]:
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"
+
+
+@pytest.fixture
+def llm() -> Iterator[StandinLLM]:
+    """A fresh LLM stand-in on loopback (`tests/llm_standin.py`), its models registered with litellm."""
+    register_standin_models()
+    with StandinLLM() as server:
+        yield server
+
+
+@pytest.fixture
+def listener() -> Iterator[Listener]:
+    """A loopback TCP listener that records every connection (`tests/listener.py`)."""
+    server = Listener()
+    yield server
+    server.close()

@@ -19,20 +19,12 @@ from llm_standin import (
     collect,
     dynamic,
     react_finish,
-    register_standin_models,
     reply,
 )
 
 from kodeagent import AgentBusyError, CodeActAgent, ReActAgent
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def llm() -> Any:
-    register_standin_models()
-    with StandinLLM() as server:
-        yield server
 
 
 def _task_number(body: dict[str, Any]) -> int:
@@ -157,7 +149,9 @@ async def test_nothing_of_one_run_reaches_the_next(llm: StandinLLM) -> None:
 
     agent = ReActAgent(llm.model("json"), litellm_params=llm.params(), tools=[get_price], max_iterations=3)
     for task in ("square 1", "square 2"):
-        llm.add(json.dumps({"thought": "t", "action": "get_price", "args": '{"symbol": "A"}'}), react_finish("ok"))
+        llm.add(
+            json.dumps({"thought": "t", "action": "get_price", "args": '{"symbol": "A"}'}), react_finish("ok")
+        )
         responses = await collect(agent.run(task))
         reminders = [r for r in responses if r.channel == "observer" and "only 2 step(s) remain" in r.value]
         assert len(reminders) == 1, task

@@ -1,11 +1,11 @@
-"""The wider surface: MCP tools inside both agents, the Observer's rules, plan revision, images."""
+"""The wider surface: MCP tools inside both agents, plan revision, images (the Observer's rules on
+their own: `tests/unit/test_observer.py`)."""
 
 from __future__ import annotations
 
 import base64
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from llm_standin import (
@@ -15,21 +15,13 @@ from llm_standin import (
     collect,
     react_call,
     react_finish,
-    register_standin_models,
     reply,
 )
 
-from kodeagent import Agent, CodeActAgent, Observer, ReActAgent, StepRecord, ToolCallRecord, mcp_stdio_tools
+from kodeagent import CodeActAgent, Observer, ReActAgent, mcp_stdio_tools
 
 pytestmark = pytest.mark.anyio
 MCP_SERVER = str(Path(__file__).parent / "mcp_demo_server.py")
-
-
-@pytest.fixture
-def llm() -> Any:
-    register_standin_models()
-    with StandinLLM() as server:
-        yield server
 
 
 # ---------------------------------------------------------------------- MCP tools in agents
@@ -53,52 +45,6 @@ async def test_codeact_code_calls_an_mcp_tool(llm: StandinLLM) -> None:
         responses = await collect(agent.run("Shout"))
     assert responses[-1].value == "QUIET!!!"
     assert llm.requests[1]["messages"][-1]["content"] == "Observation:\nOutput:\nQUIET!!!"
-
-
-# ---------------------------------------------------------------------- Observer rules
-
-
-def _step(i: int, *, action: str = "t", args: dict[str, Any] | None = None, error: str | None = None,
-          observation: str = "") -> StepRecord:  # fmt: skip
-    return StepRecord(
-        index=i,
-        action=action,
-        tool_calls=[ToolCallRecord(name=action, args=args or {})],
-        error=error,
-        observation=observation or f"obs {i}",
-    )
-
-
-def test_observer_loop_of_identical_successful_actions() -> None:
-    observer = Observer()
-    notes = [observer.observe(_step(i, observation="same"), steps_left=10) for i in range(3)]
-    assert notes[:2] == [None, None]
-    assert notes[2] and "repeated the same action 3 times" in notes[2]
-
-
-def test_observer_run_of_different_failures() -> None:
-    observer = Observer()
-    notes = [observer.observe(_step(i, action=f"t{i}", error="boom"), steps_left=10) for i in range(3)]
-    assert notes[2] and "last 3 steps all failed" in notes[2]
-
-
-def test_observer_stall_and_deadline() -> None:
-    observer = Observer(stall_threshold=2)
-    first = observer.observe(_step(0, action="a", observation="nothing"), steps_left=10)
-    second = observer.observe(_step(1, action="b", observation="nothing"), steps_left=10)
-    third = observer.observe(_step(2, action="c", observation="nothing"), steps_left=10)
-    assert first is None and second is None
-    assert third and "produced nothing new" in third
-    fresh = Observer()
-    assert fresh.observe(_step(0), steps_left=5) is None
-    reminder = fresh.observe(_step(1, action="other"), steps_left=2)
-    assert reminder and "2 step(s) remain" in reminder
-    assert fresh.observe(_step(2, action="third"), steps_left=1) is None  # said once
-
-
-def test_observer_ignores_healthy_progress() -> None:
-    observer = Observer()
-    assert all(observer.observe(_step(i, action=f"t{i}"), steps_left=10) is None for i in range(6))
 
 
 # ---------------------------------------------------------------------- planning
@@ -147,14 +93,6 @@ async def test_images_are_attached_for_vision_models(llm: StandinLLM, tmp_path: 
     plain = ReActAgent(llm.model("plain"), litellm_params=llm.params())
     await collect(plain.run("What is in the image?", files=[str(image)]))
     assert isinstance(llm.requests[1]["messages"][1]["content"], str)
-
-
-def test_normalize_content() -> None:
-    assert Agent.normalize_content(None) == ""
-    assert Agent.normalize_content("x") == "x"
-    parts = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "data:"}}]
-    assert Agent.normalize_content(parts) == "look\n[image_url]"
-    assert Agent.normalize_content({"a": 1}) == '{"a": 1}'
 
 
 async def test_observer_with_a_model_gives_advice(llm: StandinLLM) -> None:

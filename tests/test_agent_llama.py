@@ -31,6 +31,8 @@ from needs import require
 
 from kodeagent import CodeActAgent, ReActAgent, StepRecord
 
+pytestmark = pytest.mark.llama
+
 MODEL = "openai/smollm2-135m"
 STARTUP_SECONDS = 180
 PARAMS = {"api_key": "sk-local", "max_tokens": 200, "temperature": 0.2, "timeout": 180}

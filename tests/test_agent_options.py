@@ -18,19 +18,11 @@ from llm_standin import (
     error,
     react_call,
     react_finish,
-    register_standin_models,
 )
 
 from kodeagent import Agent, CodeActAgent, ReActAgent, RetryError
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def llm() -> Any:
-    register_standin_models()
-    with StandinLLM() as server:
-        yield server
 
 
 def get_price(symbol: str) -> float:

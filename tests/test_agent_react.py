@@ -28,20 +28,11 @@ from kodeagent import (
     ReActAgent,
     RetryError,
     StepRecord,
-    TracingUnavailable,
     llm_vision_support,
-    print_response,
     tool,
 )
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-def llm() -> Any:
-    register_standin_models()
-    with StandinLLM() as server:
-        yield server
 
 
 PRICES = {"AAPL": 200.0, "MSFT": 410.5}
@@ -433,25 +424,6 @@ async def test_history_view_truncates_and_skips_system(llm: StandinLLM) -> None:
     assert max(len(line) for line in text.splitlines()) < agent.HISTORY_TRUNCATE_CHARS + 20
 
 
-def test_tools_description_and_purpose() -> None:
-    agent = ReActAgent("openai/x", name="pricer", description="Finds prices.", tools=[get_price])
-    assert "symbol (string, required)" in agent.get_tools_description()
-    assert "pricer" in agent.purpose and "Finds prices." in agent.purpose and "get_price" in agent.purpose
-    assert "tool_name_to_func" in dir(agent) and agent.tool_name_to_func["get_price"] is get_price
-
-
-@pytest.mark.parametrize("kind", ["langfuse", "langsmith"])
-def test_tracing_needs_its_package(kind: str) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec(kind) is not None:
-        pytest.skip(f"{kind} is installed here, so its absence cannot be tested")
-    with pytest.raises(TracingUnavailable, match=f"pip install {kind}"):
-        ReActAgent("openai/x", tracing_type=kind)  # type: ignore[arg-type]
-    with pytest.raises(TracingUnavailable, match="unknown tracing_type"):
-        ReActAgent("openai/x", tracing_type="zipkin")  # type: ignore[arg-type]
-
-
 def test_vision_support() -> None:
     register_standin_models()
     assert llm_vision_support(["openai/standin-native", "openai/standin-plain", "no/such-model"]) == [
@@ -459,18 +431,6 @@ def test_vision_support() -> None:
         False,
         False,
     ]
-
-
-def test_print_response_neutralises_control_characters(capsys: pytest.CaptureFixture[str]) -> None:
-    print_response(AgentResponse(type="step", value="hidden"), only_final=True)
-    assert capsys.readouterr().out == ""
-    print_response(AgentResponse(type="final", value="ok \x1b[31mred\x1b[0m\rover\x07"), only_final=True)
-    out = capsys.readouterr().out
-    assert "\x1b" not in out and "\r" not in out and "\x07" not in out
-    assert "red" in out and "over" in out and "\\x07" in out
-    step = StepRecord(index=1, thought="t", code="print(1)", observation="Output:\n1")
-    print_response(AgentResponse(type="step", value=step, metadata={"step": 1}), only_final=False)
-    assert "print(1)" in capsys.readouterr().out
 
 
 async def test_response_helper_stores_final_result(llm: StandinLLM) -> None:

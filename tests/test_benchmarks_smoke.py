@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
@@ -23,41 +22,11 @@ def quiet() -> Console:
     return Console(file=io.StringIO(), force_terminal=False, width=200)
 
 
-def test_percentiles_and_summary() -> None:
-    assert common.percentile([3, 1, 2], 50) == 2
-    assert common.percentile([1, 2, 3, 4], 50) == 2.5
-    assert common.percentile([float(i) for i in range(1, 101)], 95) == pytest.approx(95.05)
-    assert math.isnan(common.percentile([], 50))
-    stats = common.summarize([0.001, 0.002, 0.003])
-    assert stats["n"] == 3 and stats["p50_ms"] == pytest.approx(2.0)
-
-
-def test_plain_table_off_a_terminal() -> None:
-    out = io.StringIO()
-    common.print_table(
-        Console(file=out, force_terminal=False, width=200), "T", ["a", "n"], [["x", 1], ["yy", 22]]
-    )
-    assert out.getvalue().splitlines() == ["T", "a    n", "--  --", "x    1", "yy  22"]
-
-
+# platform.processor() runs `uname -p`: a child process, so not in the unit tier
 def test_result_file_has_machine_and_data(tmp_path: Path) -> None:
     path = common.write_result("smoke", {"value": 1}, tmp_path / "r.json")
     data = json.loads(path.read_text())
     assert data["benchmark"] == "smoke" and data["value"] == 1 and data["machine"]["cpus"] >= 1
-
-
-def test_pass_at_k_estimator() -> None:
-    assert humaneval.pass_at_k(10, 0, 1) == 0.0
-    assert humaneval.pass_at_k(10, 10, 5) == 1.0
-    assert humaneval.pass_at_k(10, 5, 1) == pytest.approx(0.5)
-    assert humaneval.pass_at_k(4, 1, 2) == pytest.approx(0.5)
-
-
-def test_policy_comes_from_trusted_parts_only() -> None:
-    problems = humaneval.load_problems()
-    assert "eval" in humaneval.policy_for(problems["HumanEval/160"]).allow_builtins
-    assert humaneval.policy_for(problems["HumanEval/0"]).allow_builtins == ()
-    assert "os" not in humaneval.policy_for(problems["HumanEval/0"]).allowed_imports
 
 
 def test_humaneval_canonical_smoke() -> None:
@@ -113,14 +82,6 @@ def test_humaneval_policy_semantics_refuses_what_the_harness_allows(tmp_path: Pa
     assert "PolicyViolation" in result["disagreements"][0]["sandbox"]
 
 
-def test_humaneval_harness_semantics_refuses_bare_process_isolation() -> None:
-    from sandboxes import BackendUnavailable
-
-    with pytest.raises(BackendUnavailable, match="bubblewrap") as caught:
-        humaneval.run(limit=1, concurrency=1, console=quiet(), backend_options={"isolation": "process"})
-    assert "--semantics policy" in str(caught.value)
-
-
 def test_faithful_harness_really_executes() -> None:
     problem = humaneval.load_problems()["HumanEval/2"]
     assert humaneval.faithful_check_correctness(problem, problem["canonical_solution"], 3.0)["passed"]
@@ -135,29 +96,6 @@ def test_latency_smoke() -> None:
     assert {"session from the pool", "cold session", "(b) fork per snippet"} <= set(names)
     assert all(row["n"] > 0 and row["p50_ms"] > 0 for row in result["rows"])
     assert result["host_isolation"] in ("namespaces", "process")
-
-
-def test_latency_reports_a_missing_backend_module() -> None:
-    rows, reason = latency.other_backend_rows("nosuchbackend", 1)
-    assert rows == [] and reason and "latency_nosuchbackend" in reason
-
-
-def test_corpus_is_well_formed() -> None:
-    attacks, benign = security.load_corpus()
-    classes = {a.attack_class for a in attacks}
-    assert {
-        "imports",
-        "introspection",
-        "files",
-        "environment",
-        "network",
-        "processes",
-        "resources",
-        "forgery",
-    } <= classes
-    names = [(a.attack_class, a.name) for a in attacks]
-    assert len(names) == len(set(names))
-    assert len(benign) >= 10 and all(b.expected.endswith("\n") for b in benign)
 
 
 def test_security_smoke_files_on_process_isolation() -> None:
@@ -180,16 +118,17 @@ def test_bench_through_the_cli_prints_json(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "l.json").read_text())["benchmark"] == "latency"
 
 
-def test_tool_answers_are_graded_by_value() -> None:
-    from benchmarks import agent
-
-    first = agent.TOOL_TASKS[0]
-    assert agent.grade_tool_answer(first, f"It costs {first.answer:.2f} EUR.")
-    assert agent.grade_tool_answer(first, first.answer)
-    assert not agent.grade_tool_answer(first, "It costs 27.00 EUR.")
-    listed = agent.TOOL_TASKS[7]
-    assert agent.grade_tool_answer(listed, listed.answer.upper())
-    assert not agent.grade_tool_answer(listed, "eggplant, apple, banana")
+def test_bench_replies_command_reports_no_misread(tmp_path: Path) -> None:
+    out = tmp_path / "replies.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "kodeagent_cli", "bench", "replies", "--json", "--output", str(out)],
+        capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["totals"]["misread"] == 0 and result["n"] >= 100
+    assert result["must_read_read"] == result["must_read"]
+    assert json.loads(out.read_text())["n"] == result["n"]
 
 
 def test_agent_benchmark_against_the_llm_standin(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from sandboxes import ExecutorClosed, Policy, SandboxFileError
@@ -24,6 +25,23 @@ async def test_reset_forgets_variables(executor_factory):
         await ex.reset()
         result = await ex.run("print(x)")
     assert result.error is not None and result.error.type == "NameError"
+
+
+async def test_a_reset_cancelled_mid_reply_never_shifts_later_results(executor_factory):
+    # Freeing two million lists makes the reset take tens of milliseconds in the runner, so the
+    # cancellation lands while its reply is on the way. Before the one rule, the channel stayed one
+    # reply behind: 'hello' came back as '' and 'again' as 'hello'.
+    async with executor_factory(timeout=20) as ex:
+        await ex.run("x = 41\nbig = [[] for _ in range(2_000_000)]")
+        with anyio.move_on_after(0.01) as scope:
+            await ex.reset()
+        assert scope.cancelled_caught
+        hello = await ex.run("print('hello')")
+        again = await ex.run("print('again')")
+        forgotten = await ex.run("print(x)")
+    assert hello.ok and hello.stdout == "hello\n" and hello.state_lost  # whether the reset happened is unknown
+    assert again.ok and again.stdout == "again\n" and not again.state_lost
+    assert forgotten.error is not None and forgotten.error.type == "NameError"
 
 
 async def test_stateless_mode_runs_each_snippet_fresh(executor_factory):

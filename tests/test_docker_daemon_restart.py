@@ -22,6 +22,8 @@ import backend_docker
 import pytest
 from needs import require
 
+pytestmark = pytest.mark.docker
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -128,7 +130,6 @@ SCENARIO = textwrap.dedent(
 )
 
 
-@pytest.mark.docker
 def test_daemon_restart_is_survived_with_state_lost(private_daemon: Path) -> None:
     env = {**os.environ, "DOCKER_HOST": f"unix://{private_daemon / 'docker.sock'}"}
     done = subprocess.run(

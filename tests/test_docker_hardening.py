@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import socket
-import threading
 
 import backend_docker
 import pytest
+from listener import Listener
 
 from sandboxes import Limits, Policy
 
@@ -69,35 +68,6 @@ def _gateway() -> str:
     return config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
 
 
-class Listener:
-    """A TCP listener on the host that records whether anything connected."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("0.0.0.0", 0))
-        self.sock.listen()
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.connections = 0
-        self._stop = False
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop:
-            try:
-                conn, _ = self.sock.accept()
-            except TimeoutError:
-                continue
-            self.connections += 1
-            conn.close()
-
-    def close(self) -> None:
-        self._stop = True
-        self._thread.join()
-        self.sock.close()
-
-
 # `_socket` (an extension module) rather than `socket`: the test is about the container, and must not
 # depend on which pure-Python modules the runner lets code import.
 CONNECT = (
@@ -114,7 +84,7 @@ CONNECT = (
 
 
 async def test_no_network_unless_asked_for():
-    listener = Listener()
+    listener = Listener("0.0.0.0")  # reachable from the bridge
     try:
         host = _gateway()
         async with backend_docker.make_executor(policy=OPEN, timeout=20, pool=False) as ex:
@@ -124,12 +94,12 @@ async def test_no_network_unless_asked_for():
                 ex, "import os, json; print(json.dumps(sorted(os.listdir('/sys/class/net'))))"
             )
             assert interfaces == ["lo"]
-        assert listener.connections == 0
+        assert listener.connections == []
         # the same code under a policy with network=True reaches the listener: the test above can fail
         networked = OPEN.model_copy(update={"network": True})
         async with backend_docker.make_executor(policy=networked, timeout=20, pool=False) as ex:
             assert await run_json(ex, CONNECT.format(host=host, port=listener.port)) == "connected"
-        assert listener.connections == 1
+        assert len(listener.connections) == 1
     finally:
         listener.close()
 

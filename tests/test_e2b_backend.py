@@ -21,6 +21,7 @@ from sandboxes.backends.e2b import E2BExecutor
 
 pytestmark = [
     pytest.mark.anyio,
+    pytest.mark.e2b,
     pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
 ]
 
@@ -140,13 +141,6 @@ async def test_pip_packages_are_installed_once_per_sandbox():
     assert result.ok and result.stdout == "ok\n"
 
 
-def test_pip_options_are_refused_before_anything_starts():
-    with pytest.raises(ValueError, match="requirement specifier"):
-        make_executor(pip_packages=["--index-url=http://example.invalid/simple", "pandas"])
-    with pytest.raises(TypeError):
-        make_executor(pip_packages="pandas")
-
-
 async def test_env_is_the_sandbox_environment():
     policy = Policy(allowed_imports=["os"])
     async with make_executor(policy=policy, timeout=10, env={"TZ": "UTC", "GREETING": "hi"}) as ex:
@@ -201,14 +195,6 @@ async def test_concurrent_sessions_are_bounded_per_api_key():
     assert sorted(r.stdout for r in results) == [f"{n}\n" for n in range(5)]
     assert stats["created"] == 5
     assert stats["peak_running"] == 2  # parallel up to the bound, never beyond it
-
-
-def test_a_missing_api_key_is_a_clear_error(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.delenv("E2B_API_KEY", raising=False)
-    options = connection()
-    del options["api_key"]
-    with pytest.raises(BackendUnavailable, match="E2B_API_KEY"):
-        E2BExecutor(**options)
 
 
 async def test_a_rejected_api_key_is_a_clear_error():

@@ -17,6 +17,7 @@ from sandboxes.backends.e2b import E2BExecutor
 
 pytestmark = [
     pytest.mark.anyio,
+    pytest.mark.e2b,
     pytest.mark.e2b_live,
     pytest.mark.skipif(
         not os.environ.get("E2B_API_KEY"), reason="E2B_API_KEY is not set: live E2B tests skipped"

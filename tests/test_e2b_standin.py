@@ -14,6 +14,7 @@ from backend_e2b import connection, standin, unavailable
 
 pytestmark = [
     pytest.mark.anyio,
+    pytest.mark.e2b,
     pytest.mark.skipif(unavailable() is not None, reason=str(unavailable())),
 ]
 

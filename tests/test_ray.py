@@ -19,7 +19,7 @@ from needs import require
 
 from sandboxes import HostExecutor, Policy, WorkerStartError
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.ray]
 
 SLEEPER = Policy(allowed_imports=["time"])
 
@@ -187,6 +187,7 @@ async def test_a_cancelled_run_replaces_the_session(cluster: Any) -> None:
     assert gone.error is not None and gone.error.type == "NameError"
 
 
+@pytest.mark.docker
 async def test_docker_on_the_node(cluster: Any) -> None:
     import backend_docker
 
@@ -197,15 +198,6 @@ async def test_docker_on_the_node(cluster: Any) -> None:
         result = await ex.run("import math\nprint(math.factorial(10))")
         assert ex.isolation == "container"
     assert result.ok and result.stdout == "3628800\n", result
-
-
-def test_node_options_are_checked_when_the_executor_is_made() -> None:
-    from sandboxes.backends.ray import RayExecutor
-
-    with pytest.raises(TypeError, match="isolaton"):
-        RayExecutor(node_backend="host", isolaton="process")
-    with pytest.raises(ValueError, match="node_backend"):
-        RayExecutor(node_backend="e2b")
 
 
 def _driver(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,8 @@ import pytest
 from sandboxes import HostExecutor, Policy
 from sandboxes.backends.raynode import NodeAgent
 
-pytestmark = pytest.mark.anyio
+# No cluster, but the node agent's reaper imports ray: the ray tier.
+pytestmark = [pytest.mark.anyio, pytest.mark.ray]
 
 
 async def opened(agent: NodeAgent, session: str, tools: list[str] | None = None, **options: Any) -> None:

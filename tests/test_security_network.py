@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Iterator
 
 import pytest
+from listener import Listener
 from security_helpers import ESCAPED, assert_usable
 
 from sandboxes import Policy
@@ -20,43 +20,6 @@ from sandboxes import Policy
 pytestmark = pytest.mark.anyio
 
 NET_MODULES = ["socket", "_socket", "urllib", "urllib.*", "http", "http.*", "ssl", "select", "os"]
-
-
-class Listener:
-    """A loopback TCP server that records every connection it accepts."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.listen(16)
-        self.sock.settimeout(0.2)
-        self.port: int = self.sock.getsockname()[1]
-        self.connections: list[tuple[str, int]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, addr = self.sock.accept()
-            except OSError:
-                continue
-            self.connections.append(addr)
-            conn.close()
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self.sock.close()
-
-
-@pytest.fixture
-def listener() -> Iterator[Listener]:
-    server = Listener()
-    yield server
-    server.close()
 
 
 ROUTES = {

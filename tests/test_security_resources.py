@@ -20,6 +20,9 @@ MEMORY = {
     "one huge allocation": "x = bytearray(10 ** 11)",
     "string multiplication": "s = 'a' * (10 ** 10)",
     "list of big strings": "keep = []\nwhile True:\n    keep.append(' ' * 10 ** 7)",
+    # Small pieces leave the runner less than one piece of room when the limit is hit: without the
+    # runner's own reserve it could not even read the output pipe, and the session died with it.
+    "list of small strings": "keep = []\nwhile True:\n    keep.append(' ' * 10 ** 5)",
     "big integer": "n = 1 << (10 ** 11)",
     "nested lists": "x = [[0] * 10 ** 6 for _ in range(10 ** 4)]",
 }

@@ -32,13 +32,15 @@ The containers themselves (settings, start, pool, the worker on the attach socke
 
 from __future__ import annotations
 
-from typing import Any, Unpack
+from typing import Unpack
 
 import anyio
 
 from ..errors import BackendUnavailable
 from ..executor import Executor, ExecutorOptions
 from ..images import DEFAULT_IMAGE, image_missing_message, stale_runner
+from ..runtime.protocol import InitRequest, LimitsConfig
+from ..session import RunnerSession, Session
 from ..worker import Worker
 from .dockercontainer import (
     POOL_SIZE,
@@ -117,48 +119,33 @@ class DockerExecutor(Executor):
             file_size_mb=file_size_mb, host_workdir=self.workdir,
         )  # fmt: skip
         self.pool_size = max(0, pool_size) if pool and self.workdir is None else 0
-        self._refill_due = False
-
-    async def _release_worker(self, worker: Worker) -> None:
-        # close(): the runner is idle between runs (the executor's lock), so releasing is enough and
-        # close() returns in microseconds; the container is stopped at once and removed shortly after.
-        if isinstance(worker, DockerWorker):
-            worker.release()
-        else:
-            await worker.kill()
-
-    def _init_message(self) -> dict[str, Any]:
-        message = super()._init_message()
-        limits = dict(message["policy"].get("limits", {}))
-        # 0: the runner leaves RLIMIT_NPROC and RLIMIT_AS alone; the container's PID and memory limits
-        # apply instead (a cgroup counts memory in use, not address space that threads reserve).
-        limits["max_processes"] = 0
-        limits["memory_mb"] = 0
-        message["policy"] = {**message["policy"], "limits": limits}
-        return message
 
     @property
     def container_id(self) -> str | None:
         """The id of the session's current container (None before open and after close)."""
-        worker = self._worker
+        session = self.session
+        worker = session.worker if isinstance(session, RunnerSession) else None
         return worker.container_id if isinstance(worker, DockerWorker) else None
 
-    async def _start_worker(self) -> Worker:
+    async def _new_session(self) -> Session:
         await anyio.to_thread.run_sync(self._prepare)
         worker = take_pooled(self.settings) if self.pool_size else None
         if worker is None:
             worker = await anyio.to_thread.run_sync(start_container, self.settings)
-        self._refill_due = self.pool_size > 0
-        return worker
-
-    async def _ensure_worker(self) -> Worker:
-        worker = await super()._ensure_worker()
-        if self._refill_due:
+        session = await self._runner_session(worker, self._container_init(), _release)
+        if self.pool_size:
             # After the handshake, not before: starting a container loads the daemon and the CPU,
             # and the session that just took a warm container should not wait behind that.
-            self._refill_due = False
             refill(self.settings, self.pool_size)
-        return worker
+        return session
+
+    def _container_init(self) -> InitRequest:
+        init = self._runner_init()
+        # 0: the runner leaves RLIMIT_NPROC and RLIMIT_AS alone; the container's PID and memory limits
+        # apply instead (a cgroup counts memory in use, not address space that threads reserve).
+        limits: LimitsConfig = {**init["policy"]["limits"], "max_processes": 0, "memory_mb": 0}
+        init["policy"] = {**init["policy"], "limits": limits}
+        return init
 
     def _prepare(self) -> None:
         """Connect, check the image once per process, sweep orphans once per process (blocking)."""
@@ -177,3 +164,12 @@ class DockerExecutor(Executor):
                 raise BackendUnavailable(problem)
             _checked_images.add(self.settings.image)
             sweep_orphans_soon()
+
+
+async def _release(worker: Worker) -> None:
+    # close(): the runner is idle between runs (the executor's lock), so releasing is enough and
+    # close() returns in microseconds; the container is stopped at once and removed shortly after.
+    if isinstance(worker, DockerWorker):
+        worker.release()
+    else:
+        await worker.kill()

@@ -50,6 +50,7 @@ import anyio
 from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
 from ..executor import KILL_TIMEOUT, Executor, ExecutorOptions
 from ..runtime import RUNTIME_DIR
+from ..session import Session
 from ..worker import Worker, WorkerExit, WorkerExited
 
 REMOTE_RUNTIME = ".kodeagent/runtime"
@@ -91,7 +92,7 @@ def _limiter(api_key: str, limit: int) -> anyio.CapacityLimiter:
     return limiter
 
 
-class _Session:
+class _Sandbox:
     """One sandbox: the SDK object, its concurrency slot and its lifetime."""
 
     def __init__(
@@ -144,7 +145,7 @@ class E2BWorker(Worker):
 
     isolation = "e2b-microvm"
 
-    def __init__(self, session: _Session) -> None:
+    def __init__(self, session: _Sandbox) -> None:
         self.session = session
         self._line_in, self._lines = anyio.create_memory_object_stream[bytes](math.inf)
         self._pending: list[str] = []
@@ -395,72 +396,43 @@ class E2BExecutor(Executor):
         for name, value in (("api_url", api_url), ("sandbox_url", sandbox_url), ("domain", domain)):
             if value is not None:
                 self._connection[name] = value
-        self._session: _Session | None = None
+        self._sandbox: _Sandbox | None = None
 
     @property
     def sandbox_id(self) -> str | None:
         """The id of the session's current sandbox (None before open or after it was lost)."""
-        return self._session.sandbox_id if self._session else None
+        return self._sandbox.sandbox_id if self._sandbox else None
 
-    # ----------------------------------------------------------------- lifecycle
+    # ----------------------------------------------------------------- the backend's hooks
 
-    async def open(self) -> E2BExecutor:
-        try:
-            return await super().open()
-        except BaseException:
-            await self._drop_session()
-            raise
+    async def _close_backend(self) -> None:
+        # The sandbox outlives the runners started in it (a timeout restarts only the runner).
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            await sandbox.kill()
 
-    async def close(self) -> None:
-        try:
-            await super().close()
-        finally:
-            await self._drop_session()
-
-    async def _drop_session(self) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.kill()
-
-    async def _release_worker(self, worker: Worker) -> None:
-        # close() kills the whole sandbox right after this, which stops the runner with it.
-        if isinstance(worker, E2BWorker):
-            await worker.detach()
-        else:
-            await worker.kill()
-
-    async def _ensure_worker(self) -> Worker:
-        # run() asks `alive()` itself; upload/download/reset come through here, so that a file sent
-        # after the sandbox expired while idle lands in the new sandbox (and the next run says so).
-        worker = self._worker
-        if worker is not None and not await worker.alive():
-            await self._discard_worker()
-        return await super()._ensure_worker()
-
-    # ----------------------------------------------------------------- starting
-
-    async def _start_worker(self) -> Worker:
+    async def _new_session(self) -> Session:
         try:
             asyncio.get_running_loop()
         except RuntimeError:
             raise BackendUnavailable(
                 "the e2b SDK runs only on asyncio; use anyio's asyncio backend"
             ) from None
-        if self._session is not None and (self._session.gone or self._session.killed):
-            await self._drop_session()
+        if self._sandbox is not None and (self._sandbox.gone or self._sandbox.killed):
+            await self._close_backend()
         for attempt in (1, 2):
-            if self._session is None:
-                self._session = await self._new_session()
-            worker = E2BWorker(self._session)
+            if self._sandbox is None:
+                self._sandbox = await self._new_sandbox()
+            worker = E2BWorker(self._sandbox)
             worker.workdir = self.remote_workdir
             try:
                 await worker.start(self._runner_command(), self.env)
-                return worker
+                break
             except Exception as exc:
-                await self._drop_session()  # the sandbox may be gone; a new one is tried once
+                await self._close_backend()  # the sandbox may be gone; a new one is tried once
                 if attempt == 2:
                     raise WorkerStartError(f"could not start the runner in the E2B sandbox: {exc}") from exc
-        raise AssertionError("unreachable")
+        return await self._runner_session(worker, release=_detach)
 
     def _runner_command(self) -> str:
         # Started by bash in the working directory: the launcher makes the runner the leader of a
@@ -470,10 +442,10 @@ class E2BExecutor(Executor):
         workdir = shlex.quote(self.remote_workdir)
         return f"mkdir -p -- {workdir} && cd -- {workdir} && exec python3 -I {PROCTOOLS} launch {runner}"
 
-    async def _new_session(self) -> _Session:
+    async def _new_sandbox(self) -> _Sandbox:
         e2b = _sdk()
         limiter = _limiter(self.api_key, self.max_concurrent_sandboxes)
-        session = _Session(None, limiter, self.sandbox_timeout, self.timeout)
+        session = _Sandbox(None, limiter, self.sandbox_timeout, self.timeout)
         await limiter.acquire_on_behalf_of(session)
         session.extended_at = time.monotonic()
         try:
@@ -576,3 +548,12 @@ async def _runtime_files() -> list[tuple[str, bytes]]:
 
         _runtime_cache = await anyio.to_thread.run_sync(read)
     return _runtime_cache
+
+
+async def _detach(worker: Worker) -> None:
+    # A normal close: the executor kills the whole sandbox right after (`_close_backend`), which stops
+    # the runner with it, so there is no need to wait for a kill inside the sandbox first.
+    if isinstance(worker, E2BWorker):
+        await worker.detach()
+    else:
+        await worker.kill()

@@ -32,7 +32,7 @@ import anyio
 
 from ..errors import BackendUnavailable, WorkerStartError
 from ..executor import Executor, ExecutorOptions
-from ..worker import Worker
+from ..session import Session
 from .hostprocess import _LIVE_WORKERS, HostWorker, fork_worker, namespaces_available, spawn_worker
 
 Isolation = Literal["auto", "namespaces", "process"]
@@ -131,7 +131,7 @@ class HostExecutor(Executor):
             )
         return "process"
 
-    async def _start_worker(self) -> Worker:
+    async def _new_session(self) -> Session:
         level = await anyio.to_thread.run_sync(self._isolation_level)
         key = (level, self.policy.network)
         worker = _take_pooled(key) if self.use_pool else None
@@ -141,4 +141,4 @@ class HostExecutor(Executor):
             _LIVE_WORKERS.add(worker)
         if self.use_pool:
             _refill(key)
-        return worker
+        return await self._runner_session(worker)

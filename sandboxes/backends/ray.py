@@ -44,10 +44,11 @@ from typing import Any, Literal, cast
 
 import anyio
 
-from ..errors import SandboxFileError, WorkerStartError
+from ..errors import WorkerStartError
 from ..executor import COMMON_OPTIONS, KILL_TIMEOUT, Executor, ExecutorOptions
-from ..models import ExecutionError, ExecutionResult
-from ..worker import Worker
+from ..models import ExecutionResult
+from ..runtime.protocol import NodeAnswer, NodeError, NodeOpened, NodeRunEvent, NodeToolEvent, ToolCall
+from ..session import Session, SessionLost, ToolCaller
 from . import executor_class
 from .raycluster import (
     SANDBOX_RESOURCE,
@@ -68,7 +69,7 @@ from .raycluster import (
 )
 from .raynode import RAISABLE
 
-__all__ = ["SANDBOX_RESOURCE", "RayExecutor", "capacity", "connect", "describe"]
+__all__ = ["SANDBOX_RESOURCE", "RayExecutor", "RaySession", "capacity", "connect", "describe"]
 
 
 NODE_BACKENDS = ("host", "docker")
@@ -135,32 +136,21 @@ class RayExecutor(Executor):
         }  # fmt: skip
         # refuses unknown or invalid options now, not at open
         executor_class(node_backend)(**self.node_options)
-        self._placement: Placement | None = None
-
-    async def _start_worker(self) -> Worker:  # pragma: no cover - sessions are opened by `_place`
-        raise NotImplementedError("the ray backend delegates whole sessions to its nodes")
 
     @property
     def node_id(self) -> str | None:
         """The Ray node id of the session's node (None before open, after close, after a lost node)."""
-        return self._placement.node_id if self._placement else None
+        session = self.session
+        return session.placement.node_id if isinstance(session, RaySession) else None
 
-    # ----------------------------------------------------------------- lifecycle
-
-    async def _open_session(self) -> None:
+    async def _new_session(self) -> Session:
         """Connect to the cluster and place the session on a node. Raises `BackendUnavailable` when no
         cluster is reachable or it declares no capacity."""
         if not ray_module().is_initialized():
             await anyio.to_thread.run_sync(connect, self.address, self.init_options)
-        await self._place()
+        return await self._place()
 
-    async def _close_session(self) -> None:
-        """Close the session on its node and free its capacity."""
-        placement, self._placement = self._placement, None
-        if placement is not None:
-            await _release(placement)
-
-    async def _place(self) -> None:
+    async def _place(self) -> RaySession:
         """Reserve a unit of capacity (Ray picks the node; or this process's idle reservation is reused),
         then open the session on that node's agent."""
         from ray.exceptions import RayActorError, RayError
@@ -172,8 +162,13 @@ class RayExecutor(Executor):
             handle = agent(reservation.node_id)
             session_id = uuid.uuid4().hex
             try:
-                answer = await handle.open.remote(session_id, reservation.group.id.hex(), self.node_backend,
-                                                  self.node_options, sorted(self.tools))  # fmt: skip
+                answer: NodeOpened | NodeError = await handle.open.remote(
+                    session_id,
+                    reservation.group.id.hex(),
+                    self.node_backend,
+                    self.node_options,
+                    sorted(self.tools),
+                )
             except RayActorError as exc:
                 # The agent (or its node) died: forget it and its node's reservations; try once more.
                 forget_agent(reservation.node_id)
@@ -195,68 +190,51 @@ class RayExecutor(Executor):
             if answer["kind"] == "error":
                 keep_reservation(reservation)
                 raise RAISABLE.get(answer["type"], WorkerStartError)(answer["message"])
-            self._placement = Placement(session_id, reservation, handle)
-            self._isolation = answer["isolation"]
-            return
+            return RaySession(Placement(session_id, reservation, handle), answer["isolation"])
+        raise AssertionError("unreachable")
 
-    async def _lose(self, placement: Placement, exc: BaseException | None = None) -> None:
-        """Drop a session whose node failed or went silent; the next run places a new one."""
-        from ray.exceptions import RayActorError
 
-        if self._placement is placement:
-            self._placement = None
-        if isinstance(exc, RayActorError):
-            forget_agent(placement.node_id)
-            drop_reservations(placement.node_id)
-        with anyio.CancelScope(shield=True):
-            await _release(placement, timeout=5.0, keep=False)
+class RaySession(Session):
+    """A session on a cluster node: the node's agent runs it with an executor of the node's backend,
+    which enforces the timeout next to the worker (this side waits `RUN_SLACK` longer, as a backstop)."""
 
-    # ----------------------------------------------------------------- running code
+    timeout_backstop = RUN_SLACK
 
-    async def _discard_worker(self) -> None:
-        # A run cancelled mid-way: the session's state is unknown, so it is replaced.
-        if self._placement is not None:
-            await self._lose(self._placement)
-        self._state_lost_pending = True
+    def __init__(self, placement: Placement, isolation: str) -> None:
+        self.placement = placement
+        self.isolation = isolation
+        self._ended = False
 
-    async def _run_locked(self, code: str | bytes) -> ExecutionResult:
+    async def run(self, code: str, call_tool: ToolCaller) -> ExecutionResult:
         from ray.exceptions import RayError
 
-        if self._placement is None:
-            await self._place()
-        state_lost, self._state_lost_pending = self._state_lost_pending, False
-        placement = self._placement
-        assert placement is not None
-        limit = self.timeout + RUN_SLACK
+        placement = self.placement
         try:
-            with anyio.fail_after(limit):
-                event = await placement.agent.run.remote(placement.session_id, code)
-                while event["kind"] == "tool":
-                    event = await self._serve_tool(placement, event)
-        except TimeoutError:
-            await self._lose(placement)
-            return ExecutionResult(timed_out=True, state_lost=True, error=ExecutionError(
-                type="Timeout", message=f"the cluster node did not answer within {limit:g} s; the session was "
-                "dropped and the next run starts a fresh one; variables from earlier runs are lost"))  # fmt: skip
+            event: NodeRunEvent = await placement.agent.run.remote(placement.session_id, code)
+            while event["kind"] == "tool":
+                event = await self._serve_tool(event, call_tool)
         except RayError as exc:
-            await self._lose(placement, exc)
-            return _node_lost(_describe(exc))
+            self._forget_node(exc)
+            raise SessionLost(f"the cluster node running this session was lost ({_describe(exc)})") from exc
         if event["kind"] == "lost":
-            await self._lose(placement)
-            return _node_lost(event["message"])
+            raise SessionLost(f"the cluster node running this session was lost ({event['message']})")
         if event["kind"] == "error":
             raise RAISABLE.get(event["type"], WorkerStartError)(event["message"])
-        result = ExecutionResult.model_validate(event["result"])
-        result.state_lost = result.state_lost or state_lost
-        return result
+        return ExecutionResult.model_validate(event["result"])
 
-    async def _serve_tool(self, placement: Placement, call: dict[str, Any]) -> dict[str, Any]:
+    async def _serve_tool(self, call: NodeToolEvent, call_tool: ToolCaller) -> NodeRunEvent:
         """Call the tool here while waiting for the run's next event: if the node's timeout ends the run
         first, the tool is abandoned (a blocking one in its thread), as on the local backends."""
         from ray.exceptions import RayError
 
+        placement = self.placement
+
         async def answer() -> None:
-            reply = await self._call_tool(call)
+            request: ToolCall = {
+                "op": "tool_call", "id": call["id"], "name": call["name"], "args": call["args"],
+                "kwargs": call["kwargs"],
+            }  # fmt: skip
+            reply = await call_tool(request)
             try:
                 await placement.agent.answer.remote(placement.session_id, call["id"], reply)
             except RayError:
@@ -266,7 +244,7 @@ class RayExecutor(Executor):
         async with anyio.create_task_group() as group:
             group.start_soon(answer)
             try:
-                event: dict[str, Any] = await placement.agent.next_event.remote(placement.session_id)
+                event: NodeRunEvent = await placement.agent.next_event.remote(placement.session_id)
             except RayError as exc:  # raised outside the group, so the caller sees it, not a group of it
                 failure = exc
             group.cancel_scope.cancel()
@@ -274,60 +252,51 @@ class RayExecutor(Executor):
             raise failure
         return event
 
-    # ----------------------------------------------------------------- state and files
-
     async def reset(self) -> None:
-        """Forget every variable of the session (the working directory's files stay)."""
-        self._check_usable()
-        async with self._lock:
-            if self._placement is None:
-                await self._place()
-            else:
-                await self._node_call("reset")
-            self._state_lost_pending = False
+        await self._node_call("reset")
 
-    async def upload(self, path: str, data: bytes | str) -> None:
-        """Write a file into the session's working directory on its node (`path` is relative to it)."""
-        self._check_usable()
-        payload = data.encode() if isinstance(data, str) else bytes(data)
-        async with self._lock:
-            await self._node_call("upload", path, payload)
+    async def upload(self, path: str, data: bytes) -> None:
+        await self._node_call("upload", path, data)
 
     async def download(self, path: str) -> bytes:
-        """Read a file from the session's working directory on its node (`path` is relative to it)."""
-        self._check_usable()
-        async with self._lock:
-            value: bytes = await self._node_call("download", path)
-            return value
+        value: bytes = await self._node_call("download", path)
+        return value
 
     async def _node_call(self, method: str, *args: Any) -> Any:
         from ray.exceptions import RayError
 
-        if self._placement is None:
-            await self._place()
-        placement = self._placement
-        assert placement is not None
+        placement = self.placement
         try:
-            with anyio.fail_after(self.timeout + RUN_SLACK):
-                answer = await getattr(placement.agent, method).remote(placement.session_id, *args)
-        except (RayError, TimeoutError) as exc:
-            await self._lose(placement, exc)
-            answer = {"kind": "lost", "message": _describe(exc) if isinstance(exc, RayError) else "no answer"}
+            answer: NodeAnswer = await getattr(placement.agent, method).remote(placement.session_id, *args)
+        except RayError as exc:
+            self._forget_node(exc)
+            raise SessionLost(f"the cluster node holding the session was lost ({_describe(exc)})") from exc
         if answer["kind"] == "lost":
-            self._state_lost_pending = True
-            if method == "reset":
-                return None
-            raise SandboxFileError(f"the cluster node holding the session was lost ({answer['message']}); "
-                                   "the next run starts a fresh session on a live node")  # fmt: skip
+            raise SessionLost(f"the cluster node holding the session was lost ({answer['message']})")
         if answer["kind"] == "error":
             raise RAISABLE.get(answer["type"], WorkerStartError)(answer["message"])
         return answer["value"]
 
+    def _forget_node(self, exc: BaseException) -> None:
+        from ray.exceptions import RayActorError
 
-def _node_lost(detail: str) -> ExecutionResult:
-    return ExecutionResult(state_lost=True, error=ExecutionError(
-        type="WorkerCrashed", message=f"the cluster node running this session was lost during the run ({detail}); "
-        "the next run starts a fresh session on a live node; variables from earlier runs are lost"))  # fmt: skip
+        if isinstance(exc, RayActorError):  # the agent (or its node) died: its reservations with it
+            forget_agent(self.placement.node_id)
+            drop_reservations(self.placement.node_id)
+
+    async def close(self) -> None:
+        """Close the session on its node and keep its capacity for a while (see `LINGER`)."""
+        if not self._ended:
+            self._ended = True
+            await _release(self.placement)
+
+    async def discard(self) -> None:
+        """Drop a session whose node failed, went silent or whose run was cancelled: close it there if
+        the node answers soon, and give its capacity back to the cluster at once."""
+        if not self._ended:
+            self._ended = True
+            with anyio.CancelScope(shield=True):
+                await _release(self.placement, timeout=5.0, keep=False)
 
 
 def _describe(exc: BaseException) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 
 from .. import errors
 from ..executor import Executor
+from ..runtime.protocol import NodeAnswer, NodeError, NodeLost, NodeOpened, NodeRunEvent, ToolResult
 from . import executor_class
 
 REAP_INTERVAL = 10.0
@@ -47,8 +48,8 @@ class _Session:
     def __init__(self, placement_group: str) -> None:
         self.placement_group = placement_group
         self.executor: Executor | None = None
-        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.events: asyncio.Queue[NodeRunEvent] = asyncio.Queue()
+        self.pending: dict[int, asyncio.Future[ToolResult]] = {}
         self.task: asyncio.Task[None] | None = None
         self.ids = itertools.count(1)
 
@@ -57,7 +58,7 @@ class _Session:
 
         async def call_in_parent(*args: Any, **kwargs: Any) -> Any:
             call_id = next(self.ids)
-            answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+            answer: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
             self.pending[call_id] = answer
             self.events.put_nowait({"kind": "tool", "id": call_id, "name": name, "args": list(args),
                                     "kwargs": kwargs})  # fmt: skip
@@ -76,7 +77,10 @@ class _Session:
         return call_in_parent
 
 
-def _failure(exc: BaseException) -> dict[str, Any]:
+_LOST: NodeLost = {"kind": "lost", "message": "this node no longer holds the session"}
+
+
+def _failure(exc: BaseException) -> NodeError:
     name = type(exc).__name__
     return {"kind": "error", "type": name if name in RAISABLE else "WorkerStartError", "message": str(exc)}
 
@@ -97,7 +101,7 @@ class NodeAgent:
         return {"pid": os.getpid(), "sessions": len(self.sessions)}
 
     async def open(self, session_id: str, placement_group: str, backend: str, options: dict[str, Any],
-                   tool_names: list[str]) -> dict[str, Any]:  # fmt: skip
+                   tool_names: list[str]) -> NodeOpened | NodeError:  # fmt: skip
         """Open a session of the node's `backend`; answers ``{"kind": "opened", "isolation": ...}``."""
         if self._reaper is None:
             self._reaper = asyncio.get_running_loop().create_task(self._reap())
@@ -112,11 +116,11 @@ class NodeAgent:
         self.sessions[session_id] = session
         return {"kind": "opened", "isolation": executor.isolation}
 
-    async def run(self, session_id: str, code: str | bytes) -> dict[str, Any]:
+    async def run(self, session_id: str, code: str) -> NodeRunEvent:
         """Start a run; answers with its first event (a tool call, or ``done`` with the result)."""
         session = self.sessions.get(session_id)
         if session is None or session.executor is None:
-            return {"kind": "lost", "message": "this node no longer holds the session"}
+            return _LOST
         if session.task is not None and not session.task.done():
             return {
                 "kind": "error",
@@ -126,7 +130,7 @@ class NodeAgent:
         session.task = asyncio.get_running_loop().create_task(self._run(session, session.executor, code))
         return await session.events.get()
 
-    async def _run(self, session: _Session, executor: Executor, code: str | bytes) -> None:
+    async def _run(self, session: _Session, executor: Executor, code: str) -> None:
         try:
             result = await executor.run(code)
         except Exception as exc:  # misuse or a backend failure: the parent raises it again
@@ -134,14 +138,14 @@ class NodeAgent:
             return
         session.events.put_nowait({"kind": "done", "result": result.model_dump(mode="json")})
 
-    async def next_event(self, session_id: str) -> dict[str, Any]:
+    async def next_event(self, session_id: str) -> NodeRunEvent:
         """The run's next event, after the parent answered a tool call (or while it still works on it)."""
         session = self.sessions.get(session_id)
         if session is None:
-            return {"kind": "lost", "message": "this node no longer holds the session"}
+            return _LOST
         return await session.events.get()
 
-    async def answer(self, session_id: str, call_id: int, reply: dict[str, Any]) -> None:
+    async def answer(self, session_id: str, call_id: int, reply: ToolResult) -> None:
         """The parent's answer to a tool call: ``{"value": ...}`` or ``{"error": {"type", "message"}}``.
         An answer that comes after the run gave up on it (timeout) is dropped."""
         session = self.sessions.get(session_id)
@@ -149,19 +153,19 @@ class NodeAgent:
         if future is not None and not future.done():
             future.set_result(reply)
 
-    async def reset(self, session_id: str) -> dict[str, Any]:
+    async def reset(self, session_id: str) -> NodeAnswer:
         return await self._call(session_id, "reset")
 
-    async def upload(self, session_id: str, path: str, data: bytes) -> dict[str, Any]:
+    async def upload(self, session_id: str, path: str, data: bytes) -> NodeAnswer:
         return await self._call(session_id, "upload", path, data)
 
-    async def download(self, session_id: str, path: str) -> dict[str, Any]:
+    async def download(self, session_id: str, path: str) -> NodeAnswer:
         return await self._call(session_id, "download", path)
 
-    async def _call(self, session_id: str, method: str, *args: Any) -> dict[str, Any]:
+    async def _call(self, session_id: str, method: str, *args: Any) -> NodeAnswer:
         session = self.sessions.get(session_id)
         if session is None or session.executor is None:
-            return {"kind": "lost", "message": "this node no longer holds the session"}
+            return _LOST
         try:
             value = await getattr(session.executor, method)(*args)
         except Exception as exc:

@@ -7,6 +7,7 @@ most:
 
 - ``stdout`` and ``stderr``: ``L`` characters each, plus the marker;
 - the final answer: ``L`` characters of JSON (a longer answer comes back as the cut JSON text);
+- the value of the code's last expression, in a run without a final answer: the same;
 - the error: ``ERROR_TYPE_LIMIT`` + ``ERROR_MESSAGE_LIMIT`` + ``TRACEBACK_LIMIT`` characters;
 - ``ARTIFACT_COUNT_LIMIT`` artifacts with paths of at most ``ARTIFACT_PATH_LIMIT`` characters.
 

@@ -16,8 +16,9 @@ Requests and replies::
                                            -> {"op": "reply", "pid", "uid", "token"}
     {"op": "run", "code": "..."}           -> {"op": "reply", "stdout", "stderr", "stdout_omitted",
                                                "stderr_omitted", "truncated", "error", "oom",
-                                               "final_answer", "has_final_answer", "artifacts",
-                                               "artifacts_omitted"}   (every part bounded: bounds.py)
+                                               "final_answer", "has_final_answer", "value",
+                                               "artifacts", "artifacts_omitted"}
+                                                  (every part bounded: bounds.py)
     {"op": "reset"}                        -> {"op": "reply"}
     during a run:  {"op": "tool_call", "id", "name", "args", "kwargs"}  <- {"op": "tool_result", ...}
     on a startup failure: {"op": "fatal", "message": "..."}, then exit
@@ -27,6 +28,7 @@ Values cross as JSON, never pickle. Only the stdlib and RestrictedPython are nee
 
 from __future__ import annotations
 
+import ast
 import builtins
 import codecs
 import fcntl
@@ -34,13 +36,19 @@ import importlib.util
 import io
 import json
 import linecache
+import mmap
 import os
+import re
 import select
 import sys
 import threading
 import time
 import traceback
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # the wire's types, for the type checker only: the runner imports nothing at run time
+    from .protocol import InitReply, InitRequest, Reply, RunError, RunReply, ToolCall, ToolResult
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -67,6 +75,8 @@ json = _private_json()  # noqa: F811
 MAX_ARTIFACT_SCAN = 5000
 PIPE_BYTES = 1 << 20
 READ_BYTES = 1 << 20
+RESERVE_BYTES = 32 << 20
+"""Address space the runner keeps back for itself under a memory limit (added to the limit)."""
 
 
 def _load_sibling(name: str) -> Any:
@@ -109,7 +119,7 @@ class Channel:
             except OSError:
                 pass
 
-    def send(self, message: dict[str, Any], limit: int | None = None) -> None:
+    def send(self, message: Mapping[str, Any], limit: int | None = None) -> None:
         """Write one message; with `limit`, refuse (ValueError, nothing sent) one longer than that."""
         if self.forked_child:
             raise RuntimeError("a forked process cannot use the sandbox channel")
@@ -121,12 +131,11 @@ class Channel:
         while data:
             data = data[os.write(self.write_fd, data) :]
 
-    def receive(self) -> dict[str, Any] | None:
+    def receive(self) -> Any:
         line = self.reader.readline()
         if not line:
             return None
-        message: dict[str, Any] = json.loads(line)
-        return message
+        return json.loads(line)  # a request, or a tool's result: the caller knows which
 
 
 class Capture:
@@ -245,6 +254,33 @@ class Drain:
             return [capture.collect() for capture in self.captures]
 
 
+class MemoryReserve:
+    """Address space the runner holds back from the code, so that it can still describe the run, collect
+    its output and send the reply after the code used up the memory limit (and kept what it took).
+
+    An anonymous mapping that is never touched: it counts against RLIMIT_AS but is never resident.
+    Released the moment the code's run ends, taken again after the reply once there is room.
+    """
+
+    def __init__(self, size: int, system: Any) -> None:
+        self.size = size
+        self.system = system
+        self.block: mmap.mmap | None = None
+
+    def take(self) -> None:
+        if self.size and self.block is None:
+            try:
+                with self.system.trusted():  # the audit hook refuses mmap to the code, not to us
+                    self.block = mmap.mmap(-1, self.size)
+            except (OSError, ValueError, MemoryError):
+                pass  # the code still holds the memory: tried again after the next request
+
+    def release(self) -> None:
+        block, self.block = self.block, None
+        if block is not None:
+            block.close()
+
+
 class FinalAnswerSignal(BaseException):
     """Raised by `final_answer()`. A BaseException, so `except Exception:` in user code cannot catch it."""
 
@@ -277,6 +313,7 @@ class Runner:
         self.final: Any = None
         self.has_final = False
         self.workdir = os.path.realpath(os.getcwd())
+        self.reserve = MemoryReserve(0, self.system)
 
     # ------------------------------------------------------------------ requests
 
@@ -287,16 +324,23 @@ class Runner:
                 return
             op = message.get("op")
             if op == "init":
-                self.init(message)
-                self.channel.send({"op": "reply", "pid": os.getpid(), "uid": os.getuid()})
+                self.init(cast("InitRequest", message))
+                answer: InitReply = {"op": "reply", "pid": os.getpid(), "uid": os.getuid()}
+                self.channel.send(answer)
             elif op == "run":
-                self.channel.send(self.run(message.get("code", "")))
+                try:
+                    reply = self.run(message.get("code", ""))
+                except MemoryError:  # even the reserve did not suffice: a reply that needs next to nothing
+                    self.reserve.release()
+                    reply = _out_of_memory_reply()
+                self.channel.send(reply)
+                self.reserve.take()
             elif op == "reset":
                 self.namespace = self.fresh_namespace()  # finalizers of the old one run confined
-                self.channel.send({"op": "reply"})
+                self.channel.send(_reply())
             elif op == "warmup" and not self.initialised:
                 self.warm_up()
-                self.channel.send({"op": "reply"})
+                self.channel.send(_reply())
             else:
                 self.channel.send({"op": "fatal", "message": f"unknown request {op!r}"})
 
@@ -314,12 +358,16 @@ class Runner:
         self.drain.collect()
         self.drain.restart(self.output_limit)
 
-    def init(self, message: dict[str, Any]) -> None:
+    def init(self, message: InitRequest) -> None:
         policy = message["policy"]
         self.initialised = True
         os.environ.clear()
         os.environ.update(message.get("env", {}))
-        _apply_limits(policy.get("limits", {}))
+        limits = policy.get("limits", {})
+        if limits.get("memory_mb"):
+            self.reserve = MemoryReserve(RESERVE_BYTES, self.system)
+        _apply_limits(limits, extra_address_space=self.reserve.size)
+        self.reserve.take()
         self.python_guards = bool(policy.get("python_guards", True))
         trusted: dict[str, Any] = {name: self.make_tool(name) for name in message.get("tools", [])}
         trusted["final_answer"] = self.final_answer
@@ -372,14 +420,26 @@ class Runner:
         self.builtins.update(self.trusted_names)
         self.namespace["__builtins__"] = self.builtins
 
-    def compile(self, source: str, filename: str) -> Any:
+    def compile(self, source: str, filename: str, mode: str = "exec") -> Any:
         if self.python_guards:
-            return self.guard.compile(source, filename)
-        return compile(source, filename, "exec", dont_inherit=True)
+            return self.guard.compile(source, filename, mode)
+        return compile(source, filename, mode, dont_inherit=True)
+
+    def compile_cell(self, source: str, filename: str) -> tuple[Any, Any]:
+        """The code of a run, and apart from it its last statement when that is an expression, whose
+        value the reply carries (as a notebook's cell has a value). Where the split does not compile
+        (a starred tuple at the start of a line), the code compiles whole: it runs, without a value."""
+        split = _split_last_expression(source)
+        if split is not None:
+            try:
+                return self.compile(split[0], filename), self.compile(split[1], filename, "eval")
+            except Exception:  # compiled whole below: its error names every problem of the code
+                pass
+        return self.compile(source, filename), None
 
     # ------------------------------------------------------------------ running code
 
-    def run(self, source: str) -> dict[str, Any]:
+    def run(self, source: str) -> RunReply:
         self.cell += 1
         filename = f"<cell {self.cell}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -392,25 +452,39 @@ class Runner:
                 capture.attach()
             self.drain.restart(self.output_limit)
             before = _snapshot(self.workdir)
-        error: dict[str, Any] | None = None
+        error: RunError | None = None
         oom = False
         # The audit hook stays active from here on (see SystemGuard): describe() may run the code's
         # __str__, and its threads go on after the reply.
         self.system.active = self.python_guards
+        last: Any = None
+        value: Any = None
         try:
             with self.system.trusted():
-                code = self.compile(source, filename)
+                code, last = self.compile_cell(source, filename)
                 os.chdir(self.workdir)
             exec(code, self.namespace)
+            if last is not None:
+                value = eval(last, self.namespace)
         except FinalAnswerSignal:
             pass
         except BaseException as exc:  # everything the code raises becomes the result's error
+            self.reserve.release()  # first: describing a MemoryError needs memory
             oom = isinstance(exc, MemoryError)
             error = bounds.bound_error(self.describe(exc, filename))
+        self.reserve.release()
         _flush_streams()
         if self.channel.forked_child:
             os._exit(1 if error else 0)  # a fork of the code finished its copy of the snippet
         (stdout, stdout_omitted), (stderr, stderr_omitted) = self.drain.collect()
+        value_omitted = 0
+        if last is not None and error is None and not self.has_final:
+            # After the capture: what a __repr__ prints is not the code's output.
+            value, value_omitted = self.reply_value(value)
+            if self.channel.forked_child:
+                os._exit(0)
+        else:
+            value = None
         artifacts, artifacts_omitted = bounds.bound_artifacts(
             _changed_files(before, self._snapshot_trusted())
         )
@@ -423,14 +497,46 @@ class Runner:
             "stderr": stderr,
             "stdout_omitted": stdout_omitted,
             "stderr_omitted": stderr_omitted,
-            "truncated": bool(stdout_omitted or stderr_omitted or final_omitted or artifacts_omitted),
+            "truncated": bool(
+                stdout_omitted or stderr_omitted or final_omitted or value_omitted or artifacts_omitted
+            ),
             "error": error,
             "oom": oom,
             "final_answer": final,
             "has_final_answer": self.has_final,
+            "value": value,
             "artifacts": artifacts,
             "artifacts_omitted": artifacts_omitted,
         }
+
+    def reply_value(self, value: Any) -> tuple[Any, int]:
+        """The last expression's value as the reply carries it, and how many characters were cut: a
+        copy of its JSON when it has one that fits the output limit; else that JSON text, or its
+        repr() when it is not JSON, cut to head and tail. Never raises: the value's own `__repr__`
+        (or a dict subclass's `items`) may do anything, even call `final_answer`."""
+        final = self.final, self.has_final
+        try:
+            if value is None:
+                return None, 0
+            if isinstance(value, str):
+                return bounds.clip(str.__str__(value), self.output_limit)
+            try:
+                encoded = json.dumps(value, ensure_ascii=False)
+            except Exception:  # not JSON: what a notebook shows
+                text = str.__str__(repr(value))
+            else:
+                if len(encoded) <= self.output_limit:
+                    return json.loads(encoded), 0  # a copy: the code's threads may change the original
+                text = encoded
+            return bounds.clip(text, self.output_limit)
+        except BaseException:
+            try:
+                kind = bounds.clipped(str.__str__(type(value).__name__), 200)
+            except BaseException:
+                kind = "?"
+            return f"<unprintable value of type {kind}>", 0
+        finally:
+            self.final, self.has_final = final
 
     def _snapshot_trusted(self) -> dict[str, tuple[int, int]]:
         with self.system.trusted():
@@ -473,11 +579,16 @@ class Runner:
         with self.system.trusted():
             return builtins.__import__(name, None, None, fromlist, 0)
 
-    def final_answer(self, value: Any = None) -> None:
-        """End this run and hand `value` to the caller as the final answer.
+    def final_answer(self, *args: Any, **kwargs: Any) -> None:
+        """End this run and hand the value to the caller as the final answer.
 
-        A value that is not JSON becomes its `str()`; one whose JSON is longer than the output limit
-        becomes that JSON text, cut to head and tail (the result then says `truncated`)."""
+        The value comes positionally or under any one keyword (`final_answer(answer=x)`, as
+        smolagents' tool of that name is called). A value that is not JSON becomes its `str()`; one
+        whose JSON is longer than the output limit becomes that JSON text, cut to head and tail (the
+        result then says `truncated`)."""
+        if len(args) + len(kwargs) > 1:
+            raise TypeError("final_answer() takes one value: the answer")
+        value = args[0] if args else next(iter(kwargs.values()), None)
         try:
             encoded = json.dumps(value, ensure_ascii=False)
         except (TypeError, ValueError, RecursionError):
@@ -497,13 +608,19 @@ class Runner:
         def call_tool(*args: Any, **kwargs: Any) -> Any:
             self.tool_call_id += 1
             call_id = self.tool_call_id
-            message = {"op": "tool_call", "id": call_id, "name": name, "args": args, "kwargs": kwargs}
+            message: ToolCall = {
+                "op": "tool_call",
+                "id": call_id,
+                "name": name,
+                "args": list(args),
+                "kwargs": kwargs,
+            }
             try:
                 self.channel.send(message, limit=bounds.TOOL_MESSAGE_LIMIT)
             except (TypeError, ValueError, RecursionError) as exc:
                 raise TypeError(f"arguments of tool {name!r} must be JSON values of at most "
                                 f"{bounds.TOOL_MESSAGE_LIMIT:,} bytes: {exc}") from None  # fmt: skip
-            reply = self.channel.receive()
+            reply: ToolResult | None = self.channel.receive()
             if reply is None:
                 raise SystemExit(0)
             if reply.get("error"):
@@ -556,11 +673,26 @@ def _flush_streams() -> None:
     sys.stdout, sys.stderr = _text_stream(1), _text_stream(2)
 
 
-def _apply_limits(limits: dict[str, Any]) -> None:
+def _reply() -> Reply:
+    return {"op": "reply"}
+
+
+def _out_of_memory_reply() -> RunReply:
+    message = "the code used up the memory limit, and its output could not be collected"
+    return {
+        "op": "reply", "stdout": "", "stderr": "", "stdout_omitted": 0, "stderr_omitted": 0,
+        "truncated": False, "oom": True, "final_answer": None, "has_final_answer": False, "value": None,
+        "artifacts": [], "artifacts_omitted": 0,
+        "error": {"type": "MemoryError", "message": message, "traceback": None, "line": None},
+    }  # fmt: skip
+
+
+def _apply_limits(limits: Mapping[str, Any], extra_address_space: int = 0) -> None:
     import resource
 
+    memory = limits.get("memory_mb", 0) * 1024 * 1024
     wanted = {
-        "RLIMIT_AS": limits.get("memory_mb", 0) * 1024 * 1024,
+        "RLIMIT_AS": memory + extra_address_space if memory else 0,
         "RLIMIT_CPU": limits.get("cpu_seconds", 0),
         "RLIMIT_NPROC": limits.get("max_processes", 0),
         "RLIMIT_FSIZE": limits.get("max_file_mb", 0) * 1024 * 1024,
@@ -585,6 +717,35 @@ def _library_roots() -> list[str]:
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, HERE}
     roots.update(p for p in sys.path if p and os.path.isabs(p))
     return sorted(roots)
+
+
+_NEWLINE = re.compile(r"\r\n|\r|\n")  # what the tokenizer counts as line ends (not \f, \v, ...)
+
+
+def _split_last_expression(source: str) -> tuple[str, str] | None:
+    """`source` as the text before its last statement and that statement as an expression, when it
+    is one; else None. The expression keeps its place (blank lines before it and, where it shares
+    its line with an earlier statement, a parenthesis and spaces), so tracebacks and carets point at
+    the code as written."""
+    try:
+        tree = ast.parse(source)
+    except Exception:  # the whole code then compiles (or fails) as it is
+        return None
+    node = tree.body[-1] if tree.body else None
+    if not isinstance(node, ast.Expr) or node.end_lineno is None or node.end_col_offset is None:
+        return None
+    starts = [0] + [m.end() for m in _NEWLINE.finditer(source)]
+
+    def offset(line: int, byte_column: int) -> int:  # ast columns count UTF-8 bytes
+        text = source[starts[line - 1] : starts[line] if line < len(starts) else len(source)]
+        return starts[line - 1] + len(text.encode("utf-8")[:byte_column].decode("utf-8"))
+
+    begin = offset(node.lineno, node.col_offset)
+    end = offset(node.end_lineno, node.end_col_offset)
+    text = source[begin:end]
+    if node.col_offset:
+        text = "(" + " " * (node.col_offset - 1) + text + ")"
+    return source[:begin], "\n" * (node.lineno - 1) + text
 
 
 def _snapshot(root: str) -> dict[str, tuple[int, int]]:

@@ -1,5 +1,5 @@
 """The fast tier: every branch of the executor's side of the runner protocol, against a scripted
-`Worker` (no process, no container: the `Worker` contract is the seam backends plug into).
+`Worker` (no process, no container) behind the one `RunnerSession` every runner-based backend uses.
 
 Run alone with ``python -m pytest tests/unit`` (seconds). What the runner and the backends really do
 is the integration tier's job (the rest of `tests/`).
@@ -16,9 +16,10 @@ import anyio
 import pytest
 
 from sandboxes import BackendUnavailable, ExecutorClosed, Policy
-from sandboxes.errors import SandboxFileError, WorkerStartError
-from sandboxes.executor import Executor
+from sandboxes.errors import ProtocolError, SandboxFileError, WorkerStartError
+from sandboxes.executor import Executor, ExecutorState
 from sandboxes.runtime.bounds import TOOL_MESSAGE_LIMIT, line_limit, result_size_limit
+from sandboxes.session import Session
 from sandboxes.worker import Worker, WorkerExit, WorkerExited
 
 pytestmark = pytest.mark.anyio
@@ -49,6 +50,8 @@ class ScriptedWorker(Worker):
         self.sent: list[dict[str, Any]] = []
         self.killed = False
         self.files: dict[str, bytes] = {}
+        self.file_trouble: BaseException | object | None = None
+        """Raised by (or, `HANG`, hangs) the next file operation."""
         self.living = True
         self._exit = exit_info or WorkerExit(detail="exit code 1")
         self._send, self._receive = anyio.create_memory_object_stream[Any](math.inf)
@@ -81,10 +84,19 @@ class ScriptedWorker(Worker):
     async def exit_info(self) -> WorkerExit:
         return self._exit
 
+    async def _file_trouble(self) -> None:
+        trouble, self.file_trouble = self.file_trouble, None
+        if trouble is HANG:
+            await anyio.sleep_forever()
+        if isinstance(trouble, BaseException):
+            raise trouble
+
     async def write_file(self, path: str, data: bytes) -> None:
+        await self._file_trouble()
         self.files[path] = data
 
     async def read_file(self, path: str) -> bytes:
+        await self._file_trouble()
         return self.files[path]
 
 
@@ -98,10 +110,10 @@ class ScriptedExecutor(Executor):
         self.factory = factory
         self.workers: list[ScriptedWorker] = []
 
-    async def _start_worker(self) -> Worker:
+    async def _new_session(self) -> Session:
         worker = self.factory()
         self.workers.append(worker)
-        return worker
+        return await self._runner_session(worker)
 
 
 def executor(script: Script = runner_like, **options: Any) -> ScriptedExecutor:
@@ -333,3 +345,133 @@ async def test_files_go_through_the_worker_with_paths_kept_inside_the_workdir() 
         for bad in ("/etc/passwd", "../up", "..", ".", "", "a\x00b"):
             with pytest.raises(SandboxFileError):
                 await ex.upload(bad, b"x")
+
+
+# ------------------------------------------------------------------------------------------------ the one rule
+# An operation that does not end with its answer (cancelled, timed out, malformed, lost) discards the
+# worker, and the next run says `state_lost`; one that ends with its answer keeps both.
+
+
+def hang_on(op: str) -> Script:
+    def script(message: dict[str, Any]) -> list[Any]:
+        return [HANG] if message["op"] == op and message.get("code", "") != "fine" else runner_like(message)
+
+    return script
+
+
+def bad_line_on(op: str) -> Script:
+    def script(message: dict[str, Any]) -> list[Any]:
+        return [b"garbage\n"] if message["op"] == op else runner_like(message)
+
+    return script
+
+
+async def next_run_reports_state_lost(ex: ScriptedExecutor) -> None:
+    result = await ex.run("fine")
+    assert result.ok and result.state_lost, result
+    assert (await ex.run("fine")).state_lost is False  # said once
+
+
+async def test_a_cancelled_reset_replaces_the_worker_and_the_next_result_is_its_own() -> None:
+    # The bug this rule closes: a reset cancelled while its reply was in flight left the channel one
+    # reply behind, and every later run returned the result of the run before it.
+    async with executor(hang_on("reset")) as ex:
+        await ex.run("x = 41")
+        with anyio.move_on_after(0.05) as scope:
+            await ex.reset()
+        assert scope.cancelled_caught and ex.workers[0].killed
+        first = await ex.run("print('hello')")
+        assert first.stdout == "print('hello')\n" and first.state_lost
+        assert (await ex.run("again")).stdout == "again\n"
+
+
+@pytest.mark.parametrize("trouble", ["timeout", "bad line", "lost"])
+async def test_a_reset_without_its_answer_replaces_the_worker_and_says_state_lost(trouble: str) -> None:
+    script = {
+        "timeout": hang_on("reset"),
+        "bad line": bad_line_on("reset"),
+        "lost": lambda m: [WorkerExited("gone")] if m["op"] == "reset" else runner_like(m),
+    }[trouble]
+    async with executor(script, timeout=0.2) as ex:
+        await ex.reset()  # the session's variables are gone either way: reset does not raise
+        assert ex.workers[0].killed
+        await next_run_reports_state_lost(ex)
+
+
+async def test_a_reset_that_answers_keeps_the_worker_and_clears_a_pending_loss() -> None:
+    async with executor() as ex:
+        ex.workers[0].living = False  # died while idle: the reset's fresh session is the reset
+        await ex.reset()
+        assert len(ex.workers) == 2
+        await ex.reset()
+        assert not ex.workers[1].killed and ex.workers[1].sent[-1]["op"] == "reset"
+        assert not (await ex.run("fine")).state_lost
+
+
+@pytest.mark.parametrize("operation", ["upload", "download"])
+@pytest.mark.parametrize("trouble", ["cancelled", "protocol error", "lost"])
+async def test_a_file_operation_without_its_answer_replaces_the_worker(operation: str, trouble: str) -> None:
+    async with executor() as ex:
+        await ex.upload("f.txt", b"1")
+        worker = ex.workers[0]
+        worker.file_trouble = {
+            "cancelled": HANG,
+            "protocol error": ProtocolError("garbled"),
+            "lost": WorkerExited("gone"),
+        }[trouble]
+        call = ex.upload("f.txt", b"2") if operation == "upload" else ex.download("f.txt")
+        if trouble == "cancelled":
+            with anyio.move_on_after(0.05) as scope:
+                await call
+            assert scope.cancelled_caught
+        else:
+            with pytest.raises(ProtocolError if trouble == "protocol error" else SandboxFileError):
+                await call
+        assert worker.killed
+        await next_run_reports_state_lost(ex)
+
+
+async def test_a_refused_file_operation_keeps_the_worker_and_its_state() -> None:
+    async with executor() as ex:
+        ex.workers[0].file_trouble = SandboxFileError("no such file")
+        with pytest.raises(SandboxFileError, match="no such file"):
+            await ex.download("missing.txt")
+        assert not ex.workers[0].killed
+        assert not (await ex.run("fine")).state_lost
+
+
+async def test_a_cancelled_run_says_state_lost_next_time() -> None:
+    async with executor(hang_on("run")) as ex:
+        with anyio.move_on_after(0.05):
+            await ex.run("loop")
+        assert ex.workers[0].killed
+        await next_run_reports_state_lost(ex)
+
+
+async def test_the_life_cycle_is_one_state() -> None:
+    ex = executor()
+    assert ex.state is ExecutorState.UNOPENED and ex.session is None
+    await ex.open()
+    assert ex.state is ExecutorState.OPEN and ex.session is not None
+    await ex.close()
+    assert ex.state is ExecutorState.CLOSED and ex.session is None
+    with pytest.raises(ExecutorClosed):
+        await ex.open()
+
+
+async def test_a_failed_open_can_be_tried_again() -> None:
+    attempts: list[int] = []
+
+    def script(message: dict[str, Any]) -> list[Any]:
+        attempts.append(1)
+        if len(attempts) == 1:
+            return [{"op": "fatal", "token": TOKEN, "message": "first start fails"}]
+        return runner_like(message)
+
+    ex = executor(script)
+    with pytest.raises(WorkerStartError):
+        await ex.open()
+    assert ex.state is ExecutorState.UNOPENED
+    async with ex:
+        assert (await ex.run("fine")).ok
+

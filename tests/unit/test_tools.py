@@ -1,21 +1,19 @@
-"""Tools: schemas from type hints and docstrings, validation before the call, sync/async, MCP."""
+"""Tools: schemas from type hints and docstrings, validation before the call, sync/async (tools from
+an MCP server: `tests/test_tools_mcp.py`)."""
 
 from __future__ import annotations
 
-import sys
 import threading
-from pathlib import Path
 from typing import Literal
 
 import anyio
 import pytest
 from pydantic import BaseModel
 
-from kodeagent import Tool, ToolArgumentError, ToolDefinitionError, ToolExecutionError, mcp_stdio_tools, tool
+from kodeagent import Tool, ToolArgumentError, ToolDefinitionError, tool
 from kodeagent.tools import as_tool, parse_docstring, to_jsonable
 
 pytestmark = pytest.mark.anyio
-HERE = Path(__file__).parent
 
 
 @tool
@@ -152,25 +150,6 @@ def test_bad_tool_definitions() -> None:
         Tool(get_price.func, name="get-price")
     with pytest.raises(ToolDefinitionError):
         Tool(42)  # type: ignore[arg-type]
-
-
-async def test_mcp_stdio_tools() -> None:
-    async with mcp_stdio_tools(
-        sys.executable, [str(HERE / "mcp_demo_server.py")], name_prefix="demo_"
-    ) as tools:
-        by_name = {t.name: t for t in tools}
-        assert set(by_name) == {"demo_add", "demo_shout"}
-        add = by_name["demo_add"]
-        assert add.required == ["a", "b"]
-        assert "required" in add.describe()
-        assert await add.ainvoke({"a": 2, "b": 40}) == 42
-        assert await add.call_from_sandbox(1, 2) == 3
-        with pytest.raises(ToolArgumentError, match="b: Field required"):
-            await add.ainvoke({"a": 2})
-        shout = by_name["demo_shout"]
-        assert await shout.ainvoke({"text": "hi"}) == "HI"
-        with pytest.raises(ToolExecutionError, match="shout"):
-            await shout.ainvoke({"text": "hi", "fail": True})
 
 
 def test_python_signature_for_codeact() -> None:

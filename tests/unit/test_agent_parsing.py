@@ -104,20 +104,3 @@ def test_overescaped_code_is_unescaped_only_when_that_makes_it_valid() -> None:
 def test_python_fence_dict_with_step_keys_is_code_not_a_reply() -> None:
     message = parse_codeact_reply('```python\nstep = {"code": "rm", "final_answer": 1}\nprint(step)\n```')
     assert message.code == 'step = {"code": "rm", "final_answer": 1}\nprint(step)' and not message.is_final
-
-
-def test_bench_replies_command_reports_no_misread(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import json
-    import subprocess
-    import sys
-
-    out = tmp_path / "replies.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "kodeagent_cli", "bench", "replies", "--json", "--output", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    result = json.loads(proc.stdout)
-    assert result["totals"]["misread"] == 0 and result["n"] >= 100
-    assert result["must_read_read"] == result["must_read"]
-    assert json.loads(out.read_text())["n"] == result["n"]

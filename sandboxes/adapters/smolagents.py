@@ -1,0 +1,339 @@
+"""A smolagents `PythonExecutor` that runs every code step of a `CodeAgent` in our sandbox.
+
+::
+
+    from smolagents import CodeAgent, LiteLLMModel
+    from sandboxes.adapters.smolagents import KodeagentExecutor
+
+    imports = ["numpy"]
+    agent = CodeAgent(
+        tools=[...], model=LiteLLMModel("openai/gpt-4o-mini"), additional_authorized_imports=imports,
+        executor=KodeagentExecutor(imports, backend="docker"),
+    )
+    with agent:  # cleanup() closes the sandbox session
+        agent.run("...")
+
+Why it is built this way:
+- smolagents' own remote executors install the agent's tools *inside* the sandbox, so tool code and
+  its secrets enter it. Here the sandbox holds only a stub per tool (and per managed agent) that
+  calls back over the runner's channel; the tool itself runs in this process (`Executor(tools=)`).
+- The session keeps its state between steps, as smolagents' executors do. Its tool stubs are fixed
+  when it opens, so `send_tools` with other tool names opens a new session (the agent's variables
+  are sent again; what earlier steps defined is gone, as after a timeout).
+- `final_answer` is the runner's own (the code calls it by that name, which the runner reserves);
+  the agent's `FinalAnswerTool` then runs here, on the value it was given.
+- Variables and tool values cross as JSON, never pickle.
+- The policy allows exactly the imports CodeAgent tells the model it may use: smolagents' base
+  modules and the `additional_authorized_imports` given to both.
+
+Needs the `smolagents` extra (``pip install 'kodeagent[smolagents]'``); `import sandboxes` never
+imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Self
+
+try:
+    from smolagents.local_python_executor import CodeOutput, InterpreterError, PythonExecutor
+    from smolagents.utils import BASE_BUILTIN_MODULES
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "sandboxes.adapters.smolagents needs smolagents>=1.23: pip install 'kodeagent[smolagents]'"
+    ) from exc
+
+from ..models import ExecutionResult
+from ..policy import Policy
+from ..sync import SyncExecutor, open_executor_sync
+
+__all__ = ["CodeExecutionError", "KodeagentExecutor"]
+
+RESERVED_NAMES = frozenset({"final_answer", "ToolError", "PolicyViolation"})
+"""Names the runner binds in every run: a tool or variable of that name would be replaced."""
+
+_VALUE_DEPTH_LIMIT = 500
+
+
+class CodeExecutionError(InterpreterError):
+    """A code step failed in the sandbox (an exception, a refused import, a timeout, a crash).
+
+    An `InterpreterError`, as smolagents' local executor raises: CodeAgent shows the message to the
+    model and goes on with the next step. `result` is the whole `ExecutionResult`."""
+
+    def __init__(self, message: str, result: ExecutionResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: PythonExecutor is Any
+    """Runs a `CodeAgent`'s code in a kodeagent sandbox session, on any backend.
+
+    Args:
+        additional_authorized_imports: the same list given to `CodeAgent`; the policy then allows
+            smolagents' base modules and these (``"pkg"``, ``"pkg.*"``, ``"*"``), exactly what the
+            agent announces to the model (`authorized_imports`).
+        backend: ``"host"``, ``"docker"``, ``"e2b"`` or ``"ray"``.
+        policy: everything else the code may do (files, network, limits, guards). Its
+            `allowed_imports` come from `additional_authorized_imports` and must not be set.
+        timeout: wall-clock seconds a step may take, tool and managed-agent calls included.
+        **options: the backend's other options (`env`, `workdir`, `output_limit`, `image`, ...).
+
+    Every method blocks (a private event loop runs the session). Give each agent its own executor:
+    a managed agent's steps run while its manager's step waits for them.
+    """
+
+    def __init__(
+        self,
+        additional_authorized_imports: Iterable[str] = (),
+        *,
+        backend: str = "host",
+        policy: Policy | None = None,
+        timeout: float = 30.0,
+        **options: Any,
+    ) -> None:
+        if isinstance(additional_authorized_imports, str):
+            raise TypeError("additional_authorized_imports is a list of module names, not one string")
+        if "tools" in options:
+            raise TypeError("KodeagentExecutor takes no 'tools': they are the agent's (CodeAgent(tools=...))")
+        if "stateless" in options:
+            raise TypeError("KodeagentExecutor takes no 'stateless': an agent's steps share their variables")
+        policy = policy if policy is not None else Policy()
+        if not isinstance(policy, Policy):
+            raise TypeError(f"policy must be a sandboxes.Policy, not {type(policy).__name__}")
+        if "allowed_imports" in policy.model_fields_set:
+            raise ValueError(
+                "give the imports as additional_authorized_imports (the list CodeAgent gets too), not as "
+                "Policy.allowed_imports: the sandbox allows exactly what the agent tells the model"
+            )
+        self.authorized_imports: list[str] = sorted(
+            set(BASE_BUILTIN_MODULES) | set(additional_authorized_imports)
+        )
+        """What the code may import: the list CodeAgent announces to the model."""
+        self.policy = Policy.model_validate(
+            {**policy.model_dump(), "allowed_imports": self.authorized_imports}
+        )
+        self.backend = backend
+        self.timeout = timeout
+        self.options = dict(options)
+        self._tools: dict[str, Callable[..., Any]] = {}
+        self._final_answer_tool: Callable[..., Any] | None = None
+        self._variables: dict[str, Any] = {}
+        self._variables_sent = True  # the session holds every variable in `_variables`
+        self._session: SyncExecutor | None = None
+        self._session_tools: frozenset[str] = frozenset()
+        self._busy = threading.Lock()
+
+    # ------------------------------------------------------------------ PythonExecutor
+
+    def send_tools(self, tools: Mapping[str, Any]) -> None:
+        """Take the agent's tools and managed agents (CodeAgent sends them at the start of every run).
+
+        They run here when the code calls them; the sandbox gets a stub of each name. Another set
+        of names than the open session's opens a new session (earlier steps' variables are lost)."""
+        tools = dict(tools)
+        final_answer = tools.pop("final_answer", None)
+        for name, tool in tools.items():
+            if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
+                raise ValueError(f"tool name {name!r} must be a Python identifier not starting with '_'")
+            if keyword.iskeyword(name) or name in RESERVED_NAMES:
+                raise ValueError(f"a tool cannot be named {name!r}: the sandbox reserves that name")
+            if not callable(tool):
+                raise TypeError(f"tool {name!r} is not callable")
+        if final_answer is not None and not callable(final_answer):
+            raise TypeError("the final_answer tool is not callable")
+        clash = sorted(set(tools) & set(self._variables))
+        if clash:  # the runner rebinds its tool stubs in every run: the variable would vanish
+            raise ValueError(f"tools and variables share the names {', '.join(clash)}; rename one of them")
+        with self._exclusive("send_tools"):
+            self._tools, self._final_answer_tool = tools, final_answer
+            if self._session is not None and frozenset(tools) != self._session_tools:
+                self._close_session()
+            self._ensure_session()
+
+    def send_variables(self, variables: Mapping[str, Any]) -> None:
+        """Define variables in the session (CodeAgent sends its `additional_args` this way).
+
+        They cross as JSON: str, numbers, bool, None, lists (tuples arrive as lists) and dicts with
+        string keys. Anything else is refused with a `TypeError` naming the variable."""
+        checked = {name: _json_copy(name, value) for name, value in dict(variables).items()}
+        for name in checked:
+            if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+                raise ValueError(f"variable name {name!r} is not a Python identifier")
+            if name.startswith("_") or name in RESERVED_NAMES or name in self._tools:
+                raise ValueError(
+                    f"a variable cannot be named {name!r}: names starting with '_', tool names and "
+                    f"{', '.join(sorted(RESERVED_NAMES))} are the sandbox's"
+                )
+        if not checked:
+            return
+        with self._exclusive("send_variables"):
+            self._variables.update(checked)
+            if self._session is None:
+                self._variables_sent = False  # sent when the session opens
+            else:
+                self._define(checked)
+
+    def __call__(self, code_action: str) -> CodeOutput:
+        """Run one code step: its printed output as `logs`, its last expression's value (or the final
+        answer) as `output`. Raises `CodeExecutionError` when the code failed."""
+        with self._exclusive("run code"):
+            session = self._ensure_session()
+            result = session.run(code_action)
+        logs = result.stdout + result.stderr
+        if result.state_lost:
+            self._variables_sent = False  # the variables went with the state: send them again
+            if result.error is None:
+                logs += (
+                    "\n[The sandbox was restarted before this code ran: variables from earlier steps are "
+                    "lost; the agent's own inputs are defined again from the next step on.]\n"
+                )
+        if result.error is not None:
+            raise CodeExecutionError(_error_text(result, logs), result)
+        if result.has_final_answer:
+            answer = result.final_answer
+            if self._final_answer_tool is not None:
+                try:  # the agent's FinalAnswerTool: here, like every tool
+                    answer = self._final_answer_tool(answer)
+                except Exception as exc:
+                    raise CodeExecutionError(
+                        f"{logs}Executing code yielded an error:\nfinal_answer failed: "
+                        f"{type(exc).__name__}: {exc}",
+                        result,
+                    ) from exc
+            return CodeOutput(output=answer, logs=logs, is_final_answer=True)
+        return CodeOutput(output=result.value, logs=logs, is_final_answer=False)
+
+    def cleanup(self) -> None:
+        """Close the session: its worker (container, microVM) and everything it started. A later
+        step opens a new one. CodeAgent calls this from `agent.cleanup()` and `with agent:`."""
+        with self._exclusive("cleanup"):
+            self._close_session()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.cleanup()
+
+    @property
+    def isolation(self) -> str:
+        """The open session's isolation level ("not started" before the first step)."""
+        return self._session.isolation if self._session is not None else "not started"
+
+    # ------------------------------------------------------------------ the session
+
+    @contextmanager
+    def _exclusive(self, what: str) -> Iterator[None]:
+        # A managed agent's steps run in the tool bridge while its manager's step waits: with one
+        # executor shared by both, the second would wait for the first for ever.
+        if not self._busy.acquire(blocking=False):
+            raise RuntimeError(
+                f"cannot {what}: this KodeagentExecutor is running a step. Give each agent (each managed "
+                "agent too) its own executor"
+            )
+        try:
+            yield
+        finally:
+            self._busy.release()
+
+    def _ensure_session(self) -> SyncExecutor:
+        if self._session is None:
+            names = frozenset(self._tools)
+            session = open_executor_sync(
+                self.backend,
+                policy=self.policy,
+                timeout=self.timeout,
+                tools={name: self._dispatcher(name) for name in names},
+                **self.options,
+            )
+            session.open()
+            self._session, self._session_tools = session, names
+            self._variables_sent = not self._variables
+        if not self._variables_sent:
+            self._define(self._variables)
+        return self._session
+
+    def _close_session(self) -> None:
+        session, self._session = self._session, None
+        self._session_tools = frozenset()
+        self._variables_sent = not self._variables
+        if session is not None:
+            session.close()
+
+    def _define(self, variables: Mapping[str, Any]) -> None:
+        """Bind `variables` in the session: one assignment of a literal each (JSON values only)."""
+        assert self._session is not None
+        code = "".join(f"{name} = {value!r}\n" for name, value in variables.items())
+        result = self._session.run(code)
+        if result.error is not None:
+            names = ", ".join(variables)
+            raise ValueError(f"could not define the variables {names} in the sandbox: {result.error}")
+        self._variables_sent = True
+
+    def _dispatcher(self, name: str) -> Callable[..., Any]:
+        """What the session's tool bridge calls: the agent's current tool of that name (the bridge
+        sends its result back as JSON, or its failure as the code's `ToolError`)."""
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            tool = self._tools.get(name)
+            if tool is None:
+                raise NameError(f"the agent has no tool named {name!r} any more")
+            return tool(*args, **kwargs)
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+
+def _json_copy(name: str, value: Any) -> Any:
+    """`value` as plain JSON data (lists for tuples), or a `TypeError` naming the variable and the
+    part of it that is not JSON."""
+    stack: list[tuple[Any, str, int]] = [(value, name, 0)]
+    while stack:
+        item, where, depth = stack.pop()
+        if depth > _VALUE_DEPTH_LIMIT:
+            raise TypeError(f"variable {name!r} is nested more than {_VALUE_DEPTH_LIMIT} levels deep")
+        if item is None or isinstance(item, bool | int | str):
+            continue
+        if isinstance(item, float):
+            if item != item or item in (float("inf"), float("-inf")):
+                raise TypeError(f"variable {name!r}: {where} is {item!r}, which JSON cannot hold")
+        elif isinstance(item, list | tuple):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
+        elif isinstance(item, dict):
+            for key, v in item.items():
+                if not isinstance(key, str):
+                    raise TypeError(
+                        f"variable {name!r}: {where} has the key {key!r}; JSON objects have string keys only"
+                    )
+                stack.append((v, f"{where}[{key!r}]", depth + 1))
+        else:
+            raise TypeError(
+                f"variable {name!r}: {where} is a {type(item).__name__}; variables cross into the sandbox "
+                "as JSON only (str, numbers, bool, None, lists, dicts with string keys)"
+            )
+    try:
+        return json.loads(json.dumps(value, ensure_ascii=False))
+    except ValueError as exc:  # an integer too long to convert to text
+        raise TypeError(f"variable {name!r} cannot cross into the sandbox as JSON: {exc}") from None
+
+
+def _error_text(result: ExecutionResult, logs: str) -> str:
+    """What the model reads for a failed step, laid out as smolagents' remote executors lay it out:
+    the output first, then the error with its traceback."""
+    error = result.error
+    assert error is not None
+    detail = error.traceback or str(error)
+    if error.type == "PolicyViolation" and error.message.startswith("import of "):
+        # CodeAgent recognises "Import of ... is not allowed" and tells the user to authorise the import.
+        detail = detail.replace("import of ", "Import of ", 1)
+    if logs and not logs.endswith("\n"):
+        logs += "\n"
+    return f"{logs}Executing code yielded an error:\n{detail}"

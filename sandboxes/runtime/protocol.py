@@ -1,0 +1,225 @@
+"""The messages of the sandbox channel and of the Ray node agent, typed once for both sides.
+
+The parent (`sandboxes.session`) and the runner (`runner.py`, which runs inside every sandbox) speak
+JSON, one object per line; the Ray backend's driver and its node agents (`backends/ray.py`,
+`backends/raynode.py`) exchange plain dicts through Ray. Every such message is declared here as a
+`TypedDict`, so that a type checker holds both sides to one shape. Standard library only, and only
+types: the runner imports this module for type checking alone and pays nothing for it at run time.
+
+The platform's own error kinds (`ErrorKind`) are listed here too; an `ExecutionError.type` is either
+one of them or the name of an exception the code raised.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+ErrorKind = Literal[
+    "PolicyViolation",  # the static check or the runtime guard refused the code
+    "SyntaxError",  # the code does not parse
+    "InvalidCode",  # not text, NUL bytes, too large, nested too deeply
+    "Timeout",  # the run passed its wall-clock timeout and the sandbox was killed
+    "WorkerCrashed",  # the sandbox process ended or the channel broke during the run
+    "ToolResultTooLarge",  # a tool returned more than crosses into the sandbox
+]
+"""The kinds of error the platform itself reports (other `ExecutionError.type`s are the code's)."""
+
+TIMEOUT: ErrorKind = "Timeout"
+WORKER_CRASHED: ErrorKind = "WorkerCrashed"
+POLICY_VIOLATION: ErrorKind = "PolicyViolation"
+SYNTAX_ERROR: ErrorKind = "SyntaxError"
+INVALID_CODE: ErrorKind = "InvalidCode"
+TOOL_RESULT_TOO_LARGE: ErrorKind = "ToolResultTooLarge"
+
+
+# ---------------------------------------------------------------------- the policy as the runner gets it
+
+
+class LimitsConfig(TypedDict):
+    """`Limits` as JSON; 0 leaves that rlimit alone (Docker leaves memory and processes to its cgroup)."""
+
+    memory_mb: int
+    cpu_seconds: int
+    max_processes: int
+    max_file_mb: int
+    max_open_files: int
+
+
+class PolicyConfig(TypedDict):
+    """The part of a `Policy` that the runner enforces (`Policy.runtime_config()`)."""
+
+    allowed_imports: list[str]
+    banned_builtins: list[str]
+    allowed_dunders: list[str]
+    files: str
+    network: bool
+    subprocess: bool
+    limits: LimitsConfig
+    python_guards: bool
+
+
+# ---------------------------------------------------------------------- requests (parent -> runner)
+
+
+class WarmupRequest(TypedDict):
+    """Touch what a session will use, before `init` (pooled workers only)."""
+
+    op: Literal["warmup"]
+
+
+class InitRequest(TypedDict):
+    """The session's configuration; answered with an `InitReply` that carries the channel token."""
+
+    op: Literal["init"]
+    policy: PolicyConfig
+    env: dict[str, str]
+    tools: list[str]
+    stateless: bool
+    output_limit: int
+
+
+class RunRequest(TypedDict):
+    """Run one snippet (already checked by the parent's static policy)."""
+
+    op: Literal["run"]
+    code: str
+
+
+class ResetRequest(TypedDict):
+    """Forget every variable of the session."""
+
+    op: Literal["reset"]
+
+
+class ErrorDetail(TypedDict):
+    """An error by type name and message (a tool's failure)."""
+
+    type: str
+    message: str
+
+
+class ToolResult(TypedDict):
+    """The parent's answer to a `ToolCall`: a JSON value, or an error the code sees as `ToolError`."""
+
+    op: Literal["tool_result"]
+    id: Any
+    value: NotRequired[Any]
+    error: NotRequired[ErrorDetail]
+
+
+Request = WarmupRequest | InitRequest | RunRequest | ResetRequest
+
+
+# ---------------------------------------------------------------------- replies (runner -> parent)
+
+
+class RunError(TypedDict):
+    """Why a run did not finish normally, as the runner describes it (bounded: `bounds.bound_error`)."""
+
+    type: str
+    message: str
+    traceback: str | None
+    line: int | None
+
+
+class ArtifactEntry(TypedDict):
+    path: str
+    size: int
+
+
+class Reply(TypedDict):
+    """The answer to `warmup` and `reset` (and the common part of every reply)."""
+
+    op: Literal["reply"]
+    token: NotRequired[str]
+
+
+class InitReply(Reply):
+    pid: int
+    uid: int
+
+
+class RunReply(Reply):
+    """What one run produced; every part already cut to its bound by the runner (`bounds.py`)."""
+
+    stdout: str
+    stderr: str
+    stdout_omitted: int
+    stderr_omitted: int
+    truncated: bool
+    error: RunError | None
+    oom: bool
+    final_answer: Any
+    has_final_answer: bool
+    value: Any
+    """The value of the code's last expression (bounded JSON, else its repr), or None."""
+    artifacts: list[ArtifactEntry]
+    artifacts_omitted: int
+
+
+class ToolCall(TypedDict):
+    """The code called a tool: the parent runs it and answers with a `ToolResult`."""
+
+    op: Literal["tool_call"]
+    id: int
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    token: NotRequired[str]
+
+
+class Fatal(TypedDict):
+    """The runner could not start (or got a request it does not know); it exits after this."""
+
+    op: Literal["fatal"]
+    message: str
+    token: NotRequired[str]
+
+
+# ---------------------------------------------------------------------- Ray: driver <-> node agent
+
+
+class NodeOpened(TypedDict):
+    kind: Literal["opened"]
+    isolation: str
+
+
+class NodeToolEvent(TypedDict):
+    """The node-side stub of a tool was called: the driver runs the tool and answers by `id`."""
+
+    kind: Literal["tool"]
+    id: int
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+class NodeDone(TypedDict):
+    """The run ended; `result` is the node's `ExecutionResult` as JSON."""
+
+    kind: Literal["done"]
+    result: dict[str, Any]
+
+
+class NodeValue(TypedDict):
+    kind: Literal["value"]
+    value: Any
+
+
+class NodeError(TypedDict):
+    """The node-side call raised; `type` names an exception of `raynode.RAISABLE`."""
+
+    kind: Literal["error"]
+    type: str
+    message: str
+
+
+class NodeLost(TypedDict):
+    """The node no longer holds the session."""
+
+    kind: Literal["lost"]
+    message: str
+
+
+NodeRunEvent = NodeToolEvent | NodeDone | NodeError | NodeLost
+NodeAnswer = NodeValue | NodeError | NodeLost

@@ -1,0 +1,280 @@
+"""The contract between `Executor` and a backend: the `Session`, and the runner's protocol over a `Worker`.
+
+`Executor` (executor.py) owns what a session's life means to its caller: the life cycle
+(`ExecutorState`), the lock that keeps one operation at a time, the timeout, respawn after a loss,
+`state_lost`, and stamping results. A backend supplies sessions and nothing else, through two hooks
+of `Executor`:
+
+- ``_new_session()`` (required): start a session somewhere and return it ready to run;
+- ``_close_backend()`` (optional): release what outlives single sessions (E2B's sandbox), once, at
+  `close()` and after a failed `open()`.
+
+A `Session` implements every operation of the protocol: run, reset, upload, download, close and
+discard (and the live operations that come next: a stream of output, fork). Most backends run our
+runner inside their boundary and reach it through a `Worker` (a byte channel): they return a
+`RunnerSession`, the one implementation of the runner's protocol. A backend that forwards whole
+sessions to an executor elsewhere (Ray: a node runs its own executor, with its own lock, timeout and
+respawn) implements `Session` directly and says how long past the timeout to wait for it
+(`timeout_backstop`).
+
+What a session raises tells the executor what happened, and the executor alone decides what follows:
+
+- `SessionLost`: the sandbox ended or can no longer be reached (crash, OOM kill, a lost node);
+- `ProtocolError`: the other side sent something that is not the protocol;
+- `SandboxFileError` (upload, download): the transfer was refused; the session is intact;
+- anything else, and a cancellation or the executor's timeout, leaves the session's state unknown.
+
+One rule, applied by the executor to every operation: an operation that did not end with its
+answer (cancelled, timed out, malformed, lost) discards the session, and the next run says
+`state_lost`.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+import anyio
+
+from .errors import ProtocolError, SandboxFileError, WorkerStartError
+from .models import Artifact, ExecutionError, ExecutionResult
+from .runtime import bounds
+from .runtime.protocol import InitRequest, Request, ToolCall, ToolResult
+from .worker import Worker, WorkerExited
+
+HANDSHAKE_TIMEOUT = 30.0
+KILL_TIMEOUT = 10.0
+
+ToolCaller = Callable[[ToolCall], Awaitable[ToolResult]]
+"""How a session asks the executor to run a tool the code called (the tool runs in the parent)."""
+
+
+class SessionLost(Exception):
+    """The session's sandbox ended, or can no longer be reached, during an operation.
+
+    `detail` says how (exit code, signal, "the node was lost"); `oom` when it was killed for memory.
+    """
+
+    def __init__(self, detail: str, *, oom: bool = False) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.oom = oom
+
+
+class Session(ABC):
+    """One live sandbox session, as a backend provides it to `Executor`.
+
+    The executor calls one operation at a time (it holds its lock), applies the timeout around
+    `run` and `reset`, and calls `discard` when an operation did not end with its answer. A session
+    never retries, respawns or reports `state_lost` itself: that is the executor's job.
+    """
+
+    isolation: str = "process"
+    """The isolation level this session runs under (see each backend's docs)."""
+    timeout_backstop: float = 0.0
+    """Seconds past the executor's timeout before it gives up on this session: 0 for a session whose
+    sandbox the executor's timeout kills; more for one that forwards to an executor that enforces
+    the timeout next to the sandbox and answers with the timed-out result itself (Ray)."""
+
+    async def alive(self) -> bool:
+        """A cheap check before an operation, so a session that died while idle is replaced before the
+        next snippet is sent. Sessions that cannot tell cheaply keep this default."""
+        return True
+
+    @abstractmethod
+    async def run(self, code: str, call_tool: ToolCaller) -> ExecutionResult:
+        """Run checked code and return its result, every part bounded; tool calls go to `call_tool`."""
+
+    @abstractmethod
+    async def reset(self) -> None:
+        """Forget every variable of the session (the working directory's files stay)."""
+
+    @abstractmethod
+    async def upload(self, path: str, data: bytes) -> None:
+        """Write a file at `path`, relative to the working directory (already validated)."""
+
+    @abstractmethod
+    async def download(self, path: str) -> bytes:
+        """Read a file at `path`, relative to the working directory (already validated)."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """End an idle session normally (it may be recycled where the backend can prove it clean)."""
+
+    async def discard(self) -> None:
+        """End a session whose state is unknown: kill it and all it started. Idempotent, bounded,
+        never raises. Default: `close()`."""
+        with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
+            try:
+                await self.close()
+            except Exception:
+                pass
+
+
+Release = Callable[[Worker], Awaitable[None]]
+
+
+class RunnerSession(Session):
+    """The runner's protocol (`runtime/protocol.py`) over a `Worker`: the one implementation that every
+    backend running our runner shares. Start it with `start`, which sends `init` and waits for the
+    handshake."""
+
+    def __init__(self, worker: Worker, output_limit: int, release: Release | None = None) -> None:
+        self.worker = worker
+        self.output_limit = output_limit
+        self._release = release
+        self.isolation = worker.isolation
+        worker.line_limit = bounds.line_limit(output_limit)
+
+    @classmethod
+    async def start(cls, worker: Worker, init: InitRequest, release: Release | None = None) -> RunnerSession:
+        """Shake hands with a started runner; on any failure the worker is killed before this raises."""
+        session = cls(worker, init["output_limit"], release)
+        try:
+            with anyio.fail_after(HANDSHAKE_TIMEOUT):
+                await session._request(init, _no_tools)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await worker.kill()
+            if isinstance(exc, WorkerExited):
+                info = await worker.exit_info()
+                raise WorkerStartError(f"the sandbox runner ended during its start ({info.detail})") from exc
+            if isinstance(exc, TimeoutError):
+                raise WorkerStartError(
+                    f"the sandbox runner did not answer its start within {HANDSHAKE_TIMEOUT:g} s"
+                ) from exc
+            raise
+        return session
+
+    async def alive(self) -> bool:
+        return await self.worker.alive()
+
+    async def run(self, code: str, call_tool: ToolCaller) -> ExecutionResult:
+        reply = await self._exchange({"op": "run", "code": code}, call_tool)
+        return result_from_reply(reply, self.output_limit)
+
+    async def reset(self) -> None:
+        await self._exchange({"op": "reset"}, _no_tools)
+
+    async def upload(self, path: str, data: bytes) -> None:
+        try:
+            await self.worker.write_file(path, data)
+        except WorkerExited as exc:
+            raise SessionLost(str(exc)) from exc
+        except OSError as exc:
+            raise SandboxFileError(f"could not write {path!r} in the sandbox: {exc}") from exc
+
+    async def download(self, path: str) -> bytes:
+        try:
+            return await self.worker.read_file(path)
+        except WorkerExited as exc:
+            raise SessionLost(str(exc)) from exc
+        except OSError as exc:
+            raise SandboxFileError(f"could not read {path!r} from the sandbox: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._release is not None:
+            await self._release(self.worker)
+        else:
+            await self.worker.kill()
+
+    async def discard(self) -> None:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
+            await self.worker.kill()
+
+    async def _exchange(self, message: Request, call_tool: ToolCaller) -> dict[str, Any]:
+        try:
+            return await self._request(message, call_tool)
+        except WorkerExited as exc:
+            info = await self.worker.exit_info()
+            raise SessionLost(info.detail, oom=info.oom) from exc
+
+    async def _request(self, message: Request, call_tool: ToolCaller) -> dict[str, Any]:
+        """Send one request and serve tool calls until its reply arrives."""
+        worker = self.worker
+        await worker.send(_encode(message))
+        while True:
+            line = await worker.receive_line()
+            try:
+                reply = json.loads(line)
+            except ValueError as exc:
+                raise ProtocolError(f"the runner sent a line that is not JSON: {line[:200]!r}") from exc
+            if not isinstance(reply, dict):
+                raise ProtocolError(f"the runner sent a line that is not a message: {line[:200]!r}")
+            token = reply.pop("token", None)
+            known = worker.channel_token
+            if known is None and message["op"] == "init" and isinstance(token, str):
+                worker.channel_token = token  # learnt before any code runs
+            elif known is None or token != known:
+                raise ProtocolError(
+                    "a message on the sandbox channel did not come from the runner "
+                    "(the code wrote to the channel's descriptor)"
+                )
+            op = reply.get("op")
+            if op == "tool_call":
+                await worker.send(_encode(await call_tool(cast(ToolCall, reply))))
+            elif op == "fatal":
+                raise WorkerStartError(f"the sandbox runner failed: {reply.get('message')}")
+            elif op == "reply":
+                return reply
+            else:
+                raise ProtocolError(f"unexpected message from the runner: {op!r}")
+
+
+async def _no_tools(call: ToolCall) -> ToolResult:
+    raise ProtocolError(f"the runner called tool {call.get('name')!r} outside a run")
+
+
+def result_from_reply(reply: dict[str, Any], limit: int) -> ExecutionResult:
+    """The result of a run reply, every part cut to its bound again here: the runner already cuts, but
+    code without the Python-level guards can replace the runner's reply."""
+    try:
+        stdout, stdout_cut = bounds.clip(_text(reply.get("stdout", "")), limit)
+        stderr, stderr_cut = bounds.clip(_text(reply.get("stderr", "")), limit)
+        error = reply.get("error")
+        artifacts, artifacts_cut = bounds.bound_artifacts(list(reply.get("artifacts") or []))
+        final = reply.get("final_answer")
+        final_cut = 0
+        if isinstance(final, str):
+            final, final_cut = bounds.clip(final, limit)
+        elif final is not None:
+            encoded = json.dumps(final, ensure_ascii=False)
+            if len(encoded) > limit:
+                final, final_cut = bounds.clip(encoded, limit)
+        # A run has a final answer or a value, never both: the bound holds 3 texts of `limit`.
+        value = None if final is not None or reply.get("has_final_answer") else reply.get("value")
+        value_cut = 0
+        if isinstance(value, str):
+            value, value_cut = bounds.clip(value, limit)
+        elif value is not None and len(encoded := json.dumps(value, ensure_ascii=False)) > limit:
+            value, value_cut = bounds.clip(encoded, limit)
+        artifacts_omitted = int(reply.get("artifacts_omitted", 0)) + artifacts_cut
+        return ExecutionResult(
+            stdout=stdout,
+            stderr=stderr,
+            stdout_omitted=int(reply.get("stdout_omitted", 0)) + stdout_cut,
+            stderr_omitted=int(reply.get("stderr_omitted", 0)) + stderr_cut,
+            error=ExecutionError(**bounds.bound_error(error)) if error else None,
+            oom=bool(reply.get("oom")),
+            truncated=bool(reply.get("truncated"))
+            or bool(stdout_cut or stderr_cut or final_cut or value_cut or artifacts_cut),
+            artifacts=[Artifact(**a) for a in artifacts],
+            artifacts_omitted=artifacts_omitted,
+            final_answer=final,
+            has_final_answer=bool(reply.get("has_final_answer")),
+            value=value,
+        )
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ProtocolError(f"malformed result from the runner: {bounds.clipped(str(exc), 500)}") from exc
+
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected text, got {type(value).__name__}")
+    return value
+
+
+def _encode(message: Request | ToolResult) -> bytes:
+    return json.dumps(message, ensure_ascii=False).encode() + b"\n"

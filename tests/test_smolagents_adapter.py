@@ -1,0 +1,291 @@
+"""smolagents' real `CodeAgent` with `KodeagentExecutor`: every code step runs in our sandbox.
+
+The model is the LLM stand-in (tests/llm_standin.py), reached by smolagents' own `LiteLLMModel` over
+real HTTP; the code runs in real worker processes (and containers, and the E2B stand-in, where the
+`run_env` fixture says so). What the model was shown after a step is read from the next request the
+stand-in received.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+from typing import Any
+
+import pytest
+from llm_standin import StandinLLM, register_standin_models
+from needs import in_ci, require
+
+if importlib.util.find_spec("smolagents") is None:  # CI installs the extra: there this is a failure
+    reason = "the smolagents adapter needs its extra: pip install 'kodeagent[smolagents]'"
+    if in_ci():
+        raise RuntimeError(reason)
+    pytest.skip(reason, allow_module_level=True)
+
+from smolagents import CodeAgent, FinalAnswerTool, LiteLLMModel, Tool, tool  # noqa: E402
+
+from sandboxes.adapters.smolagents import CodeExecutionError, KodeagentExecutor  # noqa: E402
+
+CALLS: list[tuple[str, int]] = []
+
+
+@tool
+def get_price(symbol: str) -> float:
+    """The latest price of a stock.
+
+    Args:
+        symbol: its ticker, e.g. AAPL.
+    """
+    CALLS.append((symbol, os.getpid()))
+    return {"AAPL": 200.0, "MSFT": 410.5}[symbol]
+
+
+class SecretLength(Tool):
+    name = "secret_length"
+    description = "How long the API key is (the tool holds the key; the code never sees it)."
+    inputs: dict[str, Any] = {}
+    output_type = "integer"
+
+    def forward(self) -> int:
+        return len(os.environ["KODEAGENT_TEST_SECRET"])
+
+
+class LabelledAnswer(FinalAnswerTool):
+    """A final answer tool of the user's own: it must run here, on the value the code gave."""
+
+    def forward(self, answer: Any) -> Any:
+        CALLS.append(("final", os.getpid()))
+        return f"ANSWER: {answer}"
+
+
+def step(code: str, thought: str = "I will run some code.") -> str:
+    """A model reply in CodeAgent's format."""
+    return f"Thought: {thought}\n<code>\n{code}\n</code>"
+
+
+def shown_after(llm: StandinLLM, request: int) -> str:
+    """The text of the last message of request `request` (what the model read about the step before)."""
+    content = llm.requests[request]["messages"][-1]["content"]
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content)
+
+
+@pytest.fixture
+def llm() -> Any:
+    register_standin_models()
+    with StandinLLM() as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _clear_calls() -> None:
+    CALLS.clear()
+
+
+def model(llm: StandinLLM) -> LiteLLMModel:
+    return LiteLLMModel(model_id=llm.model("plain"), api_base=llm.api_base, api_key="sk-standin")
+
+
+def agent(
+    llm: StandinLLM, executor: KodeagentExecutor, tools: list[Any] | None = None, **kwargs: Any
+) -> CodeAgent:
+    return CodeAgent(
+        tools=tools if tools is not None else [get_price],
+        model=model(llm),
+        executor=executor,
+        additional_authorized_imports=kwargs.pop("imports", []),
+        verbosity_level=0,
+        **kwargs,
+    )
+
+
+def _backend_options(run_env: str) -> dict[str, Any]:
+    if run_env == "docker":
+        import backend_docker
+
+        require(backend_docker.unavailable(), "smolagents on docker")
+        return {"image": backend_docker.IMAGE}
+    if run_env == "e2b":
+        import backend_e2b
+
+        require(backend_e2b.unavailable(), "smolagents on e2b")
+        return backend_e2b.connection()
+    return {}
+
+
+@pytest.mark.parametrize("run_env", ["host", pytest.param("docker", marks=pytest.mark.docker), "e2b"])
+def test_tool_calls_state_values_and_the_final_answer_on_every_backend(llm, run_env):
+    ex = KodeagentExecutor(backend=run_env, timeout=30, **_backend_options(run_env))
+    llm.add(
+        step("p = get_price('AAPL')\nprint('price', p)"),
+        step("total = p + get_price(symbol='MSFT')\ntotal"),
+        step("final_answer(total)"),
+    )
+    with agent(llm, ex) as a:
+        answer = a.run("What do one AAPL and one MSFT cost together?")
+    assert answer == 610.5
+    assert CALLS == [("AAPL", os.getpid()), ("MSFT", os.getpid())]  # the tool ran here, in the parent
+    assert "Execution logs:\nprice 200.0\n" in shown_after(llm, 1)
+    assert "Last output from code snippet:\n610.5" in shown_after(llm, 2)  # `p` survived step 1
+    assert llm.remaining == 0
+
+
+def test_last_expression_values_as_code_output():
+    with KodeagentExecutor() as ex:
+        number = ex("x = 3\nprint('six')\nx * 2")
+        data = ex("{'a': (1, 2), 'b': None}")
+        not_json = ex("{'b', 'a'} - {'b'}")
+        statement = ex("y = x")
+    assert (number.output, number.logs, number.is_final_answer) == (6, "six\n", False)
+    assert data.output == {"a": [1, 2], "b": None}  # a JSON copy: tuples become lists
+    assert not_json.output == "{'a'}"  # its repr
+    assert statement.output is None and statement.logs == ""
+
+
+def test_a_refused_import_is_shown_to_the_model_and_the_announced_ones_work(llm):
+    ex = KodeagentExecutor(["json"])
+    llm.add(
+        step("import json\nprint(json.dumps({'ok': True}))"),
+        step("import os\nprint(os.getcwd())"),
+        step("final_answer('gave up on os')"),
+    )
+    with agent(llm, ex, imports=["json"]) as a:
+        answer = a.run("Use json, then os.")
+        assert a.authorized_imports == ex.authorized_imports
+    assert answer == "gave up on os"
+    system = shown_after_first_system(llm)
+    assert str(ex.authorized_imports) in system  # the model is told exactly what the sandbox allows
+    assert 'Execution logs:\n{"ok": true}' in shown_after(llm, 1)
+    refused = shown_after(llm, 2)
+    assert "Import of 'os' is not allowed" in refused and "json" in refused
+    assert "/" not in refused.split("Executing code yielded an error")[0]  # os.getcwd() never ran
+
+
+def shown_after_first_system(llm: StandinLLM) -> str:
+    content = llm.requests[0]["messages"][0]["content"]
+    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
+
+
+def test_a_step_that_times_out_loses_its_state_but_not_the_agents_inputs(llm):
+    ex = KodeagentExecutor(timeout=2)
+    llm.add(
+        step("x = 1"),
+        step("while True:\n    pass"),
+        step("print(n)\ntry:\n    x\nexcept NameError:\n    print('x is gone')"),
+        step("final_answer(n)"),
+    )
+    with agent(llm, ex) as a:
+        answer = a.run("Loop, then look.", additional_args={"n": 5})
+    assert answer == 5
+    timed_out = shown_after(llm, 2)
+    assert "Timeout" in timed_out and "longer than 2 s" in timed_out
+    assert "Execution logs:\n5\nx is gone\n" in shown_after(llm, 3)
+
+
+def test_a_final_answer_tool_of_ones_own_runs_in_the_parent(llm):
+    ex = KodeagentExecutor()
+    llm.add(step("print('almost')\nfinal_answer(answer=6 * 7)"))
+    with agent(llm, ex, tools=[LabelledAnswer()]) as a:
+        answer = a.run("What is six times seven?")
+        logs = a.memory.steps[-1].observations
+    assert answer == "ANSWER: 42"
+    assert CALLS == [("final", os.getpid())]
+    assert "almost" in logs
+
+
+def test_a_managed_agent_runs_in_its_own_sandbox_through_the_tool_bridge(llm):
+    helper = agent(
+        llm, KodeagentExecutor(), tools=[get_price], name="pricer", description="Looks up stock prices."
+    )
+    manager = agent(llm, KodeagentExecutor(), tools=[], managed_agents=[helper])
+    llm.add(
+        step("report = pricer(task='the price of AAPL')\nprint(report)"),  # the manager
+        step("final_answer(get_price('AAPL'))"),  # the helper, inside the manager's step
+        step("final_answer('AAPL is at 200.0')"),  # the manager again
+    )
+    with manager, helper:
+        answer = manager.run("What does AAPL cost? Ask the pricer.")
+    assert answer == "AAPL is at 200.0"
+    assert CALLS == [("AAPL", os.getpid())]
+    assert "200.0" in shown_after(llm, 2)  # the helper's report, printed by the manager's code
+    assert "pricer" in shown_after_first_system(llm)
+
+
+def test_one_executor_shared_by_two_agents_is_refused_clearly():
+    ex = KodeagentExecutor()
+    with ex:
+        ex.send_tools({"inner": lambda: ex("1")})
+        with pytest.raises(CodeExecutionError, match="running a step. Give each agent"):
+            ex("inner()")
+
+
+def test_variables_cross_as_json_and_anything_else_is_refused(llm):
+    ex = KodeagentExecutor()
+    llm.add(step("print(sum(data), meta['k'])\nfinal_answer(len(data))"))
+    with agent(llm, ex) as a:
+        assert a.run("Sum the data.", additional_args={"data": [1, 2, 3], "meta": {"k": (1, 2)}}) == 3
+        assert "Execution logs:\n6 [1, 2]\n" in a.memory.steps[-1].observations
+        asked = len(llm.requests)
+        with pytest.raises(TypeError, match="variable 'handle'.*JSON"):
+            a.run("Use the handle.", additional_args={"handle": object()})
+    assert len(llm.requests) == asked  # refused before any step
+
+
+def test_tools_run_in_the_parent_and_their_secrets_stay_out(llm, monkeypatch):
+    monkeypatch.setenv("KODEAGENT_TEST_SECRET", "s3cr3t-value")
+    ex = KodeagentExecutor(["os"])
+    llm.add(
+        step(
+            "import os\nprint(os.environ.get('KODEAGENT_TEST_SECRET'), sorted(os.environ), secret_length())"
+        ),
+        step("final_answer('done')"),
+    )
+    with agent(llm, ex, tools=[SecretLength()], imports=["os"]) as a:
+        a.run("How long is the key?")
+    seen = shown_after(llm, 1)
+    # The tool read the key here, in the parent; the sandbox has no environment at all.
+    assert "Execution logs:\nNone [] 12\n" in seen
+    assert "s3cr3t" not in seen
+
+
+def test_send_tools_keeps_the_session_unless_the_names_change():
+    with KodeagentExecutor() as ex:
+        ex.send_variables({"a": 1})
+        ex.send_tools({"f": lambda: "first"})
+        ex("x = 5")
+        ex.send_tools({"f": lambda: "second"})  # same names: same session, the new function
+        assert ex("(x, f())").output == [5, "second"]
+        ex.send_tools({"f": lambda: "third", "g": lambda: "new"})  # a new stub: a new session
+        assert ex("(a, f(), g())").output == [1, "third", "new"]  # the agent's variables are back
+        with pytest.raises(CodeExecutionError, match="NameError"):
+            ex("x")
+        with pytest.raises(ValueError, match="'g'"):  # a stub would shadow it in every run
+            ex.send_variables({"g": 1})
+
+
+def test_cleanup_closes_the_session_and_a_later_step_opens_another():
+    ex = KodeagentExecutor(pool=False, isolation="process")
+    ex("1")
+    assert ex._session is not None
+    pid = ex._session.executor._worker.pid
+    ex.cleanup()
+    assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
+    assert ex.isolation == "not started"
+    assert ex("2").output == 2
+    ex.cleanup()
+    ex.cleanup()  # twice is fine
+
+
+def test_errors_raise_as_interpreter_errors_with_the_output_first():
+    from smolagents.local_python_executor import InterpreterError
+
+    with KodeagentExecutor() as ex:
+        with pytest.raises(InterpreterError) as info:
+            ex("print('before')\n1 / 0")
+    error = info.value
+    assert isinstance(error, CodeExecutionError)
+    assert str(error).startswith("before\nExecuting code yielded an error:\nTraceback")
+    assert "ZeroDivisionError: division by zero" in str(error)
+    assert error.result.error is not None and error.result.error.line == 2

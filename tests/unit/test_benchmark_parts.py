@@ -1,0 +1,106 @@
+"""The benchmarks' own parts, without running a benchmark: statistics, tables, result files, pass@k,
+the HumanEval policy and corpora, answer grading. (Small real runs: `tests/test_benchmarks_smoke.py`.)"""
+
+from __future__ import annotations
+
+import collections
+import io
+import math
+
+import pytest
+from rich.console import Console
+
+from benchmarks import common, humaneval, latency, security
+from benchmarks.humaneval_completions import LOOPS, generate
+
+
+def quiet() -> Console:
+    return Console(file=io.StringIO(), force_terminal=False, width=200)
+
+
+def test_percentiles_and_summary() -> None:
+    assert common.percentile([3, 1, 2], 50) == 2
+    assert common.percentile([1, 2, 3, 4], 50) == 2.5
+    assert common.percentile([float(i) for i in range(1, 101)], 95) == pytest.approx(95.05)
+    assert math.isnan(common.percentile([], 50))
+    stats = common.summarize([0.001, 0.002, 0.003])
+    assert stats["n"] == 3 and stats["p50_ms"] == pytest.approx(2.0)
+
+
+def test_plain_table_off_a_terminal() -> None:
+    out = io.StringIO()
+    common.print_table(
+        Console(file=out, force_terminal=False, width=200), "T", ["a", "n"], [["x", 1], ["yy", 22]]
+    )
+    assert out.getvalue().splitlines() == ["T", "a    n", "--  --", "x    1", "yy  22"]
+
+
+def test_pass_at_k_estimator() -> None:
+    assert humaneval.pass_at_k(10, 0, 1) == 0.0
+    assert humaneval.pass_at_k(10, 10, 5) == 1.0
+    assert humaneval.pass_at_k(10, 5, 1) == pytest.approx(0.5)
+    assert humaneval.pass_at_k(4, 1, 2) == pytest.approx(0.5)
+
+
+def test_policy_comes_from_trusted_parts_only() -> None:
+    problems = humaneval.load_problems()
+    assert "eval" in humaneval.policy_for(problems["HumanEval/160"]).allow_builtins
+    assert humaneval.policy_for(problems["HumanEval/0"]).allow_builtins == ()
+    assert "os" not in humaneval.policy_for(problems["HumanEval/0"]).allowed_imports
+
+
+def test_humaneval_harness_semantics_refuses_bare_process_isolation() -> None:
+    from sandboxes import BackendUnavailable
+
+    with pytest.raises(BackendUnavailable, match="bubblewrap") as caught:
+        humaneval.run(limit=1, concurrency=1, console=quiet(), backend_options={"isolation": "process"})
+    assert "--semantics policy" in str(caught.value)
+
+
+def test_latency_reports_a_missing_backend_module() -> None:
+    rows, reason = latency.other_backend_rows("nosuchbackend", 1)
+    assert rows == [] and reason and "latency_nosuchbackend" in reason
+
+
+def test_corpus_is_well_formed() -> None:
+    attacks, benign = security.load_corpus()
+    classes = {a.attack_class for a in attacks}
+    assert {
+        "imports",
+        "introspection",
+        "files",
+        "environment",
+        "network",
+        "processes",
+        "resources",
+        "forgery",
+    } <= classes
+    names = [(a.attack_class, a.name) for a in attacks]
+    assert len(names) == len(set(names))
+    assert len(benign) >= 10 and all(b.expected.endswith("\n") for b in benign)
+
+
+def test_tool_answers_are_graded_by_value() -> None:
+    from benchmarks import agent
+
+    first = agent.TOOL_TASKS[0]
+    assert agent.grade_tool_answer(first, f"It costs {first.answer:.2f} EUR.")
+    assert agent.grade_tool_answer(first, first.answer)
+    assert not agent.grade_tool_answer(first, "It costs 27.00 EUR.")
+    listed = agent.TOOL_TASKS[7]
+    assert agent.grade_tool_answer(listed, listed.answer.upper())
+    assert not agent.grade_tool_answer(listed, "eggplant, apple, banana")
+
+
+def test_corpus_covers_every_kind_of_behaviour() -> None:
+    """The generated corpus is what the agreement test claims it is (and is reproducible)."""
+    problems = humaneval.load_problems()
+    samples = generate(problems, count=1200, seed=0)
+    assert samples == generate(problems, count=1200, seed=0)
+    kinds = collections.Counter(s["kind"].split("/")[0] for s in samples)
+    assert sum(kinds[k] for k in LOOPS) == 48  # 4 %
+    for family in ("plain", "imports-used", "imports-unused", "stderr-print", "print-megabytes", "exit",
+                   "sys-exit", "os-exit", "raise-systemexit", "recursion-error", "setrecursionlimit",
+                   "tempfile", "environ", "os-system", "subprocess-popen", "os-getcwd", "str-raises"):  # fmt: skip
+        assert kinds[family] > 0, family
+    assert len({s["task_id"] for s in samples}) == 164

@@ -1,0 +1,134 @@
+"""The smolagents adapter's pure parts (no worker): what it refuses before a sandbox opens, how it
+maps imports and errors, and how the runner cuts a snippet before its last expression."""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import importlib.util
+
+import pytest
+from needs import in_ci
+
+from sandboxes import ExecutionError, ExecutionResult, Policy
+from sandboxes.runtime.runner import _split_last_expression
+
+if importlib.util.find_spec("smolagents") is None:  # CI installs the extra: there this is a failure
+    reason = "the smolagents adapter needs its extra: pip install 'kodeagent[smolagents]'"
+    if in_ci():
+        raise RuntimeError(reason)
+    pytest.skip(reason, allow_module_level=True)
+
+import smolagents  # noqa: E402
+
+from sandboxes.adapters.smolagents import (  # noqa: E402
+    CodeExecutionError,
+    KodeagentExecutor,
+    _error_text,
+    _json_copy,
+)
+
+
+def test_the_policy_allows_what_code_agent_announces():
+    from smolagents.utils import BASE_BUILTIN_MODULES
+
+    ex = KodeagentExecutor(["numpy", "pandas.*"], policy=Policy(files="none"))
+    assert ex.authorized_imports == sorted({*BASE_BUILTIN_MODULES, "numpy", "pandas.*"})
+    assert ex.policy.allowed_imports == tuple(ex.authorized_imports)
+    assert ex.policy.files == "none"  # the rest of the given policy is kept
+    problem = ex.policy.check("import os")
+    assert problem is not None and "'os' is not allowed" in problem.message
+    assert ex.policy.check("import numpy\nimport pandas.io\nimport queue") is None
+
+
+def test_imports_are_not_given_twice_and_options_are_checked():
+    with pytest.raises(ValueError, match="additional_authorized_imports"):
+        KodeagentExecutor(policy=Policy(allowed_imports=["math"]))
+    with pytest.raises(TypeError, match="list of module names"):
+        KodeagentExecutor("numpy")
+    with pytest.raises(TypeError, match="tools"):
+        KodeagentExecutor(tools={"f": print})
+    with pytest.raises(ValueError, match="module pattern"):
+        KodeagentExecutor(["not a module"])
+
+
+def test_bad_tool_names_are_refused_before_a_session_opens():
+    ex = KodeagentExecutor()
+    for name in ("ToolError", "_private", "class", "no spaces"):
+        with pytest.raises(ValueError, match="tool"):
+            ex.send_tools({name: print})
+    with pytest.raises(TypeError, match="not callable"):
+        ex.send_tools({"f": 3})
+    assert ex.isolation == "not started"
+
+
+def test_variables_must_be_json_and_named_freely():
+    ex = KodeagentExecutor()
+    for value, part in (
+        ({1, 2}, "a set"),
+        ({"when": datetime.date(2024, 1, 1)}, "data['when'] is a date"),
+        ([float("nan")], "data[0] is nan"),
+        ({1: "a"}, "the key 1"),
+    ):
+        with pytest.raises(TypeError, match="variable 'data'") as info:
+            ex.send_variables({"data": value})
+        assert part in str(info.value)
+    for name in ("final_answer", "_hidden", "for", "PolicyViolation"):
+        with pytest.raises(ValueError, match=repr(name)):
+            ex.send_variables({name: 1})
+    assert ex.isolation == "not started"
+
+
+def test_a_tool_and_a_variable_cannot_share_a_name():
+    ex = KodeagentExecutor()
+    ex.send_variables({"lookup": 1})  # CodeAgent sends its variables before its tools
+    with pytest.raises(ValueError, match="share the names lookup"):
+        ex.send_tools({"lookup": print})
+    assert ex.isolation == "not started"
+
+
+def test_json_copy_is_a_copy_with_lists_for_tuples():
+    original = {"k": (1, [2, {"x": None}]), "s": "é"}
+    copy = _json_copy("v", original)
+    assert copy == {"k": [1, [2, {"x": None}]], "s": "é"}
+    copy["k"][1].append(3)
+    assert original["k"][1] == [2, {"x": None}]
+
+
+def test_error_text_puts_the_output_first_and_keeps_smolagents_import_hint():
+    result = ExecutionResult(
+        error=ExecutionError(
+            type="PolicyViolation", message="import of 'os' is not allowed. Allowed imports: math"
+        )
+    )
+    text = _error_text(result, "partial output")
+    assert text.startswith("partial output\nExecuting code yielded an error:\n")
+    assert "Import of 'os' is not allowed" in text  # what CodeAgent looks for to advise the user
+    error = CodeExecutionError(text, result)
+    assert isinstance(error, smolagents.local_python_executor.InterpreterError)
+    assert error.result is result
+
+
+@pytest.mark.parametrize(
+    ("source", "body", "expression"),
+    [
+        ("x = 1\nx", "x = 1\n", "\nx"),
+        ("x = 1; x + 1", "x = 1; ", "(      x + 1)"),
+        ("(1 +\n 2)", "", "(1 +\n 2)"),
+        ("é = 'é'; é", "é = 'é'; ", "(" + " " * 10 + "é)"),  # columns count UTF-8 bytes
+        ("a = 1\r\nb = 2\r\na + b  # sum\n", "a = 1\r\nb = 2\r\n", "\n\na + b"),
+        ("print(1)\n# done\n", "", "print(1)"),
+    ],
+)
+def test_the_last_expression_is_cut_off_in_place(source, body, expression):
+    assert _split_last_expression(source) == (body, expression)
+    # The expression keeps its line and column, so tracebacks point at the code as written.
+    original = ast.parse(source).body[-1].value  # type: ignore[attr-defined]
+    moved = ast.parse(expression, mode="eval").body
+    where = ("lineno", "col_offset", "end_lineno", "end_col_offset")
+    assert [getattr(moved, a) for a in where] == [getattr(original, a) for a in where]
+
+
+@pytest.mark.parametrize("source", ["x = 1", "if x:\n    y", "", "def f(:", "for i in r:\n    i"])
+def test_code_not_ending_in_an_expression_is_not_cut(source):
+    assert _split_last_expression(source) is None
