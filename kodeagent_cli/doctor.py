@@ -63,6 +63,41 @@ def _try_ray(start_local: bool) -> tuple[bool, str, str | None]:
                 f"{sizes} sandboxes, capacity {cluster['capacity']} ({cluster['resource']})"), fix  # fmt: skip
 
 
+def _bubblewrap_check() -> dict[str, Any]:
+    """Which bubblewrap the host backend runs (the system's, else the bundled one) and why; or why none."""
+    from sandboxes.backends.hostprocess import bubblewrap
+
+    found = bubblewrap()
+    if found.path is None:
+        return _check("bubblewrap", False, found.reason or "none found", found.problem)
+    detail = f"{found.source} bwrap {found.version or '(version unknown)'} at {found.path}: {found.reason}"
+    return _check("bubblewrap", True, detail)
+
+
+def images_build_fix(text: str | None) -> str | None:
+    """A Docker fix as this command line says it: `kodeagent images build`, not the library's module."""
+    return text.replace("python -m sandboxes.images build", "kodeagent images build") if text else text
+
+
+def _docker_check() -> dict[str, Any]:
+    """The sandbox image first (a missing or stale one is fixed by `kodeagent images build`), then a run."""
+    from sandboxes import BackendUnavailable
+    from sandboxes.images import DEFAULT_IMAGE, build_command, image_problem
+
+    try:
+        problem = image_problem(DEFAULT_IMAGE)
+    except BackendUnavailable as exc:
+        return _check("backend docker", False, "unavailable", str(exc))
+    except Exception as exc:  # noqa: BLE001 - doctor reports every failure instead of crashing
+        return _check("backend docker", False, f"{type(exc).__name__}: {exc}")
+    if problem:
+        return _check(
+            "backend docker", False, problem.split("; ")[0], images_build_fix(build_command(DEFAULT_IMAGE))
+        )
+    ok, detail, fix = _try_backend("docker")
+    return _check("backend docker", ok, detail, images_build_fix(fix))
+
+
 def _have(module: str) -> bool:
     import importlib.util
 
@@ -80,17 +115,17 @@ def doctor_checks(backends: Sequence[str] | None = None) -> list[dict[str, Any]]
                      None if version >= (3, 11) else "install Python 3.11 or newer", essential=True)]  # fmt: skip
     if "host" in selected:
         ok, detail, fix = _try_backend("host")
+        bwrap = _bubblewrap_check()
         if ok and "namespaces" not in detail:
-            fix = (
-                "for namespace isolation (no network, read-only system, own PIDs): apt-get install bubblewrap"
-            )
+            fix = f"for namespace isolation (no network, read-only system, own PIDs): {bwrap['fix']}"
         checks.append(_check("backend host", ok, detail, fix, essential=True))
+        checks.append(bwrap)
     if "docker" in selected:
         if not _have("docker"):
             checks.append(_check("backend docker", False, "the docker SDK is not installed",
                                  "pip install 'kodeagent[docker]'"))  # fmt: skip
         else:
-            checks.append(_check("backend docker", *_try_backend("docker")))
+            checks.append(_docker_check())
     if "e2b" in selected:
         if not _have("e2b"):
             checks.append(

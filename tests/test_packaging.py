@@ -4,6 +4,11 @@ package data of `sandboxes`), and the `py.typed` markers; `kodeagent images buil
 Builds the wheel with pip (build isolation fetches setuptools from the package index), installs it
 into a fresh virtual environment (with this interpreter's packages visible for the dependencies),
 and runs everything from a directory outside the checkout.
+
+"This interpreter's packages" are those of the environment running the tests, which may itself be a
+virtual environment: `venv --system-site-packages` shows only the *base* interpreter's, so a path
+file adds the running environment's site directories too (after the new environment's own, so the
+installed wheel, not the checkout, is what imports).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import site
 import subprocess
 import sys
 from typing import Any
@@ -32,6 +38,18 @@ print(json.dumps({
 """
 
 
+def see_running_environment(python: pathlib.Path) -> None:
+    """Make the site directories of the environment running the tests importable in `python`'s venv.
+
+    Plain directory lines, so that the path files in them (the checkout's editable install among them)
+    are not run: the dependencies become importable, the checkout does not."""
+    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()  # fmt: skip
+    running = [*site.getsitepackages(), site.getusersitepackages()]
+    lines = [d for d in dict.fromkeys(os.path.realpath(d) for d in running) if os.path.isdir(d)]
+    (pathlib.Path(purelib) / "_kodeagent_test_deps.pth").write_text("".join(f"{d}\n" for d in lines))
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A venv outside the checkout with the wheel of this checkout installed in it."""
@@ -41,9 +59,15 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
                    check=True, timeout=600)  # fmt: skip
     (wheel,) = wheels.glob("kodeagent-*.whl")
     venv = base / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True, timeout=120
+    )
     python = venv / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(wheel)], check=True, timeout=300)
+    see_running_environment(python)
+    # --ignore-installed: the environment running the tests may have this very version (an editable
+    # install of the checkout), which pip would otherwise take as already satisfied.
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", str(wheel)],
+                   check=True, timeout=300)  # fmt: skip
     outside = base / "elsewhere"
     outside.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -58,9 +82,16 @@ def test_the_installed_wheel_finds_its_dockerfiles_and_runner(installed: dict[st
     site = str(installed["venv"])
     assert probe["sandboxes"].startswith(site), f"the checkout's copy was imported: {probe['sandboxes']}"
     assert probe["images_dir"].startswith(site) and probe["images_dir"].endswith("sandboxes/_images")
-    for name in ("Dockerfile", "Dockerfile.datascience", "requirements.txt", "datascience/kodeagent_mpl_backend.py"):
+    for name in (
+        "Dockerfile",
+        "Dockerfile.datascience",
+        "requirements.txt",
+        "datascience/kodeagent_mpl_backend.py",
+    ):
         assert name in probe["files"], probe["files"]
-        assert (ROOT / "images" / name).read_bytes() == (pathlib.Path(probe["images_dir"]) / name).read_bytes()
+        assert (ROOT / "images" / name).read_bytes() == (
+            pathlib.Path(probe["images_dir"]) / name
+        ).read_bytes()
     assert probe["runner"] and probe["typed"] == [True, True]
 
 

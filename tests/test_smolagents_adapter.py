@@ -269,7 +269,7 @@ def test_cleanup_closes_the_session_and_a_later_step_opens_another():
     ex = KodeagentExecutor(pool=False, isolation="process")
     ex("1")
     assert ex._session is not None
-    pid = ex._session.executor._worker.pid
+    pid = ex._session.executor.session.worker.pid
     ex.cleanup()
     assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
     assert ex.isolation == "not started"

@@ -125,10 +125,9 @@ class HostExecutor(Executor):
         if namespaces_available():
             return "namespaces"
         if self.requested_isolation == "namespaces":
-            raise BackendUnavailable(
-                "namespace isolation needs bubblewrap with user/PID/network namespaces: "
-                "install it with `apt-get install bubblewrap`, or use isolation='process'"
-            )
+            from .hostprocess import bubblewrap
+
+            raise BackendUnavailable(f"{bubblewrap().problem}; or use isolation='process'")
         return "process"
 
     async def _new_session(self) -> Session:

@@ -8,7 +8,9 @@ Two ways to make one:
 - `ForkServer.fork_worker`: a fork of a server that has already imported everything (see
   `runtime/forkserver.py`), a few milliseconds instead of tens. One server per (isolation, network);
   under ``namespaces`` it lives in one bwrap sandbox and its children are separated from each other
-  by their private users and private working directories (mode 0700).
+  by their private users, private working directories (mode 0700) and, unless the policy gives them
+  the host's network, network and IPC namespaces of their own (`runtime/netns.py`; made ahead of
+  need by a spare child). Where a child cannot have them, sessions start as `spawn_worker`s instead.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from ..errors import SandboxFileError, WorkerStartError
 from ..runtime import RUNTIME_DIR
 from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
 from ..worker import SocketLineReader, Worker, WorkerExit
+from .bubblewrap import Bubblewrap, choose
 
 RUNNER = RUNTIME_DIR / "runner.py"
 FORKSERVER = RUNTIME_DIR / "forkserver.py"
@@ -194,20 +197,33 @@ def _signal_name(number: int) -> str:
 
 
 @functools.cache
+def bubblewrap() -> Bubblewrap:
+    """The bubblewrap this backend runs (system, else bundled; see `bubblewrap.py`), checked once."""
+    if os.name != "posix":
+        return Bubblewrap(
+            None, "none", None, "not a POSIX system", "the host backend needs Linux for namespaces"
+        )
+    return choose(_probe)
+
+
 def namespaces_available() -> bool:
-    """True if bubblewrap can create the namespaces we use on this machine (checked once)."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None or os.name != "posix":
-        return False
+    """True if a bubblewrap can create the namespaces we use on this machine (checked once)."""
+    return bubblewrap().path is not None
+
+
+def _probe(bwrap: str) -> str | None:
+    """Run `bwrap` as a worker would be run: None if it works, else what went wrong."""
     try:
         probe = subprocess.run(
             [bwrap, *_bwrap_filesystem(), "--unshare-pid", "--unshare-net", "--unshare-ipc",
              "--die-with-parent", sys.executable, "-I", "-S", "-c", "pass"],
             capture_output=True, timeout=20, env={},
         )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return probe.returncode == 0
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    if probe.returncode == 0:
+        return None
+    return probe.stderr.decode(errors="replace").strip()[-2000:] or f"exit code {probe.returncode}"
 
 
 def _bind_with_parents(path: str, writable: bool = False) -> list[str]:
@@ -340,7 +356,7 @@ def _sandboxed(command: list[str], isolation: str, network: bool, writable: str)
     if isolation != "namespaces":
         return command
     return [
-        shutil.which("bwrap") or "bwrap", *_bwrap_filesystem(),
+        bubblewrap().path or "bwrap", *_bwrap_filesystem(),
         "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
         *([] if network else ["--unshare-net"]),
         "--die-with-parent", "--new-session",
@@ -382,7 +398,11 @@ class ForkServer:
         self.base = tempfile.mkdtemp(prefix="kodeagent-sessions-")
         os.chmod(self.base, 0o711)
         self.control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = _sandboxed(_python(FORKSERVER), isolation, network, self.base)
+        # Sessions of one server share its sandbox; without their own network (the policy's network
+        # is the host's) each child takes network and IPC namespaces of its own (`runtime/netns.py`).
+        self.private_network = isolation == "namespaces" and not network
+        flags = ["--private-network"] if self.private_network else []
+        command = _sandboxed(_python(FORKSERVER) + flags, isolation, network, self.base)
         try:
             self.process = subprocess.Popen(
                 command, stdin=child_end.fileno(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -394,11 +414,30 @@ class ForkServer:
         finally:
             child_end.close()
         self.lock = threading.Lock()
+        self.hello: dict[str, object] | None = None
 
     def usable(self) -> bool:
         return self.process.poll() is None
 
+    def _check_ready(self) -> None:
+        """Read the server's first message (under the lock): it says whether children can be separated."""
+        if self.hello is None:
+            reply = self.control.recv(4096)
+            if not reply:
+                raise WorkerStartError("the sandbox fork server ended before it was ready")
+            self.hello = json.loads(reply)
+        if self.private_network and not self.hello.get("private_network"):
+            raise WorkerStartError(
+                "the fork server cannot give sessions network namespaces of their own "
+                f"({self.hello.get('error')}); each session starts a sandbox of its own instead"
+            )
+
     def fork_worker(self) -> HostWorker:
+        try:
+            with self.lock:
+                self._check_ready()
+        except OSError as exc:
+            raise WorkerStartError(f"the sandbox fork server is gone ({exc})") from exc
         directory = tempfile.mkdtemp(dir=self.base)
         uid = _private_user(directory, self.isolation)
         request = json.dumps({"workdir": directory, "argv": _runner_flags(uid, self.isolation)}).encode()
@@ -409,6 +448,7 @@ class ForkServer:
                 reply = self.control.recv(4096)
         except OSError as exc:
             parent_end.close()
+            shutil.rmtree(directory, ignore_errors=True)
             raise WorkerStartError(f"the sandbox fork server is gone ({exc})") from exc
         finally:
             child_end.close()

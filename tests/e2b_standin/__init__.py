@@ -1,7 +1,9 @@
 """A faithful local stand-in for E2B: control-plane REST API, sandbox proxy and envd, on loopback.
 
 The unmodified `e2b` SDK drives it through its own options (``api_url``, ``sandbox_url``,
-``api_key``); commands run as real local processes in a per-sandbox directory. See `server.StandIn`.
+``api_key``); commands run as real local processes in a per-sandbox directory and, as in a sandbox's
+own microVM, in network and IPC namespaces of the sandbox's own (`namespaces.py`; when run as root).
+See `server.StandIn`.
 
 Wire facts it is built on (read from the SDK 2.6x source, checked by `tests/test_e2b_standin.py`):
 - the SDK's HTTP layer is pyqwest (Rust reqwest/hyper); over plain ``http://`` it speaks HTTP/1.1,

@@ -31,6 +31,7 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectSendStream
 
+from . import namespaces
 from .connect import RpcError
 
 ENVD_VERSION = "0.6.4"
@@ -84,7 +85,10 @@ class Sandbox:
     alive: bool = True
     network: dict[str, Any] = field(default_factory=dict)
     """Egress settings as last sent (create's ``allow_internet_access``, ``PUT .../network``); recorded,
-    not enforced: the stand-in's processes are local ones."""
+    not enforced: the stand-in has no internet to give or take."""
+    namespaces: tuple[int, int] | None = None
+    """Descriptors of the sandbox's own network and IPC namespaces (`namespaces.py`), as its own VM
+    would have; None where the stand-in may not make them (not root)."""
 
     @property
     def home(self) -> Path:
@@ -150,6 +154,7 @@ class Registry:
             (root / "tmp").mkdir()
 
         await anyio.to_thread.run_sync(make_tree)
+        separated = await anyio.to_thread.run_sync(namespaces.make)
         now = time.time()
         sandbox = Sandbox(
             sandbox_id=sandbox_id,
@@ -161,6 +166,7 @@ class Registry:
             access_token=secrets.token_urlsafe(24),
             started_at=now,
             end_at=now + timeout,
+            namespaces=separated,
         )
         self.sandboxes[sandbox_id] = sandbox
         self.stats["created"] += 1
@@ -193,6 +199,8 @@ class Registry:
             except (ProcessLookupError, PermissionError):
                 pass
             process.publish(("gone", f"the connection to sandbox {sandbox.sandbox_id} ended ({reason})"))
+        namespaces.close(sandbox.namespaces)
+        sandbox.namespaces = None
         await anyio.to_thread.run_sync(lambda: shutil.rmtree(sandbox.root, ignore_errors=True))
 
     async def start_process(self, sandbox: Sandbox, request: Mapping[str, Any]) -> tuple[Process, Any]:
@@ -211,13 +219,14 @@ class Registry:
         env.update(sandbox.envs)
         env.update({str(k): str(v) for k, v in (config.get("envs") or {}).items()})
         proc = await anyio.open_process(
-            [cmd, *config.get("args", [])],
+            namespaces.command(sandbox.namespaces, [cmd, *config.get("args", [])]),
             stdin=-1 if request.get("stdin") else -3,  # PIPE, or DEVNULL when stdin is off
             stdout=-1,
             stderr=-1,
             cwd=cwd,
             env=env,
             start_new_session=True,
+            pass_fds=sandbox.namespaces or (),
         )
         process = Process(pid=proc.pid, tag=request.get("tag"), config=config, proc=proc)
         sandbox.processes[proc.pid] = process

@@ -1,0 +1,231 @@
+"""The MCP server's pure parts: its settings (file, flags), bearer tokens, and the HTTP guard's decisions
+(driven as the ASGI app it is, without a network)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+from collections.abc import MutableMapping
+from typing import Any
+
+import anyio
+import pytest
+
+from kodeagent_cli import build_parser
+from kodeagent_cli.common import CommandError
+from kodeagent_cli.mcp import parse_address, settings_from_flags
+from sandboxes import DEFAULT_ALLOWED_IMPORTS
+from sandboxes.adapters.mcp import McpConfigError, ServerConfig, load_config, make_config, with_tokens
+from sandboxes.adapters.mcp.auth import TENANT_KEY, HttpGuard, TokenTable
+from sandboxes.adapters.mcp.config import TokenConfig, load_tool
+
+TOKEN = "t" * 20
+
+
+def test_defaults_are_safe() -> None:
+    config = ServerConfig()
+    assert config.backend == "host" and config.http.host == "127.0.0.1"
+    assert config.policy.network is False and config.http.tokens == ()
+    assert config.max_sessions_per_token <= config.max_sessions
+
+
+def test_tokens_tools_and_limits_are_validated() -> None:
+    config = make_config({"http": {"tokens": [TOKEN, {"name": "bob", "token": "b" * 20}]},
+                          "tools": ["mcp_tool_functions:double", "pkg.mod:Class.method"]})  # fmt: skip
+    assert [t.name for t in config.http.tokens] == ["token-1", "bob"]
+    assert config.tools == {"double": "mcp_tool_functions:double", "method": "pkg.mod:Class.method"}
+    assert TOKEN not in repr(config.http.tokens[0])  # a token is never shown
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"http": {"tokens": ["short"]}}, "http.tokens.0.token"),
+        ({"http": {"tokens": [TOKEN, TOKEN]}}, "same token is listed twice"),
+        ({"http": {"tokens": ["has space " + TOKEN]}}, "without spaces"),
+        ({"tools": {"f": "no_colon"}}, "not an import path"),
+        ({"tools": {"_private": "m:f"}}, "Python identifier"),
+        ({"timeout": 400}, "above max_timeout"),
+        ({"max_sessions": 2, "max_sessions_per_token": 3}, "max_sessions_per_token is above"),
+        ({"backend": "nowhere"}, "backend"),
+        ({"policy": {"allowed_imports": "os"}}, "not a single string"),
+        ({"unknown_key": 1}, "unknown_key: Extra inputs are not permitted"),
+    ]
+    for bad, words in cases:
+        with pytest.raises(McpConfigError, match=words):
+            make_config(bad)
+
+
+def test_config_files_json_and_toml(tmp_path: pathlib.Path) -> None:
+    toml = tmp_path / "mcp.toml"
+    toml.write_text('backend = "host"\ntimeout = 5\n[policy]\nallowed_imports = ["math"]\nnetwork = false\n'
+                    '[policy.limits]\nmemory_mb = 512\n[tools]\ndouble = "mcp_tool_functions:double"\n'
+                    '[[http.tokens]]\nname = "alice"\ntoken = "' + TOKEN + '"\n')  # fmt: skip
+    config = load_config(toml)
+    assert config.timeout == 5 and config.policy.allowed_imports == ("math",)
+    assert config.policy.limits.memory_mb == 512 and config.http.tokens[0].name == "alice"
+    as_json = tmp_path / "mcp.json"
+    as_json.write_text(json.dumps({"max_sessions": 4, "max_sessions_per_token": 2}))
+    assert load_config(as_json, timeout=7).timeout == 7
+    broken = tmp_path / "broken.toml"
+    broken.write_text("timeout = ")
+    with pytest.raises(McpConfigError, match="broken.toml' is not valid TOML"):
+        load_config(broken)
+    with pytest.raises(McpConfigError, match="ends in .json or .toml"):
+        load_config(tmp_path / "x.yaml")
+    with pytest.raises(McpConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.json")
+
+
+def test_tool_functions_import_or_say_why() -> None:
+    assert load_tool("double", "mcp_tool_functions:double")(4) == 8
+    with pytest.raises(McpConfigError, match="cannot import 'no_such_module_here'"):
+        load_tool("f", "no_such_module_here:f")
+    with pytest.raises(McpConfigError, match="has no attribute 'missing'"):
+        load_tool("f", "mcp_tool_functions:missing")
+    with pytest.raises(McpConfigError, match="not callable"):
+        load_tool("f", "mcp_tool_functions:__doc__")
+
+
+def _flags(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(["mcp", *argv])
+
+
+def test_flags_override_the_config_file() -> None:
+    base = {"timeout": 10, "policy": {"allowed_imports": ["math"], "limits": {"cpu_seconds": 9}},
+            "tools": {"a": "m:a"}, "http": {"port": 9000}}  # fmt: skip
+    settings = settings_from_flags(_flags("--timeout", "3", "--allow-import", "numpy.*,json", "--limit",
+                                          "memory_mb=256", "--tool", "b=m:b", "--tool", "pkg.mod:c",
+                                          "--http", "0.0.0.0:8000", "-o", "isolation=process"), base)  # fmt: skip
+    config = make_config(settings)
+    assert config.timeout == 3 and config.policy.allowed_imports == ("math", "numpy.*", "json")
+    assert config.policy.limits.memory_mb == 256 and config.policy.limits.cpu_seconds == 9
+    assert config.tools == {"a": "m:a", "b": "m:b", "c": "pkg.mod:c"}
+    assert (config.http.host, config.http.port) == ("0.0.0.0", 8000)
+    assert config.backend_options == {"isolation": "process"}
+    defaults = make_config(settings_from_flags(_flags("--allow-import", "numpy"), {}))
+    assert defaults.policy.allowed_imports == (*DEFAULT_ALLOWED_IMPORTS, "numpy")
+    only = make_config(settings_from_flags(_flags("--only-imports", "--allow-import", "math"), {}))
+    assert only.policy.allowed_imports == ("math",)
+    assert make_config(settings_from_flags(_flags("--http"), base)).http.port == 9000  # the file's address
+
+
+def test_http_address_forms() -> None:
+    assert parse_address("8765") == ("127.0.0.1", 8765)
+    assert parse_address("0.0.0.0:80") == ("0.0.0.0", 80)
+    assert parse_address("[::1]:0") == ("::1", 0)
+    assert parse_address(":5") == ("127.0.0.1", 5)
+    for bad in ("host:", "host:port", "70000"):
+        with pytest.raises(CommandError, match="give \\[HOST:\\]PORT"):
+            parse_address(bad)
+
+
+def test_token_from_the_environment_or_generated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KODEAGENT_MCP_TOKEN", raising=False)
+    config, generated = with_tokens(ServerConfig())
+    assert generated is not None and len(generated) >= 40
+    assert config.http.tokens[0].token == generated
+    assert with_tokens(ServerConfig())[1] != generated  # a new one each time
+    monkeypatch.setenv("KODEAGENT_MCP_TOKEN", TOKEN)
+    config, generated = with_tokens(ServerConfig())
+    assert generated is None and config.http.tokens[0].token == TOKEN
+    monkeypatch.setenv("KODEAGENT_MCP_TOKEN", "short")
+    with pytest.raises(McpConfigError, match="KODEAGENT_MCP_TOKEN"):
+        with_tokens(ServerConfig())
+    own = make_config({"http": {"tokens": ["o" * 20]}})
+    assert with_tokens(own) == (own, None)  # the config's own tokens win
+
+
+def test_token_table() -> None:
+    table = TokenTable([TokenConfig(name="alice", token=TOKEN), TokenConfig(name="bob", token="b" * 20)])
+    assert table.tenant_for_header("Bearer " + TOKEN) == "alice"
+    assert table.tenant_for_header("bearer  " + "b" * 20 + " ") == "bob"
+    for wrong in (None, "", "Bearer", "Bearer ", "Basic " + TOKEN, "Bearer " + TOKEN[:-1], TOKEN, "Bearer é"):
+        assert table.tenant_for_header(wrong) is None, wrong
+    with pytest.raises(ValueError):
+        TokenTable([])
+
+
+# ---------------------------------------------------------------------- the guard, as an ASGI app
+
+
+async def _call(guard: HttpGuard, headers: dict[str, str], chunks: list[bytes]) -> tuple[int, Any, list[Any]]:
+    """One HTTP request through the guard: (status, JSON body, what the inner app received)."""
+    sent: list[MutableMapping[str, Any]] = []
+    incoming = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/mcp",
+             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}  # fmt: skip
+    await guard(scope, receive, send)
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(body), inner_calls
+
+
+inner_calls: list[Any] = []
+
+
+async def _inner(scope: Any, receive: Any, send: Any) -> None:
+    message = await receive()
+    inner_calls.append((scope.get(TENANT_KEY), message["body"]))
+    body = json.dumps({"ok": True}).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _guard() -> HttpGuard:
+    tokens = TokenTable([TokenConfig(name="alice", token=TOKEN)])
+    return HttpGuard(_inner, tokens, max_body=1000, allowed_hosts=["mcp.internal:*"],
+                     allowed_origins=["https://app.example"])  # fmt: skip
+
+
+def test_the_guard_lets_in_only_what_it_should() -> None:
+    async def main() -> None:
+        guard, auth = _guard(), {"Authorization": "Bearer " + TOKEN}
+        inner_calls.clear()
+        cases: list[tuple[dict[str, str], list[bytes], int, str]] = [
+            ({"Host": "127.0.0.1:9", **auth}, [b"{}"], 200, ""),
+            ({"Host": "localhost:9", **auth}, [b"{}"], 200, ""),
+            ({"Host": "[::1]:9", **auth}, [b"{}"], 200, ""),
+            ({"Host": "10.1.2.3:9", **auth}, [b"{}"], 200, ""),  # an IP literal cannot be rebound
+            ({"Host": "mcp.internal:443", **auth}, [b"{}"], 200, ""),
+            ({"Host": "127.0.0.1:9", "Origin": "http://localhost:6274", **auth}, [b"{}"], 200, ""),
+            ({"Host": "127.0.0.1:9", "Origin": "https://app.example", **auth}, [b"{}"], 200, ""),
+            ({"Host": "attacker.example:9", **auth}, [b"{}"], 421, "DNS rebinding"),
+            ({**auth}, [b"{}"], 421, "Host ''"),
+            ({"Host": "127.0.0.1:9", "Origin": "http://attacker.example", **auth}, [b"{}"], 403, "attacker"),
+            ({"Host": "127.0.0.1:9", "Origin": "null", **auth}, [b"{}"], 403, "Origin 'null'"),
+            ({"Host": "127.0.0.1:9"}, [b"{}"], 401, "needs a bearer token"),
+            ({"Host": "127.0.0.1:9", "Authorization": "Bearer nope"}, [b"{}"], 401, "not valid"),
+            ({"Host": "127.0.0.1:9", "Content-Length": "1001", **auth}, [b"x" * 1001], 413, "1,001 bytes"),
+            ({"Host": "127.0.0.1:9", **auth}, [b"x" * 600, b"y" * 600], 413, "at most 1,000 bytes"),
+        ]
+        for headers, chunks, want, words in cases:
+            status, body, _ = await _call(guard, headers, chunks)
+            assert status == want, (headers, body)
+            if want != 200:
+                assert body["jsonrpc"] == "2.0" and body["id"] is None and words in body["error"]["message"]
+        assert len(inner_calls) == 7 and all(call == ("alice", b"{}") for call in inner_calls)
+        inner_calls.clear()
+        status, _, _ = await _call(guard, {"Host": "127.0.0.1:9", **auth}, [b"a" * 500, b"b" * 500])
+        assert status == 200 and inner_calls == [("alice", b"a" * 500 + b"b" * 500)]  # the body arrives whole
+
+    anyio.run(main)
+
+
+def test_the_readme_examples_are_valid(tmp_path: pathlib.Path) -> None:
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Use it from an MCP client", 1)[1].split("\n## ", 1)[0]
+    desktop = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
+    entry = desktop["mcpServers"]["kodeagent-sandbox"]
+    assert entry["command"] == "kodeagent"
+    make_config(settings_from_flags(build_parser().parse_args(entry["args"]), {}))
+    toml = tmp_path / "mcp.toml"
+    toml.write_text(section.split("```toml\n", 1)[1].split("```", 1)[0])
+    config = load_config(toml)
+    assert config.tools == {"lookup": "mytools:lookup"} and config.http.tokens[0].name == "alice"
