@@ -49,7 +49,7 @@ def test_the_command_line_and_the_benchmarks_offer_the_list() -> None:
     from kodeagent_cli import build_parser
 
     found = _backend_choices(build_parser())
-    assert {prog.split()[-1] for prog, _ in found} == {"run", "exec", "doctor"}
+    assert {prog.split()[-1] for prog, _ in found} >= {"run", "exec", "doctor", "mcp"}
     assert all(choices == BACKEND_NAMES for _, choices in found)
     for name in ("humaneval", "agent"):
         parser = argparse.ArgumentParser(prog=name)
