@@ -30,6 +30,8 @@ from typing import Any
 
 from rich.console import Console
 
+from sandboxes.backends import BACKEND_NAMES
+
 from .common import (
     make_console,
     print_table,
@@ -480,7 +482,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         default="host",
-        choices=("host", "docker", "e2b", "ray"),
+        choices=BACKEND_NAMES,
         help="where CodeAct code and HumanEval grading run (default host; ray: on a Ray cluster's nodes)",
     )
     parser.add_argument("--limit", type=int, default=20, help="tasks per set at most (default 20; 0 = all)")

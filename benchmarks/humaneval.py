@@ -49,6 +49,8 @@ from typing import Any
 
 from rich.console import Console
 
+from sandboxes.backends import BACKEND_NAMES
+
 from .common import (
     RESULTS_DIR,
     fmt_ms,
@@ -772,8 +774,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         default="host",
-        choices=("host", "docker", "e2b", "ray"),
-        help="sandbox backend: host, docker, e2b or ray (default host; ray: -o node_backend=host|docker)",
+        choices=BACKEND_NAMES,
+        help=f"sandbox backend: {', '.join(BACKEND_NAMES)} (default host; ray: -o node_backend=host|docker)",
     )
     parser.add_argument(
         "--concurrency",

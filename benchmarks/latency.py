@@ -41,6 +41,8 @@ from typing import Any
 
 from rich.console import Console
 
+from sandboxes.backends import BACKEND_NAMES
+
 from .common import (
     fmt_ms,
     fmt_ratio,
@@ -55,6 +57,8 @@ from .common import (
 SNIPPET = "print(1)"
 TARGETS_MS = {"warm run": 1.0, "session from the pool": 5.0, "cold session": 50.0}
 WARM_RATIO_TARGET = 10.0
+ALL_BACKENDS = tuple(name for name in BACKEND_NAMES if name != "ray")
+"""What `--backend all` measures: every backend but Ray, whose rows start a local cluster (asked for by name)."""
 POOL_REFILL_WAIT = 5.0
 """Longest wait for the pool to refill between two pool-open samples (so each sample is a pool hit)."""
 
@@ -281,7 +285,7 @@ def other_backend_rows(backend: str, n: int) -> tuple[list[dict[str, Any]], str 
 
 def run(
     *,
-    backends: Sequence[str] = ("host", "docker", "e2b"),
+    backends: Sequence[str] = ALL_BACKENDS,
     n: int = 500,
     sessions: int = 30,
     baseline_n: int = 100,
@@ -373,7 +377,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         default="all",
-        choices=["all", "host", "docker", "e2b", "ray"],
+        choices=["all", *BACKEND_NAMES],
         help="which backend to measure (default all that are available)",
     )
     parser.add_argument("--n", type=int, default=500, help="warm runs measured (default 500)")
@@ -393,7 +397,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def execute(args: argparse.Namespace) -> int:
     """Run from parsed arguments; exit 0 when the measurements were taken (targets are only reported)."""
     console = make_console(args.json)
-    backends = ("host", "docker", "e2b") if args.backend == "all" else (args.backend,)
+    backends = ALL_BACKENDS if args.backend == "all" else (args.backend,)
     result = run(
         backends=backends,
         n=args.n,

@@ -15,7 +15,6 @@ a CodeAct run opens it.
 """
 
 from .agent import Agent
-from .agent_base import select_tools
 from .codeact import CodeActAgent
 from .conversation import validate_openai_history
 from .errors import (
@@ -49,8 +48,9 @@ from .options import AgentOptions
 from .planner import Planner
 from .printing import print_response
 from .react import ReActAgent
+from .run import AgentRun, RunArguments
 from .text import neutralize_control
-from .tools import Tool, as_tool, mcp_stdio_tools, tool
+from .tools import Tool, as_tool, mcp_stdio_tools, select_tools, tool
 from .usage import UsageTracker
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "AgentBusyError",
     "AgentOptions",
     "AgentResponse",
+    "AgentRun",
     "ChatMessage",
     "CodeActAgent",
     "CodeActChatMessage",
@@ -71,6 +72,7 @@ __all__ = [
     "ReActChatMessage",
     "ResponseParseError",
     "RetryError",
+    "RunArguments",
     "StepRecord",
     "Task",
     "Tool",

@@ -1,6 +1,6 @@
 """`CodeActAgent`: thought and code, or a final answer. The code runs in a `sandboxes` executor.
 
-One executor is opened per run (in `pre_run`) and closed when the run ends, however it ends; its
+One executor is opened per run (in `pre_run`, held by its `AgentRun`) and closed when the run ends; its
 session keeps state between steps. Tools are handed to the executor as functions that run here, in
 the agent's process, with their arguments validated. The observation the model gets is built from
 the `ExecutionResult` (see `observation.py`). Nothing the code prints is ever parsed as the model's
@@ -16,29 +16,36 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Unpack
-
-import anyio
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 from . import prompts
-from .agent import Agent, raw_reply_text
+from .agent import Agent, FinalAnswer, StepReply
 from .errors import ConfigurationError, ResponseParseError
 from .models import AgentResponse, ChatMessage, CodeActChatMessage, StepRecord
 from .observation import cut_stream, format_observation
 from .options import AgentOptions
 from .parsing import CODEACT_FORMAT, parse_codeact_reply
 from .prompts import render_template
+from .run import AgentRun
 from .tools import Tool, as_tool
 from .usage import CALLER_USAGE
 
 if TYPE_CHECKING:
     from sandboxes import ExecutionResult, Executor
+    from sandboxes.backends import BackendName as RunEnv  # where CodeAct code runs: a backend, by name
 
 __all__ = ["CodeActAgent", "RunEnv", "cut_stream", "format_observation", "split_packages"]
 
-RunEnv = Literal["host", "docker", "e2b", "ray"]
+
+def __getattr__(name: str) -> Any:
+    # `RunEnv` is sandboxes' one list of backends (`BackendName`), loaded on first use so that
+    # `import kodeagent` does not import sandboxes.
+    if name == "RunEnv":
+        from sandboxes.backends import BackendName
+
+        return BackendName
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CodeActAgent(Agent):
@@ -70,9 +77,12 @@ class CodeActAgent(Agent):
         executor_options: dict[str, Any] | None = None,
         **options: Unpack[AgentOptions],
     ) -> None:
+        from sandboxes.backends import BACKEND_NAMES
+
         super().__init__(model_name, **options)
-        if run_env not in ("host", "docker", "e2b", "ray"):
-            raise ConfigurationError(f"run_env must be 'host', 'docker', 'e2b' or 'ray', got {run_env!r}")
+        if run_env not in BACKEND_NAMES:
+            *others, last = (repr(name) for name in BACKEND_NAMES)
+            raise ConfigurationError(f"run_env must be {', '.join(others)} or {last}, got {run_env!r}")
         if not timeout or timeout <= 0:
             raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout!r}")
         if pip_packages and run_env != "e2b":
@@ -86,13 +96,6 @@ class CodeActAgent(Agent):
         self.timeout = timeout
         self.env_vars_to_set = dict(env_vars_to_set) if env_vars_to_set else None
         self.executor_options = dict(executor_options or {})
-        self._executor: Executor | None = None
-        self._executor_token: object | None = None
-
-    def _reset_state(self) -> None:
-        super()._reset_state()
-        self._executor = None
-        self._executor_token = None
 
     # ------------------------------------------------------------------ prompts and parsing
 
@@ -105,15 +108,15 @@ class CodeActAgent(Agent):
 
     def get_tools_description(self, tools: list[Any] | None = None) -> str:
         """Tools as the Python functions the code calls: signature, purpose, arguments."""
-        chosen = [as_tool(t) for t in tools] if tools is not None else list(self._run_tools.values())
+        chosen = [as_tool(t) for t in tools] if tools is not None else list(self._current_tools.values())
         return "\n".join(t.describe(style="python") for t in chosen) if chosen else prompts.NO_TOOLS
 
-    def get_system_prompt_content(self) -> str:
+    def get_system_prompt_content(self, run: AgentRun) -> str:
         imports = ", ".join(self._imports()) or "(none)"
         return render_template(
             self.system_prompt or prompts.CODEACT_SYSTEM_PROMPT,
             persona=self.persona or "",
-            tools=self.get_tools_description(),
+            tools=self.get_tools_description(list(run.tools.values())),
             authorized_imports=imports,
         )
 
@@ -121,47 +124,44 @@ class CodeActAgent(Agent):
         """Parse a free-text CodeAct reply: fenced code, ``Code:`` or ``Final Answer:`` sections."""
         return parse_codeact_reply(text)
 
-    def parse_reply(self, text: str) -> ChatMessage:
+    def parse_reply(self, text: str, run: AgentRun | None = None) -> CodeActChatMessage:
         """A reply in any accepted form (see `kodeagent.parsing`), or `ResponseParseError` saying why not."""
         return parse_codeact_reply(text)
 
     def expected_format(self) -> str:
         return CODEACT_FORMAT
 
-    def _check_inputs(self, inputs: dict[str, Any]) -> None:
-        taken = {t.name for t in self.tools} | {"final_answer", "print"}
-        clashes = sorted(set(inputs) & taken)
-        if clashes:
-            raise ValueError(
-                f"inputs {clashes} would hide a tool or builtin of the same name in the sandbox; rename them"
-            )
+    @property
+    def reserved_input_names(self) -> frozenset[str]:
+        """Inputs become variables of the sandbox's session: they may not hide a tool or a builtin there."""
+        return frozenset({t.name for t in self.tools} | {"final_answer", "print"})
 
-    def _inputs_suffix(self) -> str:
+    def _inputs_suffix(self, run: AgentRun) -> str:
         return "\n" + prompts.CODEACT_INPUTS_NOTE
 
     def _continuation_note(self) -> str:
         """The sandbox is opened per run: an earlier conversation's variables do not exist in it."""
         return prompts.CODEACT_FRESH_SESSION_NOTE
 
-    def _local_files(self) -> list[str]:
-        return [f for f in (self.task.files if self.task else []) if os.path.isfile(f)]
+    def _local_files(self, run: AgentRun) -> list[str]:
+        return [f for f in run.task.files if os.path.isfile(f)]
 
-    def _file_labels(self) -> list[str]:
-        local = set(self._local_files())
+    def _file_labels(self, run: AgentRun) -> list[str]:
+        local = set(self._local_files(run))
         return [
             f"{os.path.basename(f)} (copied into the working directory of your code)" if f in local else f
-            for f in (self.task.files if self.task else [])
+            for f in run.task.files
         ]
 
     # ------------------------------------------------------------------ executor lifecycle
 
-    def _make_executor(self) -> Executor:
+    def _make_executor(self, run: AgentRun) -> Executor:
         from sandboxes import Policy, open_executor
 
         options: dict[str, Any] = {
             "timeout": self.timeout,
             "env": self.env_vars_to_set or {},
-            "tools": {name: self._sandbox_tool(tool) for name, tool in self._run_tools.items()},
+            "tools": {name: self._sandbox_tool(run, tool) for name, tool in run.tools.items()},
         }
         if "policy" not in self.executor_options:
             options["policy"] = Policy(allowed_imports=tuple(self._imports()))
@@ -170,11 +170,11 @@ class CodeActAgent(Agent):
         options.update(self.executor_options)
         return open_executor(self.run_env, **options)
 
-    def _sandbox_tool(self, tool: Tool) -> Callable[..., Any]:
-        """What the sandbox's code calls: the tool, with this agent as the caller whose usage it adds to."""
+    def _sandbox_tool(self, run: AgentRun, tool: Tool) -> Callable[..., Any]:
+        """What the sandbox's code calls: the tool, with `run` as the caller whose usage it adds to."""
 
         async def call(*args: Any, **kwargs: Any) -> Any:
-            caller = CALLER_USAGE.set(self.usage_tracker)
+            caller = CALLER_USAGE.set(run.usage)
             try:
                 return await tool.call_from_sandbox(*args, **kwargs)
             finally:
@@ -183,88 +183,50 @@ class CodeActAgent(Agent):
         call.__name__ = tool.name
         return call
 
-    async def pre_run(self) -> AsyncIterator[AgentResponse]:
-        """Open the sandbox session, copy the task's files in, and define `inputs` as variables."""
-        await self._release_resources()  # the sandbox of an earlier run that was abandoned unfinished
-        executor = self._make_executor()
-        self._executor = executor
-        self._executor_token = self._run_token
+    async def pre_run(self, run: AgentRun) -> AsyncIterator[AgentResponse]:
+        """Open the run's sandbox session, copy the task's files in, and define `inputs` as variables."""
+        executor = self._make_executor(run)
+        run.executor = executor  # held by the run from here, so its release closes it however the run ends
         await executor.open()
-        yield self.response(
+        yield self._response(
             "log", f"sandbox ready ({self.run_env}, isolation: {executor.isolation})",
             channel="sandbox", metadata={"event": "sandbox_open", "run_env": self.run_env},
         )  # fmt: skip
-        for path in self._local_files():
+        for path in self._local_files(run):
             with open(path, "rb") as fh:
                 await executor.upload(os.path.basename(path), fh.read())
-        if self._inputs:
-            code = "\n".join(f"{name} = {_jsonable_repr(value)}" for name, value in self._inputs.items())
+        if run.inputs:
+            code = "\n".join(f"{name} = {_jsonable_repr(value)}" for name, value in run.inputs.items())
             result = await executor.run(code)
             if not result.ok:
-                yield self.response(
+                yield self._response(
                     "log", f"could not define inputs in the sandbox: {result.error}", channel="sandbox",
                     metadata={"event": "inputs_failed"},
                 )  # fmt: skip
 
-    async def _release_resources(self, token: object | None = None) -> None:
-        """Close the sandbox; with a `token`, only if it belongs to that run (not to a newer one).
-
-        The run's own ``finally`` calls this with its token: that is what guarantees the close. A run
-        abandoned unfinished is finalised later, perhaps while a newer run is using its own sandbox;
-        the token keeps the old run's cleanup from touching the new sandbox.
-        """
-        if token is not None and token is not self._executor_token:
-            return
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            with anyio.CancelScope(shield=True):
-                await executor.close()
-
     # ------------------------------------------------------------------ one step
 
-    async def _step(self, iteration: int) -> AsyncIterator[AgentResponse]:
-        started = time.perf_counter()
-        record = StepRecord(index=iteration)
-        reply = await self._request_step()
-        record.raw_reply = raw_reply_text(reply)
-        text = reply.content or ""
-        self.add_to_history({"role": "assistant", "content": text})
-        try:
-            message = self.parse_reply(text)
-        except ResponseParseError as exc:
-            async for item in self._format_error(record, str(exc), started):
-                yield item
-            return
+    async def _act(self, run: AgentRun, record: StepRecord, message: StepReply) -> FinalAnswer | None:
+        """Run the reply's code in the run's sandbox; a `final_answer()` it called ends the run."""
         assert isinstance(message, CodeActChatMessage)
-        record.thought = message.thought
-        if message.is_final:
-            async for item in self._finish(record, message.final_answer, message.task_successful, started):
-                yield item
-            return
         code = message.code or ""
         if not code.strip():
-            async for item in self._format_error(record, "it has neither `code` nor `final_answer`", started):
-                yield item
-            return
+            raise ResponseParseError("it has neither `code` nor `final_answer`")
         record.code = code
-        assert self._executor is not None  # opened in pre_run, closed only after the loop
-        result = await self._executor.run(code)
-        await self._collect_artifacts(result)
+        assert run.executor is not None  # opened in pre_run, closed only after the loop
+        result = await run.executor.run(code)
+        await self._collect_artifacts(run, result)
         record.observation = format_observation(result, limit=self.OUTPUT_LIMIT, timeout=self.timeout)
         if not result.ok:
             record.error = str(result.error) if result.error else "the code did not finish"
-        self.add_to_history({"role": "user", "content": f"Observation:\n{record.observation}"})
+        run.add_to_history({"role": "user", "content": f"Observation:\n{record.observation}"})
         if result.has_final_answer and result.ok:
-            async for item in self._finish(record, result.final_answer, True, started):
-                yield item
-            return
-        record.duration = time.perf_counter() - started
-        yield self.response("step", record, metadata=self._step_metadata(iteration))
-        await self._notify_step(record)
+            return FinalAnswer(result.final_answer)
+        return None
 
-    async def _collect_artifacts(self, result: ExecutionResult) -> None:
+    async def _collect_artifacts(self, run: AgentRun, result: ExecutionResult) -> None:
         """Copy files the code wrote out of the sandbox into `work_dir` (when one is set)."""
-        if not self.work_dir or not result.artifacts or self._executor is None:
+        if not self.work_dir or not result.artifacts or run.executor is None:
             return
         root = os.path.abspath(self.work_dir)
         for artifact in result.artifacts:
@@ -272,13 +234,13 @@ class CodeActAgent(Agent):
             if not target.startswith(root + os.sep):
                 continue
             try:
-                data = await self._executor.download(artifact.path)
+                data = await run.executor.download(artifact.path)
             except Exception:  # a file that vanished again is not worth failing the step for
                 continue
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "wb") as fh:
                 fh.write(data)
-            self.add_output_file(target)
+            run.add_output_file(target)
 
 
 def split_packages(spec: str) -> list[str]:

@@ -1,15 +1,15 @@
-"""The conversation an agent sends: checking what callers hand in, and shaping messages for the model.
+"""The conversation an agent sends: checking a history a caller hands in, and shaping messages for the model.
 
 Kept apart from the loop because none of it depends on a run's state: a history a caller passes is
-checked before anything starts (a bad one fails with the message and field named, not deep inside a
-provider's error), and the helpers that build or render messages are plain functions of their inputs.
+checked before anything starts (by `RunArguments`; a bad one fails with the message and field named,
+not deep inside a provider's error), and the helpers that build or render messages are plain
+functions of their inputs.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import keyword
 import mimetypes
 import os
 from collections.abc import Sequence
@@ -83,56 +83,6 @@ def validate_openai_history(messages: Sequence[Any], *, what: str = "chat_histor
                 )
         out.append(dict(message))
     return out
-
-
-def check_run_arguments(
-    task: str,
-    files: list[str] | None,
-    max_iterations: int | None,
-    recurrent_mode: bool,
-    chat_history: list[dict[str, Any]] | None,
-    history: Sequence[Any] | None,
-    inputs: dict[str, Any] | None,
-    response_model: type[BaseModel] | None,
-    *,
-    max_files: int,
-) -> None:
-    """Refuse, with a `ValueError` naming the problem, arguments of `Agent.run()` that cannot work."""
-    if not isinstance(task, str) or not task.strip():
-        raise ValueError("task must be a non-empty string")
-    if files is not None and len(files) > max_files:
-        raise ValueError(f"too many files: {len(files)} given, at most {max_files} per task")
-    if max_iterations is not None and max_iterations < 1:
-        raise ValueError(f"max_iterations must be at least 1, got {max_iterations}")
-    if recurrent_mode and chat_history is not None:
-        raise ValueError("recurrent_mode and chat_history cannot be used together; choose one")
-    if history is not None and (chat_history is not None or recurrent_mode):
-        raise ValueError("history cannot be combined with chat_history or recurrent_mode")
-    if chat_history is not None:
-        validate_openai_history(chat_history)
-    if history is not None:
-        for i, message in enumerate(validate_openai_history(history, what="history")):
-            if message["role"] == "system":
-                raise ValueError(f"history[{i}] is a system message; history holds earlier turns only")
-    if inputs is not None:
-        if not isinstance(inputs, dict):
-            raise ValueError("inputs must be a dict of name -> JSON-compatible value")
-        for key, value in inputs.items():
-            if (
-                not isinstance(key, str)
-                or not key.isidentifier()
-                or key.startswith("_")
-                or keyword.iskeyword(key)
-            ):
-                raise ValueError(f"inputs key {key!r} must be a Python identifier not starting with '_'")
-            try:
-                json.dumps(value)
-            except (TypeError, ValueError):
-                raise ValueError(f"inputs[{key!r}] is not JSON-compatible") from None
-    if response_model is not None and not (
-        isinstance(response_model, type) and issubclass(response_model, BaseModel)
-    ):
-        raise ValueError("response_model must be a pydantic BaseModel subclass")
 
 
 def normalize_content(content: Any) -> str:

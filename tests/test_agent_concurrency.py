@@ -137,3 +137,24 @@ async def test_a_sub_agent_called_from_codeact_code_rolls_up_usage(llm: StandinL
     usage = manager.get_usage_metrics()
     assert usage["by_component"]["oracle.agent"]["calls"] == 1
     assert usage["total"]["calls"] == 3
+
+
+async def test_nothing_of_one_run_reaches_the_next(llm: StandinLLM) -> None:
+    """Each run has state of its own (nothing is reset): the observer's one reminder that steps are
+    running out comes in every run, and steps and usage are the run's alone."""
+
+    def get_price(symbol: str) -> float:
+        """Latest price. Args: symbol: the ticker."""
+        return 200.0
+
+    agent = ReActAgent(llm.model("json"), litellm_params=llm.params(), tools=[get_price], max_iterations=3)
+    for task in ("square 1", "square 2"):
+        llm.add(
+            json.dumps({"thought": "t", "action": "get_price", "args": '{"symbol": "A"}'}), react_finish("ok")
+        )
+        responses = await collect(agent.run(task))
+        reminders = [r for r in responses if r.channel == "observer" and "only 2 step(s) remain" in r.value]
+        assert len(reminders) == 1, task
+        assert agent.task is not None and agent.task.description == task
+        assert [s.index for s in agent.steps] == [1, 2]
+        assert agent.usage_tracker.metrics()["total"]["calls"] == 2

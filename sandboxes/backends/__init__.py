@@ -7,10 +7,15 @@ are imported only by those who use them.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Any, Final, Literal, get_args
 
 from ..errors import UnknownBackend
 from ..executor import Executor
+
+BackendName = Literal["host", "docker", "e2b", "ray"]
+"""A backend's name: the one list every reader (kodeagent's `RunEnv`, the CLI, the benchmarks) takes."""
+BACKEND_NAMES: Final[tuple[BackendName, ...]] = get_args(BackendName)
+"""`BackendName` at run time, in its order; `BACKENDS` has exactly these keys (a unit test keeps them equal)."""
 
 BACKENDS: dict[str, tuple[str, str]] = {
     "host": ("sandboxes.backends.host", "HostExecutor"),
