@@ -151,10 +151,15 @@ class Agent(ABC):
         self.observer = observer if observer is not None else Observer()
         # The planner and observer here are templates: each run plans and watches with its own copy.
         self.planner: Planner | None = (
-            Planner(model_name, litellm_params=self.litellm_params, max_retries=max_retries,
-                    update_every=planning_interval or 3)
-            if o["use_planner"] or planning_interval is not None else None
-        )  # fmt: skip
+            Planner(
+                model_name,
+                litellm_params=self.litellm_params,
+                max_retries=max_retries,
+                update_every=planning_interval or 3,
+            )
+            if o["use_planner"] or planning_interval is not None
+            else None
+        )
         tool_calling, structured_output = o["tool_calling"], o["structured_output"]
         if tool_calling not in ("auto", "native", "json", "text"):
             raise ValueError(f"tool_calling must be auto, native, json or text; got {tool_calling!r}")
@@ -821,8 +826,12 @@ class Agent(ABC):
     def _task_text(self, run: AgentRun) -> str:
         parts = []
         if run.args.recurrent_mode and run.previous is not None:
-            parts.append(prompts.RECURRENT_NOTE.format(
-                previous_task=run.previous.description, previous_result=normalize_content(run.previous.result)))  # fmt: skip
+            parts.append(
+                prompts.RECURRENT_NOTE.format(
+                    previous_task=run.previous.description,
+                    previous_result=normalize_content(run.previous.result),
+                )
+            )
         parts.append(prompts.TASK_TEMPLATE.format(task=run.args.task.strip()))
         if run.msg_idx_of_new_task > 1 and self._continuation_note():
             parts.append(self._continuation_note())

@@ -189,9 +189,11 @@ class CodeActAgent(Agent):
         run.executor = executor  # held by the run from here, so its release closes it however the run ends
         await executor.open()
         yield self._response(
-            "log", f"sandbox ready ({self.run_env}, isolation: {executor.isolation})",
-            channel="sandbox", metadata={"event": "sandbox_open", "run_env": self.run_env},
-        )  # fmt: skip
+            "log",
+            f"sandbox ready ({self.run_env}, isolation: {executor.isolation})",
+            channel="sandbox",
+            metadata={"event": "sandbox_open", "run_env": self.run_env},
+        )
         for path in self._local_files(run):
             with open(path, "rb") as fh:
                 await executor.upload(os.path.basename(path), fh.read())
@@ -200,9 +202,11 @@ class CodeActAgent(Agent):
             result = await executor.run(code)
             if not result.ok:
                 yield self._response(
-                    "log", f"could not define inputs in the sandbox: {result.error}", channel="sandbox",
+                    "log",
+                    f"could not define inputs in the sandbox: {result.error}",
+                    channel="sandbox",
                     metadata={"event": "inputs_failed"},
-                )  # fmt: skip
+                )
 
     # ------------------------------------------------------------------ one step
 

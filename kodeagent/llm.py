@@ -72,8 +72,13 @@ def names_response_format(exc: BaseException | None) -> bool:
         return False
     response = getattr(exc, "response", None)
     text = f"{exc} {getattr(response, 'text', '')}".lower()
-    return "response_format" in text and ("validation" in text or "input should be" in text or "unsupported" in text
-                                          or "not supported" in text or "invalid" in text)  # fmt: skip
+    return "response_format" in text and (
+        "validation" in text
+        or "input should be" in text
+        or "unsupported" in text
+        or "not supported" in text
+        or "invalid" in text
+    )
 
 
 def _is_transient(exc: BaseException) -> bool:

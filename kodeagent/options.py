@@ -101,8 +101,10 @@ def resolve_options(owner: str, options: AgentOptions) -> AgentOptions:
     """`options` over `AGENT_DEFAULTS`; an unknown option is a `TypeError` naming it (and a near miss)."""
     unknown = sorted(set(options) - AGENT_OPTIONS)
     if unknown:
-        hints = [f" (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, AGENT_OPTIONS, 1)) else ""
-                 for u in unknown]  # fmt: skip
+        hints = [
+            f" (did you mean {m[0]!r}?)" if (m := difflib.get_close_matches(u, AGENT_OPTIONS, 1)) else ""
+            for u in unknown
+        ]
         listed = ", ".join(f"{u!r}{h}" for u, h in zip(unknown, hints, strict=True))
         raise TypeError(f"{owner} got unexpected option(s) {listed}")
     return {**AGENT_DEFAULTS, **options}

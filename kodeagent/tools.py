@@ -384,8 +384,9 @@ def _kind(spec: dict[str, Any], defs: dict[str, Any]) -> str:
     return str(resolved.get("type") or "any")
 
 
-def _describe_field(arg: str, spec: dict[str, Any], flag: str, defs: dict[str, Any], indent: str,
-                    depth: int = 0) -> list[str]:  # fmt: skip
+def _describe_field(
+    arg: str, spec: dict[str, Any], flag: str, defs: dict[str, Any], indent: str, depth: int = 0
+) -> list[str]:
     """One argument for a prompt, and, for a pydantic-model argument, its fields below it."""
     resolved, _ = _resolve(spec, defs)
     text = f"{indent}* {arg} ({_kind(spec, defs)}, {flag})"
@@ -429,8 +430,14 @@ def _py_type_name(spec: dict[str, Any], defs: dict[str, Any] | None = None) -> s
     if kind == "array":
         items = spec.get("items")
         return f"list[{_py_type_name(items, defs)}]" if isinstance(items, dict) else "list"
-    names = {"string": "str", "integer": "int", "number": "float", "boolean": "bool", "object": "dict",
-             "null": "None"}  # fmt: skip
+    names = {
+        "string": "str",
+        "integer": "int",
+        "number": "float",
+        "boolean": "bool",
+        "object": "dict",
+        "null": "None",
+    }
     return names.get(kind or "", "Any")
 
 

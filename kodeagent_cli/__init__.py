@@ -64,42 +64,80 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--max-iterations", type=int, default=10, help="steps at most (default 10)")
     run.add_argument("--timeout", type=int, default=30, help="seconds per code run (default 30)")
-    run.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
-                     help="extra module (pattern) the code may import, besides the defaults; repeatable")  # fmt: skip
+    run.add_argument(
+        "--allow-import",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="extra module (pattern) the code may import, besides the defaults; repeatable",
+    )
     run.add_argument("--api-base", help="OpenAI-compatible endpoint (e.g. a local server; model openai/NAME)")
     run.add_argument("--api-key", help="the provider's API key (default: its environment variable)")
-    run.add_argument("--structured-output", choices=("auto", "json_schema", "json_object", "off"), default="auto",
-                     help="constrain replies with a response format (default auto: when the model or server "
-                          "supports one, falling back to free text)")  # fmt: skip
-    run.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE",
-                     help="option of the sandbox backend, e.g. image=kodeagent-sandbox:datascience (repeatable)")  # fmt: skip
+    run.add_argument(
+        "--structured-output",
+        choices=("auto", "json_schema", "json_object", "off"),
+        default="auto",
+        help="constrain replies with a response format (default auto: when the model or server "
+        "supports one, falling back to free text)",
+    )
+    run.add_argument(
+        "-o",
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option of the sandbox backend, e.g. image=kodeagent-sandbox:datascience (repeatable)",
+    )
     run.add_argument("-v", "--verbose", action="store_true", help="also show log messages")
     run.set_defaults(handler=cmd_run)
 
     exe = add("exec", "run Python code in a sandbox and print what it printed")
     exe.add_argument("file", metavar="FILE", help="a Python file, or - for stdin")
     exe.add_argument("--backend", choices=BACKENDS, default="host", help="sandbox backend (default host)")
-    exe.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
-                     help="module pattern to allow besides the defaults ('pkg' or 'pkg.*'; comma-separated or repeated)")  # fmt: skip
+    exe.add_argument(
+        "--allow-import",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="module pattern to allow besides the defaults ('pkg' or 'pkg.*'; comma-separated or repeated)",
+    )
     exe.add_argument(
         "--only-imports", action="store_true", help="allow only the --allow-import modules, not the defaults"
     )
-    exe.add_argument("--allow-builtin", action="append", default=[], metavar="NAME",
-                     help="banned builtin to allow again, e.g. eval (repeatable)")  # fmt: skip
+    exe.add_argument(
+        "--allow-builtin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="banned builtin to allow again, e.g. eval (repeatable)",
+    )
     exe.add_argument(
         "--network", action="store_true", help="allow sockets (still subject to the backend's isolation)"
     )
     exe.add_argument("--timeout", type=float, default=30.0, help="wall-clock seconds (default 30)")
     exe.add_argument("--workdir", help="working directory of the code (default: a fresh temporary one)")
-    exe.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE",
-                     help="option of the backend, e.g. isolation=process or image=... (JSON values; repeatable)")  # fmt: skip
+    exe.add_argument(
+        "-o",
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option of the backend, e.g. isolation=process or image=... (JSON values; repeatable)",
+    )
     exe.set_defaults(handler=cmd_exec)
 
     bench = add("bench", "run a benchmark: " + ", ".join(BENCHMARKS))
-    bench.add_argument("name", choices=sorted(BENCHMARKS), metavar="NAME",
-                       help="; ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()))  # fmt: skip
-    bench.add_argument("options", nargs=argparse.REMAINDER,
-                       help="options of the benchmark (see `kodeagent bench NAME --help`)")  # fmt: skip
+    bench.add_argument(
+        "name",
+        choices=sorted(BENCHMARKS),
+        metavar="NAME",
+        help="; ".join(f"{k}: {v}" for k, v in BENCHMARKS.items()),
+    )
+    bench.add_argument(
+        "options",
+        nargs=argparse.REMAINDER,
+        help="options of the benchmark (see `kodeagent bench NAME --help`)",
+    )
     bench.set_defaults(handler=cmd_bench)
 
     images = add("images", "build or list Docker sandbox images")
@@ -107,8 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     build = image_commands.add_parser("build", help="build a sandbox image (reused when nothing changed)")
     build.add_argument("--variant", default="py", help="py (default) or datascience")
     where = build.add_mutually_exclusive_group()
-    where.add_argument("--offline", action="store_true", default=None,
-                       help="make the base image from the Debian mirror (no Docker Hub)")  # fmt: skip
+    where.add_argument(
+        "--offline",
+        action="store_true",
+        default=None,
+        help="make the base image from the Debian mirror (no Docker Hub)",
+    )
     where.add_argument("--base", help="base image of the standard variant")
     build.add_argument("--mirror", help="Debian mirror for --offline")
     build.add_argument("--force", action="store_true", help="rebuild even when nothing changed")

@@ -34,8 +34,11 @@ def cmd_exec(args: argparse.Namespace) -> int:
     imports = module_patterns(args.allow_import)
     allowed = list(dict.fromkeys([*([] if args.only_imports else DEFAULT_ALLOWED_IMPORTS), *imports]))
     try:
-        policy = Policy(allowed_imports=tuple(allowed), allow_builtins=tuple(module_patterns(args.allow_builtin)),
-                        network=args.network)  # fmt: skip
+        policy = Policy(
+            allowed_imports=tuple(allowed),
+            allow_builtins=tuple(module_patterns(args.allow_builtin)),
+            network=args.network,
+        )
     except ValueError as exc:
         raise CommandError(f"invalid policy: {exc}", EXIT_USAGE) from None
     options: dict[str, Any] = {
@@ -91,8 +94,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from kodeagent import CodeActAgent, ReActAgent, print_response
         from kodeagent.errors import KodeAgentError
     except ImportError as exc:
-        raise CommandError(f"the agents are not available ({exc}); pip install 'kodeagent[agents]'",
-                           EXIT_UNAVAILABLE) from None  # fmt: skip
+        raise CommandError(
+            f"the agents are not available ({exc}); pip install 'kodeagent[agents]'", EXIT_UNAVAILABLE
+        ) from None
     litellm_params: dict[str, Any] = {}
     if args.api_base:
         litellm_params["api_base"] = args.api_base
@@ -105,14 +109,22 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
     if args.api_key:
         litellm_params["api_key"] = args.api_key
-    common: dict[str, Any] = {"litellm_params": litellm_params, "max_iterations": args.max_iterations,
-                              "structured_output": args.structured_output}  # fmt: skip
+    common: dict[str, Any] = {
+        "litellm_params": litellm_params,
+        "max_iterations": args.max_iterations,
+        "structured_output": args.structured_output,
+    }
     try:
         if args.agent == "codeact":
             imports = module_patterns(args.allow_import)
-            agent: Any = CodeActAgent(args.model, run_env=args.backend, timeout=args.timeout,
-                                      executor_options=backend_options(args.backend_option),
-                                      allowed_imports=None if not imports else _with_defaults(imports), **common)  # fmt: skip
+            agent: Any = CodeActAgent(
+                args.model,
+                run_env=args.backend,
+                timeout=args.timeout,
+                executor_options=backend_options(args.backend_option),
+                allowed_imports=None if not imports else _with_defaults(imports),
+                **common,
+            )
         else:
             agent = ReActAgent(args.model, **common)
     except KodeAgentError as exc:
@@ -157,8 +169,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     try:
         module = importlib.import_module(f"benchmarks.{args.name}")
     except ImportError as exc:
-        raise CommandError(f"benchmark {args.name!r} cannot be loaded ({exc}); "
-                           "pip install 'kodeagent[bench]'", EXIT_UNAVAILABLE) from None  # fmt: skip
+        raise CommandError(
+            f"benchmark {args.name!r} cannot be loaded ({exc}); pip install 'kodeagent[bench]'",
+            EXIT_UNAVAILABLE,
+        ) from None
     parser = argparse.ArgumentParser(prog=f"kodeagent bench {args.name}", description=BENCHMARKS[args.name])
     module.add_arguments(parser)
     options = parser.parse_args(args.options)
@@ -194,8 +208,14 @@ def cmd_images(args: argparse.Namespace) -> int:
     images = _images_module()
     try:
         if args.images_command == "build":
-            info = images.build_image(args.variant, base=args.base, offline=args.offline, mirror=args.mirror,
-                                      force=args.force, progress=lambda m: print(m, file=sys.stderr))  # fmt: skip
+            info = images.build_image(
+                args.variant,
+                base=args.base,
+                offline=args.offline,
+                mirror=args.mirror,
+                force=args.force,
+                progress=lambda m: print(m, file=sys.stderr),
+            )
             if args.json:
                 print_json(info.model_dump())
             else:
@@ -210,8 +230,11 @@ def cmd_images(args: argparse.Namespace) -> int:
     elif not found:
         print("no sandbox images; build one with `kodeagent images build` (add --offline without Docker Hub)")
     else:
-        table(["image", "alias", "variant", "size"],
-               [[i.tag, i.alias, i.variant, f"{i.size_mb:.1f} MB"] for i in found], "Sandbox images")  # fmt: skip
+        table(
+            ["image", "alias", "variant", "size"],
+            [[i.tag, i.alias, i.variant, f"{i.size_mb:.1f} MB"] for i in found],
+            "Sandbox images",
+        )
     return EXIT_OK
 
 

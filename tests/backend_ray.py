@@ -16,7 +16,11 @@ from typing import Any
 PER_NODE = 2
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
 # Fast node-failure detection, so the node-kill test sees the death in about a second, not fifteen.
-SYSTEM_CONFIG = {"health_check_initial_delay_ms": 0, "health_check_period_ms": 300, "health_check_failure_threshold": 3}
+SYSTEM_CONFIG = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 300,
+    "health_check_failure_threshold": 3,
+}
 
 _lock = threading.Lock()
 _cluster: Any = None
@@ -25,7 +29,11 @@ _problem: str | None = None
 
 def node_arguments() -> dict[str, Any]:
     """What a sandbox node of the test cluster declares."""
-    return {"num_cpus": 1, "resources": {"kodeagent_sandbox": PER_NODE}, "object_store_memory": OBJECT_STORE_BYTES}
+    return {
+        "num_cpus": 1,
+        "resources": {"kodeagent_sandbox": PER_NODE},
+        "object_store_memory": OBJECT_STORE_BYTES,
+    }
 
 
 def cluster() -> Any:
@@ -36,8 +44,13 @@ def cluster() -> Any:
             import ray
             from ray.cluster_utils import Cluster
 
-            head = {"num_cpus": 1, "resources": {"kodeagent_sandbox": 0}, "object_store_memory": OBJECT_STORE_BYTES,
-                    "include_dashboard": False, "_system_config": SYSTEM_CONFIG}  # fmt: skip
+            head = {
+                "num_cpus": 1,
+                "resources": {"kodeagent_sandbox": 0},
+                "object_store_memory": OBJECT_STORE_BYTES,
+                "include_dashboard": False,
+                "_system_config": SYSTEM_CONFIG,
+            }
             started = Cluster(initialize_head=True, head_node_args=head, shutdown_at_exit=False)
             atexit.register(_shutdown, started)
             for _ in range(2):

@@ -282,11 +282,24 @@ class StandinLLM:
                 if accepted is not None and isinstance(fmt, dict) and fmt.get("type") not in accepted:
                     names = " or ".join(repr(t) for t in sorted(accepted))
                     standin.rejected.append(f"response_format type {fmt.get('type')!r}")
-                    detail = {"type": "literal_error", "loc": ("body", "response_format", "type"),
-                              "msg": f"Input should be {names}", "input": fmt.get("type")}  # fmt: skip
+                    detail = {
+                        "type": "literal_error",
+                        "loc": ("body", "response_format", "type"),
+                        "msg": f"Input should be {names}",
+                        "input": fmt.get("type"),
+                    }
                     message = f"1 validation error:\n  {detail}\n"
-                    self._send(500, {"error": {"message": message, "type": "internal_server_error",
-                                               "param": None, "code": None}})  # fmt: skip
+                    self._send(
+                        500,
+                        {
+                            "error": {
+                                "message": message,
+                                "type": "internal_server_error",
+                                "param": None,
+                                "code": None,
+                            }
+                        },
+                    )
                     return
                 problem = request_problem(body)
                 if problem is not None:  # as the provider would: 400, and the script does not advance

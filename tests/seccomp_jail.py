@@ -45,16 +45,22 @@ def install(mode: str) -> None:
     """Refuse namespaces to this process and everything it starts from now on (cannot be undone)."""
     arch, unshare, clone, clone3 = _ARCH[platform.machine()]
     program = [
-        _op(_LD, 0, 0, 4), _op(_JEQ, 1, 0, arch), _op(_RET, 0, 0, _ALLOW),  # another ABI: allow
+        _op(_LD, 0, 0, 4),
+        _op(_JEQ, 1, 0, arch),
+        _op(_RET, 0, 0, _ALLOW),  # another ABI: allow
         _op(_LD, 0, 0, 0),  # the syscall number
-        _op(_JEQ, 0, 1, unshare), _op(_RET, 0, 0, _ERRNO | _EPERM),
-    ]  # fmt: skip
+        _op(_JEQ, 0, 1, unshare),
+        _op(_RET, 0, 0, _ERRNO | _EPERM),
+    ]
     if mode == "all":
         program += [
-            _op(_JEQ, 0, 1, clone3), _op(_RET, 0, 0, _ERRNO | _ENOSYS),
-            _op(_JEQ, 0, 3, clone), _op(_LD, 0, 0, 16),  # clone's flags: the low word of args[0]
-            _op(_JSET, 0, 1, _NAMESPACE_FLAGS), _op(_RET, 0, 0, _ERRNO | _EPERM),
-        ]  # fmt: skip
+            _op(_JEQ, 0, 1, clone3),
+            _op(_RET, 0, 0, _ERRNO | _ENOSYS),
+            _op(_JEQ, 0, 3, clone),
+            _op(_LD, 0, 0, 16),  # clone's flags: the low word of args[0]
+            _op(_JSET, 0, 1, _NAMESPACE_FLAGS),
+            _op(_RET, 0, 0, _ERRNO | _EPERM),
+        ]
     program.append(_op(_RET, 0, 0, _ALLOW))
     code = ctypes.create_string_buffer(b"".join(program))
     libc = ctypes.CDLL(None, use_errno=True)

@@ -46,7 +46,11 @@ def _e2b_reason() -> str | None:
 
 
 @pytest.fixture(
-    params=["host", pytest.param("docker", marks=pytest.mark.docker), pytest.param("e2b", marks=pytest.mark.e2b)]
+    params=[
+        "host",
+        pytest.param("docker", marks=pytest.mark.docker),
+        pytest.param("e2b", marks=pytest.mark.e2b),
+    ]
 )
 def run_env(request: pytest.FixtureRequest) -> str:
     reason = {"host": lambda: None, "docker": _docker_reason, "e2b": _e2b_reason}[request.param]()

@@ -93,8 +93,12 @@ async def test_clones_run_tasks_in_parallel_with_independent_state(llm: StandinL
 async def test_parallel_calls_of_one_sub_agent_get_their_own_answers_and_roll_up_usage(
     llm: StandinLLM,
 ) -> None:
-    helper = CodeActAgent(llm.model("json"), litellm_params=llm.params(), name="squarer",
-                          description="Squares a number with Python.")  # fmt: skip
+    helper = CodeActAgent(
+        llm.model("json"),
+        litellm_params=llm.params(),
+        name="squarer",
+        description="Squares a number with Python.",
+    )
     manager = ReActAgent(llm.model("native"), litellm_params=llm.params(), tools=[helper.as_tool()])
 
     def helper_step(body: dict[str, Any]) -> str:
@@ -122,8 +126,9 @@ async def test_parallel_calls_of_one_sub_agent_get_their_own_answers_and_roll_up
 
 
 async def test_a_sub_agent_called_from_codeact_code_rolls_up_usage(llm: StandinLLM) -> None:
-    helper = ReActAgent(llm.model("json"), litellm_params=llm.params(), name="oracle",
-                        description="Answers questions.")  # fmt: skip
+    helper = ReActAgent(
+        llm.model("json"), litellm_params=llm.params(), name="oracle", description="Answers questions."
+    )
     manager = CodeActAgent(llm.model("json"), litellm_params=llm.params(), tools=[helper.as_tool()])
     llm.add(
         code_step('print(oracle(task="square 9"))'),

@@ -78,9 +78,11 @@ async def test_plan_is_revised_as_steps_go(llm: StandinLLM) -> None:
 
 async def test_images_are_attached_for_vision_models(llm: StandinLLM, tmp_path: Path) -> None:
     image = tmp_path / "dot.png"
-    image.write_bytes(base64.b64decode(
-        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-    ))  # fmt: skip
+    image.write_bytes(
+        base64.b64decode(
+            "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+        )
+    )
     llm.add(reply("A single dot."), react_finish("no image here"))  # native, then JSON mode
     agent = ReActAgent(llm.model("native"), litellm_params=llm.params())
     assert agent.is_visual_model
@@ -156,8 +158,12 @@ async def test_tool_output_is_neutralised_for_react(llm: StandinLLM) -> None:
 
 
 async def test_an_agent_as_a_tool_of_another(llm: StandinLLM) -> None:
-    helper = CodeActAgent(llm.model("json"), litellm_params=llm.params(), name="calculator",
-                          description="Computes arithmetic with Python.")  # fmt: skip
+    helper = CodeActAgent(
+        llm.model("json"),
+        litellm_params=llm.params(),
+        name="calculator",
+        description="Computes arithmetic with Python.",
+    )
     boss = ReActAgent(llm.model("json"), litellm_params=llm.params(), tools=[helper.as_tool()])
     llm.add(
         react_call("calculator", {"task": "2**10"}),  # the boss delegates

@@ -69,10 +69,22 @@ def llama_server() -> Iterator[str]:
     port = _free_port()
     log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)  # noqa: SIM115
     proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", model, "--host", "127.0.0.1", "--port", str(port),
-         "--n_ctx", "4096"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "llama_cpp.server",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--n_ctx",
+            "4096",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     base = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + STARTUP_SECONDS
@@ -132,8 +144,13 @@ def add(a: float, b: float) -> float:
 @pytest.mark.anyio
 @pytest.mark.parametrize("structured", ["auto", "off"])
 async def test_codeact_agent_with_a_real_model(llama_server: str, structured: str) -> None:
-    agent = CodeActAgent(MODEL, litellm_params={**PARAMS, "api_base": llama_server}, max_iterations=3,
-                         structured_output=structured, timeout=10)  # type: ignore[arg-type]  # fmt: skip
+    agent = CodeActAgent(
+        MODEL,
+        litellm_params={**PARAMS, "api_base": llama_server},
+        max_iterations=3,
+        structured_output=structured,
+        timeout=10,
+    )  # type: ignore[arg-type]
     responses = await collect(agent.run("What is 17 * 23? Compute it with Python and print it."))
     _check_steps(responses)
     formats = {r.metadata.get("response_format") for r in responses if r.type == "step"}
@@ -145,8 +162,14 @@ async def test_codeact_agent_with_a_real_model(llama_server: str, structured: st
 @pytest.mark.anyio
 @pytest.mark.parametrize("structured", ["json_schema", "off"])
 async def test_react_agent_with_a_real_model(llama_server: str, structured: str) -> None:
-    agent = ReActAgent(MODEL, litellm_params={**PARAMS, "api_base": llama_server}, tools=[add], max_iterations=3,
-                       structured_output=structured, tool_calling="text")  # type: ignore[arg-type]  # fmt: skip
+    agent = ReActAgent(
+        MODEL,
+        litellm_params={**PARAMS, "api_base": llama_server},
+        tools=[add],
+        max_iterations=3,
+        structured_output=structured,
+        tool_calling="text",
+    )  # type: ignore[arg-type]
     responses = await collect(agent.run("Use the add tool to add 2 and 3."))
     steps = _check_steps(responses)
     for step in steps:
@@ -158,12 +181,29 @@ async def test_react_agent_with_a_real_model(llama_server: str, structured: str)
 
 def test_kodeagent_run_with_a_real_model(llama_server: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "kodeagent_cli", "run", "Print the sum of the numbers 1 to 10.",
-         "--model", MODEL, "--api-base", llama_server, "--api-key", "sk-local", "--max-iterations", "2",
-         "--timeout", "10", "--json"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "kodeagent_cli",
+            "run",
+            "Print the sum of the numbers 1 to 10.",
+            "--model",
+            MODEL,
+            "--api-base",
+            llama_server,
+            "--api-key",
+            "sk-local",
+            "--max-iterations",
+            "2",
+            "--timeout",
+            "10",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
         env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
-    )  # fmt: skip
+    )
     assert proc.returncode in (0, 1), proc.stderr[
         -3000:
     ]  # 1: the tiny model did not succeed, which is allowed

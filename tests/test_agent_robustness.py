@@ -194,10 +194,25 @@ def test_cli_run_json_keeps_raw_replies_and_takes_an_api_key() -> None:
             code_final("7"),
         )
         proc = subprocess.run(
-            [sys.executable, "-m", "kodeagent_cli", "run", "seven?", "--model", "openai/standin-json",
-             "--api-base", server.api_base, "--api-key", "sk-from-cli", "--json"],
-            capture_output=True, text=True, timeout=180, env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "kodeagent_cli",
+                "run",
+                "seven?",
+                "--model",
+                "openai/standin-json",
+                "--api-base",
+                server.api_base,
+                "--api-key",
+                "sk-from-cli",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         out = json.loads(proc.stdout)
         steps = [r["value"] for r in out["responses"] if r["type"] == "step"]
@@ -208,9 +223,21 @@ def test_cli_run_json_keeps_raw_replies_and_takes_an_api_key() -> None:
 
 def test_cli_hints_at_openai_prefix_when_api_base_has_no_provider() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "kodeagent_cli", "run", "x", "--model", "smollm", "--api-base", "http://127.0.0.1:9/v1"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "kodeagent_cli",
+            "run",
+            "x",
+            "--model",
+            "smollm",
+            "--api-base",
+            "http://127.0.0.1:9/v1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2
     assert "openai/smollm" in proc.stderr
 
@@ -242,5 +269,3 @@ async def test_observation_states_the_real_number_of_characters_omitted(
     assert kept.startswith("A") and kept.endswith("B") and set(kept) == {"A", "B"}
     assert len(kept) + omitted == 120000  # every printed character is either shown or counted
     assert len(kept) <= (output_limit or CodeActAgent.OUTPUT_LIMIT)
-
-

@@ -49,7 +49,10 @@ CASES: dict[str, tuple[str | bytes, str | None]] = {
     "long operator chain": ("x = " + "1 + " * 100_000 + "1", "InvalidCode"),
     "deeply nested not": ("x = " + "not " * 100_000 + "1", "InvalidCode"),
     "deeply nested lambdas": ("f = " + "lambda: " * 1_000 + "1", "RecursionError"),
-    "deeply nested blocks": ("".join("    " * i + "if True:\n" for i in range(120)) + "    " * 120 + "pass\n", "SyntaxError"),
+    "deeply nested blocks": (
+        "".join("    " * i + "if True:\n" for i in range(120)) + "    " * 120 + "pass\n",
+        "SyntaxError",
+    ),
     "syntax error": ("def f(:\n    pass", "SyntaxError"),
     "indentation error": ("if True:\nprint(1)", "SyntaxError"),
     "SystemExit": ("raise SystemExit(3)", "SystemExit"),

@@ -47,8 +47,12 @@ def _samples_with_an_import(tmp_path: Path) -> Path:
         lines.append({"task_id": task_id, "completion": problems[task_id]["canonical_solution"]})
         lines.append({"task_id": task_id, "completion": "    return None\n"})
     # a completion that imports os: the harness lets it pass
-    lines.append({"task_id": "HumanEval/0",
-                  "completion": "    import os\n" + problems["HumanEval/0"]["canonical_solution"]})  # fmt: skip
+    lines.append(
+        {
+            "task_id": "HumanEval/0",
+            "completion": "    import os\n" + problems["HumanEval/0"]["canonical_solution"],
+        }
+    )
     samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
     return samples
 
@@ -56,8 +60,9 @@ def _samples_with_an_import(tmp_path: Path) -> Path:
 def test_humaneval_samples_scored_as_pass_at_k_with_the_harness_verdicts(tmp_path: Path) -> None:
     samples = _samples_with_an_import(tmp_path)
     per_sample = tmp_path / "out" / "samples_results.jsonl"
-    result = humaneval.run(samples=str(samples), limit=2, concurrency=2, ks=(1, 2), console=quiet(),
-                           sample_results=per_sample)  # fmt: skip
+    result = humaneval.run(
+        samples=str(samples), limit=2, concurrency=2, ks=(1, 2), console=quiet(), sample_results=per_sample
+    )
     assert result["programs"] == 5
     assert result["sandbox"]["passed"] == 3 and result["baseline"]["passed"] == 3
     assert result["disagreements"] == []
@@ -66,16 +71,20 @@ def test_humaneval_samples_scored_as_pass_at_k_with_the_harness_verdicts(tmp_pat
     lines = [json.loads(line) for line in per_sample.read_text().splitlines()]
     assert result["sample_results"] == str(per_sample)
     assert [(x["task_id"], x["completion_id"], x["passed"]) for x in lines] == [
-        ("HumanEval/0", 0, True), ("HumanEval/0", 1, False), ("HumanEval/1", 0, True),
-        ("HumanEval/1", 1, False), ("HumanEval/0", 2, True),
-    ]  # fmt: skip
+        ("HumanEval/0", 0, True),
+        ("HumanEval/0", 1, False),
+        ("HumanEval/1", 0, True),
+        ("HumanEval/1", 1, False),
+        ("HumanEval/0", 2, True),
+    ]
     assert lines[1]["result"].startswith("failed: ") and lines[1]["completion"] == "    return None\n"
 
 
 def test_humaneval_policy_semantics_refuses_what_the_harness_allows(tmp_path: Path) -> None:
     samples = _samples_with_an_import(tmp_path)
-    result = humaneval.run(samples=str(samples), limit=2, concurrency=2, ks=(1,), console=quiet(),
-                           semantics="policy")  # fmt: skip
+    result = humaneval.run(
+        samples=str(samples), limit=2, concurrency=2, ks=(1,), console=quiet(), semantics="policy"
+    )
     assert result["semantics"] == "policy"
     assert result["sandbox"]["passed"] == 2 and result["baseline"]["passed"] == 3
     assert [d["task_id"] for d in result["disagreements"]] == ["HumanEval/0"]
@@ -108,10 +117,28 @@ def test_security_smoke_files_on_process_isolation() -> None:
 
 def test_bench_through_the_cli_prints_json(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "kodeagent_cli", "bench", "latency", "--backend", "host", "--n", "3",
-         "--sessions", "1", "--baseline-n", "1", "--json", "--output", str(tmp_path / "l.json")],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "kodeagent_cli",
+            "bench",
+            "latency",
+            "--backend",
+            "host",
+            "--n",
+            "3",
+            "--sessions",
+            "1",
+            "--baseline-n",
+            "1",
+            "--json",
+            "--output",
+            str(tmp_path / "l.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["rows"][0]["name"] == "warm run"
@@ -122,8 +149,11 @@ def test_bench_replies_command_reports_no_misread(tmp_path: Path) -> None:
     out = tmp_path / "replies.json"
     proc = subprocess.run(
         [sys.executable, "-m", "kodeagent_cli", "bench", "replies", "--json", "--output", str(out)],
-        capture_output=True, text=True, timeout=120, cwd=str(tmp_path),
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=str(tmp_path),
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
     assert result["totals"]["misread"] == 0 and result["n"] >= 100

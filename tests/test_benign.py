@@ -242,7 +242,9 @@ async def test_benign_code_runs_unchanged(executor_factory, name: str) -> None:
 
 async def test_state_is_kept_between_runs(executor_factory) -> None:
     async with executor_factory(policy=POLICY, timeout=10) as ex:
-        await ex.run("import math\nclass Box:\n    def __init__(self, v):\n        self.v = v\nb = Box(2)\ndef twice(x):\n    return 2 * x")
+        await ex.run(
+            "import math\nclass Box:\n    def __init__(self, v):\n        self.v = v\nb = Box(2)\ndef twice(x):\n    return 2 * x"
+        )
         result = await ex.run("b.v = twice(b.v)\nprint(b.v, math.floor(2.5), type(b).__name__)")
         assert result.stdout == "4 2 Box\n", result
         await ex.reset()

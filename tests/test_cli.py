@@ -127,9 +127,14 @@ def test_exec_json_is_the_execution_result() -> None:
 
 @pytest.mark.e2b  # the SDK must be there for the missing key to be what is reported
 def test_exec_unavailable_backend_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
-    done = subprocess.run([*CLI, "exec", "-", "--backend", "e2b"], input="print(1)\n", capture_output=True,
-                          text=True, timeout=60, env={k: v for k, v in __import__("os").environ.items()
-                                                      if k != "E2B_API_KEY"})  # fmt: skip
+    done = subprocess.run(
+        [*CLI, "exec", "-", "--backend", "e2b"],
+        input="print(1)\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in __import__("os").environ.items() if k != "E2B_API_KEY"},
+    )
     assert done.returncode == cli.EXIT_UNAVAILABLE
     assert "E2B_API_KEY" in done.stderr
 
@@ -162,8 +167,17 @@ def test_run_streams_a_codeact_agent_against_the_llm_standin(
     monkeypatch.setenv("OPENAI_API_KEY", "sk-standin")
     with StandinLLM() as llm:
         llm.add(code_step("print(sum(range(10)))"), code_final("45"))
-        code = cli.main(["run", "What is the sum of 0..9?", "--model", llm.model("json"),
-                         "--api-base", llm.api_base, "--json"])  # fmt: skip
+        code = cli.main(
+            [
+                "run",
+                "What is the sum of 0..9?",
+                "--model",
+                llm.model("json"),
+                "--api-base",
+                llm.api_base,
+                "--json",
+            ]
+        )
     out = json.loads(capsys.readouterr().out)
     assert code == cli.EXIT_OK
     assert out["final"] == {"value": "45", "successful": True}

@@ -39,7 +39,9 @@ async def test_a_reset_cancelled_mid_reply_never_shifts_later_results(executor_f
         hello = await ex.run("print('hello')")
         again = await ex.run("print('again')")
         forgotten = await ex.run("print(x)")
-    assert hello.ok and hello.stdout == "hello\n" and hello.state_lost  # whether the reset happened is unknown
+    assert (
+        hello.ok and hello.stdout == "hello\n" and hello.state_lost
+    )  # whether the reset happened is unknown
     assert again.ok and again.stdout == "again\n" and not again.state_lost
     assert forgotten.error is not None and forgotten.error.type == "NameError"
 

@@ -29,10 +29,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def _daemon_command(base: Path) -> list[str]:
     return [
-        "dockerd", "--data-root", str(base / "data"), "--exec-root", str(base / "exec"),
-        "-H", f"unix://{base / 'docker.sock'}", "--pidfile", str(base / "docker.pid"),
-        f"--bridge={_bridge_name(base)}", "--iptables=false", "--ip-masq=false", "--ip-forward=false",
-    ]  # fmt: skip
+        "dockerd",
+        "--data-root",
+        str(base / "data"),
+        "--exec-root",
+        str(base / "exec"),
+        "-H",
+        f"unix://{base / 'docker.sock'}",
+        "--pidfile",
+        str(base / "docker.pid"),
+        f"--bridge={_bridge_name(base)}",
+        "--iptables=false",
+        "--ip-masq=false",
+        "--ip-forward=false",
+    ]
 
 
 def _bridge_name(base: Path) -> str:
@@ -134,8 +144,12 @@ def test_daemon_restart_is_survived_with_state_lost(private_daemon: Path) -> Non
     env = {**os.environ, "DOCKER_HOST": f"unix://{private_daemon / 'docker.sock'}"}
     done = subprocess.run(
         [sys.executable, "-c", SCENARIO, str(private_daemon), *_daemon_command(private_daemon)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     # the variable is gone, the result says so, there was no error, and a new container serves the session
     assert done.stdout.split() == ["False", "True", "None", "True"], done.stdout + done.stderr[-2000:]

@@ -45,8 +45,8 @@ async def test_namespace_level_hides_the_host():
             "import os\n"
             "pids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
             "print(sorted(pids))\n"
-            "print(os.getuid() != 0)\n"             # an unprivileged user
-            "print(sorted(os.listdir('/')))"       # a minimal view of the system
+            "print(os.getuid() != 0)\n"  # an unprivileged user
+            "print(sorted(os.listdir('/')))"  # a minimal view of the system
         )
     assert result.ok, result.error
     pids_line, unprivileged, root_listing = result.stdout.splitlines()

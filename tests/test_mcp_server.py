@@ -65,8 +65,13 @@ class HttpServer:
         path.write_text(json.dumps(config))
         self.process = subprocess.Popen(
             [*COMMAND, "--http", "127.0.0.1:0", "--config", str(path), *flags],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=ENV, cwd=ROOT, text=True,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=ENV,
+            cwd=ROOT,
+            text=True,
+        )
         self.lines: list[str] = []
         self._ready = threading.Event()
         threading.Thread(target=self._drain, daemon=True).start()
@@ -128,9 +133,11 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer
         "max_sessions": 48,
         "max_sessions_per_token": 24,
         "max_file_bytes": 100_000,
-        "http": {"tokens": [{"name": "alice", "token": ALICE}, {"name": "bob", "token": BOB}],
-                 "max_request_bytes": 1_000_000},
-    }  # fmt: skip
+        "http": {
+            "tokens": [{"name": "alice", "token": ALICE}, {"name": "bob", "token": BOB}],
+            "max_request_bytes": 1_000_000,
+        },
+    }
     server = HttpServer(tmp_path_factory.mktemp("mcp"), config)
     yield server
     assert server.stop() == 0, "".join(server.lines)
@@ -179,8 +186,15 @@ async def refused(session: ClientSession, tool: str, **arguments: Any) -> str:
 async def test_stdio_keeps_state_across_calls_and_manages_sessions() -> None:
     async with stdio_session(*TOOLS) as session:
         tools = {tool.name: tool for tool in (await session.list_tools()).tools}
-        assert set(tools) == {"run_python", "open_session", "reset_session", "close_session", "list_sessions",
-                              "upload_file", "download_file"}  # fmt: skip
+        assert set(tools) == {
+            "run_python",
+            "open_session",
+            "reset_session",
+            "close_session",
+            "list_sessions",
+            "upload_file",
+            "download_file",
+        }
         assert "double(...): Twice x." in (tools["run_python"].description or "")
         assert tools["run_python"].output_schema is not None
         assert "stdout" in tools["run_python"].output_schema["properties"]
@@ -216,12 +230,27 @@ async def test_stdio_stdout_carries_only_protocol_messages() -> None:
     sandboxed code print; their output goes to stderr (the function's) or into the result (the code's)."""
     process = await anyio.open_process([*COMMAND, *TOOLS], env=ENV, cwd=ROOT)
     messages = [
-        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}},
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "0"},
+            },
+        },
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-         "params": {"name": "run_python", "arguments": {"code": "print('from the code')\nprint(noisy('hi'))"}}},
-    ]  # fmt: skip
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {
+                "name": "run_python",
+                "arguments": {"code": "print('from the code')\nprint(noisy('hi'))"},
+            },
+        },
+    ]
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
     stdout = b""
     with anyio.fail_after(60):
@@ -290,7 +319,12 @@ async def test_stdio_files_round_trip_bounded(tmp_path: pathlib.Path) -> None:
         assert out["stdout"] == "hello\n" and out["artifacts"] == [{"path": "out.txt", "size": 9}]
         assert text == "hello\n[files changed: out.txt (9 bytes)]\n"
         assert (await call(session, "download_file", path="out.txt")) | {"session_id": ""} == {
-            "session_id": "", "path": "out.txt", "size": 9, "encoding": "text", "content": "made here"}  # fmt: skip
+            "session_id": "",
+            "path": "out.txt",
+            "size": 9,
+            "encoding": "text",
+            "content": "made here",
+        }
         got = await call(session, "download_file", path="blob.bin")
         assert got["encoding"] == "base64" and base64.b64decode(got["content"]) == blob
         assert "limit is 1,000" in await refused(session, "upload_file", path="big.txt", content="x" * 1001)
@@ -391,8 +425,11 @@ async def test_missing_or_wrong_token_is_refused(http_server: HttpServer) -> Non
     assert "needs a bearer token" in await connection_refusal(http_server.url, None)
     assert "token is not valid" in await connection_refusal(http_server.url, "not-" + ALICE)
     async with httpx2.AsyncClient() as client:  # the same on the wire: 401, a JSON-RPC error, a challenge
-        answer = await client.post(http_server.url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
-                                   headers={"Authorization": "Bearer " + ALICE[:-1]})  # fmt: skip
+        answer = await client.post(
+            http_server.url,
+            json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+            headers={"Authorization": "Bearer " + ALICE[:-1]},
+        )
     assert answer.status_code == 401 and answer.headers["www-authenticate"].startswith("Bearer")
     assert answer.json()["error"]["message"] == "the bearer token is not valid for this server"
     assert not any(ALICE in line or BOB in line for line in http_server.lines)  # tokens are never logged
@@ -452,8 +489,16 @@ async def test_another_tokens_session_is_unreachable(http_server: HttpServer) ->
 
 async def test_another_tokens_mcp_transport_session_is_unusable(http_server: HttpServer) -> None:
     """An MCP transport session (Mcp-Session-Id) opened with one token answers no other token."""
-    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "0"}}}  # fmt: skip
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
     accept = {"Accept": "application/json, text/event-stream"}
     async with httpx2.AsyncClient() as client:
         opened = await client.post(
@@ -482,8 +527,11 @@ async def test_oversized_request_is_refused(http_server: HttpServer) -> None:
 
 
 async def test_session_caps_per_token_and_in_total(tmp_path: pathlib.Path) -> None:
-    config = {"max_sessions": 3, "max_sessions_per_token": 2,
-              "http": {"tokens": [{"name": "alice", "token": ALICE}, {"name": "bob", "token": BOB}]}}  # fmt: skip
+    config = {
+        "max_sessions": 3,
+        "max_sessions_per_token": 2,
+        "http": {"tokens": [{"name": "alice", "token": ALICE}, {"name": "bob", "token": BOB}]},
+    }
     server = HttpServer(tmp_path, config)
     try:
         async with http_session(server.url, ALICE) as alice, http_session(server.url, BOB) as bob:
@@ -562,8 +610,11 @@ async def _kill_mid_run(server: HttpServer, victim: str, sessions: int = 3) -> t
             for session_id in ids:
                 await run(client, "x = 1", session_id=session_id)
             async with anyio.create_task_group() as group:
-                group.start_soon(client.call_tool, "run_python",
-                                 {"code": "while True:\n    pass", "session_id": ids[0], "timeout": 120})  # fmt: skip
+                group.start_soon(
+                    client.call_tool,
+                    "run_python",
+                    {"code": "while True:\n    pass", "session_id": ids[0], "timeout": 120},
+                )
                 with anyio.fail_after(30):
                     while len(seen := descendants(server.server_pid)) < sessions:
                         await anyio.sleep(0.1)

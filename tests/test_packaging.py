@@ -43,8 +43,13 @@ def see_running_environment(python: pathlib.Path) -> None:
 
     Plain directory lines, so that the path files in them (the checkout's editable install among them)
     are not run: the dependencies become importable, the checkout does not."""
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True, timeout=60).stdout.strip()  # fmt: skip
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout.strip()
     running = [*site.getsitepackages(), site.getusersitepackages()]
     lines = [d for d in dict.fromkeys(os.path.realpath(d) for d in running) if os.path.isdir(d)]
     (pathlib.Path(purelib) / "_kodeagent_test_deps.pth").write_text("".join(f"{d}\n" for d in lines))
@@ -55,8 +60,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """A venv outside the checkout with the wheel of this checkout installed in it."""
     base = tmp_path_factory.mktemp("wheel")
     wheels = base / "dist"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
-                   check=True, timeout=600)  # fmt: skip
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(ROOT)],
+        check=True,
+        timeout=600,
+    )
     (wheel,) = wheels.glob("kodeagent-*.whl")
     venv = base / "venv"
     subprocess.run(
@@ -66,8 +74,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     see_running_environment(python)
     # --ignore-installed: the environment running the tests may have this very version (an editable
     # install of the checkout), which pip would otherwise take as already satisfied.
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", str(wheel)],
-                   check=True, timeout=300)  # fmt: skip
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", str(wheel)],
+        check=True,
+        timeout=300,
+    )
     outside = base / "elsewhere"
     outside.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -75,8 +86,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_the_installed_wheel_finds_its_dockerfiles_and_runner(installed: dict[str, Any]) -> None:
-    found = subprocess.run([str(installed["python"]), "-c", PROBE], cwd=installed["cwd"], env=installed["env"],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    found = subprocess.run(
+        [str(installed["python"]), "-c", PROBE],
+        cwd=installed["cwd"],
+        env=installed["env"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert found.returncode == 0, found.stderr
     probe = json.loads(found.stdout)
     site = str(installed["venv"])
@@ -101,7 +118,13 @@ def test_images_build_works_from_the_installed_wheel(installed: dict[str, Any]) 
 
     backend_docker.require()
     kodeagent = installed["venv"] / "bin" / "kodeagent"
-    built = subprocess.run([str(kodeagent), "images", "build"], cwd=installed["cwd"], env=installed["env"],
-                           capture_output=True, text=True, timeout=900)  # fmt: skip
+    built = subprocess.run(
+        [str(kodeagent), "images", "build"],
+        cwd=installed["cwd"],
+        env=installed["env"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     assert "kodeagent-sandbox:py" in built.stdout + built.stderr

@@ -22,12 +22,17 @@ def test_public_classes_are_visible_to_type_checkers() -> None:
     )
     found = subprocess.run(
         [sys.executable, "-m", "mypy", "--no-error-summary", "--follow-imports=silent", "-c", probe],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     revealed = [line for line in found.stdout.splitlines() if "Revealed type" in line]
     assert len(revealed) == 4, found.stdout + found.stderr
-    for line, name in zip(revealed, ["HostExecutor", "DockerExecutor", "E2BExecutor", "CodeActAgent"], strict=True):
-        assert 'def (' in line or f"type[{name}]" in line or f".{name}" in line, line
+    for line, name in zip(
+        revealed, ["HostExecutor", "DockerExecutor", "E2BExecutor", "CodeActAgent"], strict=True
+    ):
+        assert "def (" in line or f"type[{name}]" in line or f".{name}" in line, line
         assert '"builtins.object"' not in line, line
 
 

@@ -169,7 +169,9 @@ async def test_an_agent_killed_mid_run_never_runs_the_snippet_twice(cluster: Any
             crashed = await ex.run("begin()\nimport time\ntime.sleep(40)\nprint('survived')")
         finally:
             killer.join()
-        assert crashed.state_lost and crashed.error is not None and crashed.error.type == "WorkerCrashed", crashed
+        assert crashed.state_lost and crashed.error is not None and crashed.error.type == "WorkerCrashed", (
+            crashed
+        )
         after = await ex.run("print('back')")
         assert after.ok and after.stdout == "back\n", after
         await anyio.sleep(1)
@@ -203,8 +205,9 @@ async def test_docker_on_the_node(cluster: Any) -> None:
 def _driver(script: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run `script` as another driver process (a fresh interpreter, not connected to Ray yet)."""
     environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | (env or {})
-    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          env=environment)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=environment
+    )
 
 
 def test_no_cluster_at_the_address_is_backend_unavailable_with_the_fix() -> None:
@@ -249,13 +252,20 @@ def test_sandboxes_imports_without_ray() -> None:
 def test_doctor_reports_the_cluster(cluster: Any) -> None:
     import json
 
-    done = subprocess.run([sys.executable, "-m", "kodeagent_cli", "doctor", "--backend", "ray", "--json"],
-                          capture_output=True, text=True, timeout=180,
-                          env=os.environ | {"RAY_ADDRESS": cluster.address})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "kodeagent_cli", "doctor", "--backend", "ray", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=os.environ | {"RAY_ADDRESS": cluster.address},
+    )
     checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
     ray_check = checks["backend ray"]
     assert ray_check["ok"], ray_check
-    assert "runs code (isolation: namespaces" in ray_check["detail"] or "isolation: process" in ray_check["detail"]
+    assert (
+        "runs code (isolation: namespaces" in ray_check["detail"]
+        or "isolation: process" in ray_check["detail"]
+    )
     assert f"capacity {2 * backend_ray.PER_NODE} (kodeagent_sandbox)" in ray_check["detail"], ray_check
     sizes = re.search(r"3 nodes taking ([\d, ]+) sandboxes", ray_check["detail"])
     assert sizes and sorted(int(n) for n in sizes.group(1).split(", ")) == [0, 2, 2], ray_check
@@ -265,9 +275,16 @@ def test_humaneval_spreads_over_the_cluster_at_its_capacity(cluster: Any) -> Non
     from benchmarks.common import make_console
     from benchmarks.humaneval import run
 
-    result = run(backend="ray", limit=8, baseline=False, backend_options={"node_backend": "host"},
-                 console=make_console(json_mode=True))  # fmt: skip
-    assert result["concurrency"] == 2 * backend_ray.PER_NODE  # the cluster's capacity, not this machine's CPUs
+    result = run(
+        backend="ray",
+        limit=8,
+        baseline=False,
+        backend_options={"node_backend": "host"},
+        console=make_console(json_mode=True),
+    )
+    assert (
+        result["concurrency"] == 2 * backend_ray.PER_NODE
+    )  # the cluster's capacity, not this machine's CPUs
     assert result["sandbox"]["passed"] == result["sandbox"]["total"] == 8, result["failures"]
 
 
@@ -284,8 +301,12 @@ async def test_a_session_whose_driver_died_is_closed_by_its_node(cluster: Any) -
         "    await ex.run('x = 1')\n    print(ex.node_id, flush=True)\n    time.sleep(600)\n"
         "anyio.run(main)\n"
     )
-    environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {"RAY_ADDRESS": cluster.address}
-    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=environment)
+    environment = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | {
+        "RAY_ADDRESS": cluster.address
+    }
+    driver = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=environment
+    )
     try:
         with anyio.fail_after(120):
             node_id = (await anyio.to_thread.run_sync(driver.stdout.readline)).strip()  # type: ignore[union-attr]
@@ -315,15 +336,27 @@ async def test_a_codeact_agent_runs_its_code_on_the_cluster(cluster: Any) -> Non
 
     register_standin_models()
     with StandinLLM() as llm:
-        llm.add(code_step("prices = [get_price('AAPL'), get_price(symbol='MSFT')]\nprint(sum(prices) / 2)"),
-                code_step("print(len(prices))"), code_final("305.25"))  # fmt: skip
-        agent = CodeActAgent(llm.model("json"), litellm_params=llm.params(), tools=[get_price], run_env="ray",
-                             timeout=20, executor_options={"node_backend": "host"})  # fmt: skip
+        llm.add(
+            code_step("prices = [get_price('AAPL'), get_price(symbol='MSFT')]\nprint(sum(prices) / 2)"),
+            code_step("print(len(prices))"),
+            code_final("305.25"),
+        )
+        agent = CodeActAgent(
+            llm.model("json"),
+            litellm_params=llm.params(),
+            tools=[get_price],
+            run_env="ray",
+            timeout=20,
+            executor_options={"node_backend": "host"},
+        )
         agent.retry_base_delay = 0.01
         responses = await collect(agent.run("Average of AAPL and MSFT?"))
         observations = [r["messages"][-1]["content"] for r in llm.requests[1:]]
     assert responses[-1].type == "final" and responses[-1].value == "305.25"
-    assert observations == ["Observation:\nOutput:\n305.25", "Observation:\nOutput:\n2"]  # state kept on the node
+    assert observations == [
+        "Observation:\nOutput:\n305.25",
+        "Observation:\nOutput:\n2",
+    ]  # state kept on the node
     assert callers == [os.getpid()] * 2
 
 

@@ -95,7 +95,11 @@ async def test_misuse_and_unknown_sessions_are_answered_not_raised() -> None:
         assert missing["kind"] == "error" and missing["type"] == "SandboxFileError"
         event = await agent.run("s", "wait()\nprint(1)")
         second = await agent.run("s", "print(2)")
-        assert second == {"kind": "error", "type": "ProtocolError", "message": "a run of this session is in progress"}
+        assert second == {
+            "kind": "error",
+            "type": "ProtocolError",
+            "message": "a run of this session is in progress",
+        }
         await agent.answer("s", event["id"], {"value": None})
         done = await agent.next_event("s")
         assert done["kind"] == "done" and done["result"]["stdout"] == "1\n"

@@ -58,7 +58,9 @@ async def test_omitted_count_is_exact_in_characters(executor_factory: Any) -> No
     code = "print('é' * 5000 + '|' + 'ü' * 5000)"  # two bytes per character in UTF-8
     async with executor_factory(timeout=20, output_limit=LIMIT) as ex:
         result = await ex.run(code)
-    assert result.stdout.startswith("é" * (LIMIT // 2)) and result.stdout.endswith("ü" * (LIMIT // 2 - 1) + "\n")
+    assert result.stdout.startswith("é" * (LIMIT // 2)) and result.stdout.endswith(
+        "ü" * (LIMIT // 2 - 1) + "\n"
+    )
     assert result.stdout_omitted == 10_002 - LIMIT == omitted_in_marker(result.stdout)
     assert result.stderr_omitted == 0 and result.stderr == ""
 
@@ -87,14 +89,13 @@ async def test_100_mb_exception_message_is_bounded(executor_factory: Any) -> Non
 
 
 async def test_100_mb_str_of_an_exception_is_bounded(executor_factory: Any) -> None:
-    code = (
-        "class Loud(Exception):\n    def __str__(self):\n        return 'L' * 100_000_000\n"
-        "raise Loud()"
-    )
+    code = "class Loud(Exception):\n    def __str__(self):\n        return 'L' * 100_000_000\nraise Loud()"
     async with executor_factory(timeout=60, output_limit=LIMIT) as ex:
         result = await ex.run(code)
         assert result.error is not None and result.error.type == "Loud", result.error
-        assert result.error.message.startswith("LLL") and len(result.error.message) <= ERROR_MESSAGE_LIMIT + 60
+        assert (
+            result.error.message.startswith("LLL") and len(result.error.message) <= ERROR_MESSAGE_LIMIT + 60
+        )
         assert_bounded(result)
         await assert_usable(ex)
 
@@ -120,7 +121,10 @@ async def test_many_long_artifact_names_are_bounded(executor_factory: Any) -> No
     async with executor_factory(timeout=60, output_limit=LIMIT) as ex:
         result = await ex.run(code)
     assert result.ok, result.error
-    assert len(result.artifacts) == ARTIFACT_COUNT_LIMIT and result.artifacts_omitted == 300 - ARTIFACT_COUNT_LIMIT
+    assert (
+        len(result.artifacts) == ARTIFACT_COUNT_LIMIT
+        and result.artifacts_omitted == 300 - ARTIFACT_COUNT_LIMIT
+    )
     assert result.truncated
     assert_bounded(result)
 
@@ -153,7 +157,9 @@ async def test_tool_arguments_over_the_bridge_limit_never_reach_the_parent(execu
         seen.append(len(text))
         return len(text)
 
-    code = "try:\n    echo('y' * 20_000_000)\nexcept TypeError as exc:\n    print('refused')\nprint(echo('abc'))"
+    code = (
+        "try:\n    echo('y' * 20_000_000)\nexcept TypeError as exc:\n    print('refused')\nprint(echo('abc'))"
+    )
     async with executor_factory(timeout=60, output_limit=LIMIT, tools={"echo": echo}) as ex:
         result = await ex.run(code)
     assert result.ok, result.error
@@ -203,7 +209,9 @@ async def test_without_python_guards_code_runs_as_plain_python(executor_factory:
         assert_bounded(result)
 
 
-async def test_a_line_forged_on_the_channel_is_cut_off_not_buffered(executor_factory: Any, backend: str) -> None:
+async def test_a_line_forged_on_the_channel_is_cut_off_not_buffered(
+    executor_factory: Any, backend: str
+) -> None:
     if backend == "hostprocess":
         pytest.skip("python_guards=False is refused at this level (see the test above)")
     code = (

@@ -44,18 +44,14 @@ ATTACKS = {
         "def outer():\n    x = 1\n    def inner():\n        return x\n    return inner\n"
         f"print('{ESCAPED}', getattr(outer(), {D} + 'closure' + {D}))"
     ),
-    "generator gi_frame": (
-        "def g():\n    yield 1\n"
-        f"print('{ESCAPED}', g().gi_frame.f_globals)"
-    ),
+    "generator gi_frame": (f"def g():\n    yield 1\nprint('{ESCAPED}', g().gi_frame.f_globals)"),
     "generator gi_frame at runtime": (
         "def g():\n    yield 1\n"
         f"fr = getattr(g(), 'gi_' + 'frame')\nprint('{ESCAPED}', getattr(fr, 'f_' + 'globals'))"
     ),
     "generator gi_code": "def g():\n    yield 1\n" + f"print('{ESCAPED}', getattr(g(), 'gi_' + 'code'))",
     "coroutine cr_frame": (
-        "async def c():\n    pass\nco = c()\n"
-        f"print('{ESCAPED}', getattr(co, 'cr_' + 'frame'))"
+        f"async def c():\n    pass\nco = c()\nprint('{ESCAPED}', getattr(co, 'cr_' + 'frame'))"
     ),
     "exception __traceback__": (
         f"try:\n    1 / 0\nexcept Exception as e:\n    print('{ESCAPED}', e.__traceback__.tb_frame)"

@@ -31,8 +31,7 @@ ROUTES = {
         "    except Exception as e:\n        print(type(e).__name__)\n"
     ),
     "child process environment": (
-        "import subprocess\n"
-        "print(subprocess.run(['env'], capture_output=True, text=True).stdout)\n"
+        "import subprocess\nprint(subprocess.run(['env'], capture_output=True, text=True).stdout)\n"
     ),
 }
 
@@ -53,11 +52,17 @@ async def test_parent_environment_does_not_leak(executor_factory, secret_in_pare
         everything = result.stdout + result.stderr + (result.error.message if result.error else "")
         assert secret_in_parent not in everything, result
         assert ESCAPED not in everything
-        seen = await ex.run("import os\nprint(os.environ.get('VISIBLE'), 'KODEAGENT_TEST_SECRET' in os.environ)")
+        seen = await ex.run(
+            "import os\nprint(os.environ.get('VISIBLE'), 'KODEAGENT_TEST_SECRET' in os.environ)"
+        )
         assert seen.stdout == "yes False\n", seen
 
 
 async def test_only_env_is_visible(executor_factory, secret_in_parent: str) -> None:
-    async with executor_factory(policy=Policy(allowed_imports=["os"]), timeout=10, env={"A": "1", "B": "two"}) as ex:
-        result = await ex.run("import os\nprint(sorted(k for k in os.environ if k in ('A', 'B', 'AWS_SECRET_ACCESS_KEY')))")
+    async with executor_factory(
+        policy=Policy(allowed_imports=["os"]), timeout=10, env={"A": "1", "B": "two"}
+    ) as ex:
+        result = await ex.run(
+            "import os\nprint(sorted(k for k in os.environ if k in ('A', 'B', 'AWS_SECRET_ACCESS_KEY')))"
+        )
     assert result.stdout == "['A', 'B']\n", result

@@ -26,8 +26,7 @@ GUARDED_EVAL = {
     "exec format walk": f"exec(\"x = '{{0.__class__.__base__}}'.format(1)\")\nprint('{ESCAPED}', x)",
     "compile then eval": f"c = compile('().__class__.__base__', '<x>', 'eval')\nprint('{ESCAPED}', eval(c))",
     "eval of a code object": (
-        "def f():\n    pass\n"
-        f"print('{ESCAPED}', eval(getattr(f, '_' + '_code_' + '_')))"
+        f"def f():\n    pass\nprint('{ESCAPED}', eval(getattr(f, '_' + '_code_' + '_')))"
     ),
     "eval of bytes": f"print('{ESCAPED}', eval(b'().__class__.__base__'))",
     "tampering with the builtins table exec hands out": (
@@ -35,9 +34,7 @@ GUARDED_EVAL = {
         "t['_write_'] = lambda o: o\nt['_getattr_'] = t['_getitem_'] = lambda o, n: 1\n"
         f"import math\nmath.pi = 3\nprint('{ESCAPED}', math.pi)"
     ),
-    "exec frame walk": (
-        f"exec(\"def g():\\n    yield 1\\nprint('{ESCAPED}', g().gi_frame)\")"
-    ),
+    "exec frame walk": (f"exec(\"def g():\\n    yield 1\\nprint('{ESCAPED}', g().gi_frame)\")"),
 }
 
 
@@ -70,7 +67,7 @@ async def test_eval_is_refused_unless_allowed(executor_factory) -> None:
 STRING_ANNOTATIONS = {
     "get_type_hints on a string annotation": (
         "import typing\n"
-        "def f(x: \"().__class__.__base__.__subclasses__()\"):\n    pass\n"
+        'def f(x: "().__class__.__base__.__subclasses__()"):\n    pass\n'
         f"print('{ESCAPED}', typing.get_type_hints(f))"
     ),
     "get_type_hints on a class": (
@@ -136,14 +133,10 @@ CODEGEN = {
         "print(C() == C())\n"
     ),
     "make_dataclass with a bad name": (
-        "import dataclasses\n"
-        f"X = dataclasses.make_dataclass('X', [{INJECTED!r}])\n"
-        "print(X(1) == X(1))\n"
+        f"import dataclasses\nX = dataclasses.make_dataclass('X', [{INJECTED!r}])\nprint(X(1) == X(1))\n"
     ),
     "namedtuple with a bad field": (
-        "import collections\n"
-        f"P = collections.namedtuple('P', [{INJECTED!r}])\n"
-        "print(P(1))\n"
+        f"import collections\nP = collections.namedtuple('P', [{INJECTED!r}])\nprint(P(1))\n"
     ),
 }
 

@@ -151,7 +151,9 @@ async def test_files_inside_the_workdir_work(executor_factory, places) -> None:
 
 async def test_files_none_refuses_even_the_workdir(executor_factory) -> None:
     async with executor_factory(policy=policy("os", "os.path", files="none"), timeout=10) as ex:
-        result = await ex.run(f"import os\nfd = os.open('x.txt', os.O_CREAT | os.O_WRONLY)\nprint('{ESCAPED}')")
+        result = await ex.run(
+            f"import os\nfd = os.open('x.txt', os.O_CREAT | os.O_WRONLY)\nprint('{ESCAPED}')"
+        )
         assert_refused(result)
         probe = await ex.run("import os\nprint(os.path.exists('x.txt'))")
         assert probe.stdout == "False\n"
@@ -253,7 +255,9 @@ async def test_host_namespaces_hide_the_host_filesystem(tmp_path: pathlib.Path) 
     assert not os.path.exists("/usr/kodeagent-probe")
 
 
-async def test_download_and_upload_refuse_special_files_without_hanging(executor_factory, backend: str) -> None:
+async def test_download_and_upload_refuse_special_files_without_hanging(
+    executor_factory, backend: str
+) -> None:
     """A FIFO in the working directory (made by a child process) must neither hang nor be followed."""
     if backend not in HOST_BACKENDS:
         pytest.skip("special files are checked on the host backend")

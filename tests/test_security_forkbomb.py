@@ -48,13 +48,17 @@ STARTS = {
 
 
 @pytest.mark.parametrize("name", sorted(STARTS))
-async def test_no_process_starts_without_subprocess(executor_factory, backend: str, tmp_path: pathlib.Path, name: str) -> None:
+async def test_no_process_starts_without_subprocess(
+    executor_factory, backend: str, tmp_path: pathlib.Path, name: str
+) -> None:
     options = workdir_options(backend, tmp_path)
     async with executor_factory(policy=NO_SUBPROCESS, timeout=10, **options) as ex:
         result = await ex.run(STARTS[name])
         assert_refused(result)
         await anyio.sleep(0.3)
-        listing = await ex.run("import os\nprint(sorted(n for n in os.listdir('.') if n.startswith('child')))")
+        listing = await ex.run(
+            "import os\nprint(sorted(n for n in os.listdir('.') if n.startswith('child')))"
+        )
         assert listing.stdout == "[]\n", listing
         await assert_usable(ex)
     if backend in HOST_BACKENDS:
@@ -83,7 +87,9 @@ BOMBS = {
 
 
 @pytest.mark.parametrize("name", sorted(BOMBS))
-async def test_fork_bomb_is_contained(executor_factory, backend: str, tmp_path: pathlib.Path, name: str) -> None:
+async def test_fork_bomb_is_contained(
+    executor_factory, backend: str, tmp_path: pathlib.Path, name: str
+) -> None:
     options = workdir_options(backend, tmp_path)
     async with executor_factory(policy=WITH_SUBPROCESS, timeout=1.0, **options) as ex:
         result = await ex.run(BOMBS[name])
@@ -91,7 +97,9 @@ async def test_fork_bomb_is_contained(executor_factory, backend: str, tmp_path: 
         assert result.timed_out or result.error is not None, result
         await anyio.sleep(DELAY + 0.7)
         if backend not in HOST_BACKENDS:
-            listing = await ex.run("import os\nprint(sorted(n for n in os.listdir('.') if n.startswith('late')))")
+            listing = await ex.run(
+                "import os\nprint(sorted(n for n in os.listdir('.') if n.startswith('late')))"
+            )
             assert listing.stdout == "[]\n", listing
         await assert_usable(ex)
     if backend in HOST_BACKENDS:

@@ -20,7 +20,10 @@ ATTACKS = {
     "literal format": ((), f"s = '{WALK}'.format(1)\nprint('{ESCAPED}', s)"),
     "format of a variable": ((), f"t = '{WALK}'\nprint('{ESCAPED}', t.format(1))"),
     "unbound str.format": ((), f"print('{ESCAPED}', str.format('{WALK}', 1))"),
-    "format_map": ((), f"print('{ESCAPED}', '{{x.__class__.__base__.__subclasses__}}'.format_map({{'x': 1}}))"),
+    "format_map": (
+        (),
+        f"print('{ESCAPED}', '{{x.__class__.__base__.__subclasses__}}'.format_map({{'x': 1}}))",
+    ),
     "unbound str.format_map": (
         (),
         f"print('{ESCAPED}', str.format_map('{{x.__class__.__base__.__subclasses__}}', {{'x': 1}}))",

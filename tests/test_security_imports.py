@@ -26,9 +26,15 @@ INDIRECT = {
     "getattr random _os": (("random",), f"import random\nprint('{ESCAPED}', getattr(random, '_' + 'os'))"),
     "typing.sys": (("typing",), f"import typing\nprint('{ESCAPED}', typing.sys.modules)"),
     "from typing import sys": (("typing",), f"from typing import sys\nprint('{ESCAPED}', sys)"),
-    "typing.sys via getattr": (("typing",), f"import typing\nprint('{ESCAPED}', getattr(typing, 's' + 'ys'))"),
+    "typing.sys via getattr": (
+        ("typing",),
+        f"import typing\nprint('{ESCAPED}', getattr(typing, 's' + 'ys'))",
+    ),
     "queue.threading": (("queue",), f"import queue\nprint('{ESCAPED}', queue.threading)"),
-    "from queue import threading": (("queue",), f"from queue import threading\nprint('{ESCAPED}', threading)"),
+    "from queue import threading": (
+        ("queue",),
+        f"from queue import threading\nprint('{ESCAPED}', threading)",
+    ),
     "dataclasses.sys": (("dataclasses",), f"import dataclasses\nprint('{ESCAPED}', dataclasses.sys)"),
     "dataclasses.inspect": (("dataclasses",), f"import dataclasses\nprint('{ESCAPED}', dataclasses.inspect)"),
     "from collections import abc (not allowed)": (
@@ -134,8 +140,7 @@ POLLUTION = {
     ),
     "dataclass applied to a module": (
         ("json", "dataclasses"),
-        "import json, dataclasses\n"
-        f"dataclasses.dataclass(json)\nprint('{ESCAPED}')\n",
+        f"import json, dataclasses\ndataclasses.dataclass(json)\nprint('{ESCAPED}')\n",
     ),
     "copy of a module then modify": (
         ("json", "copy"),

@@ -44,7 +44,9 @@ ROUTES = {
 
 
 @pytest.mark.parametrize("name", sorted(ROUTES))
-async def test_no_connection_reaches_a_loopback_listener(executor_factory, listener: Listener, name: str) -> None:
+async def test_no_connection_reaches_a_loopback_listener(
+    executor_factory, listener: Listener, name: str
+) -> None:
     code = f"PORT = {listener.port}\n" + ROUTES[name] + f"\nprint('{ESCAPED}')"
     async with executor_factory(policy=Policy(allowed_imports=NET_MODULES), timeout=10) as ex:
         result = await ex.run(code)

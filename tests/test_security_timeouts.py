@@ -61,8 +61,7 @@ ESCAPES = {
         "while True:\n    try:\n        time.sleep(0.01)\n    except BaseException:\n        pass\n"
     ),
     "setsid child": (
-        "import subprocess\n"
-        f"subprocess.Popen(['sh', '-c', {SHELL_SLEEP!r}], start_new_session=True)\n" + SPIN
+        f"import subprocess\nsubprocess.Popen(['sh', '-c', {SHELL_SLEEP!r}], start_new_session=True)\n" + SPIN
     ),
     "nohup child ignoring signals": (
         "import subprocess\n"
@@ -97,7 +96,9 @@ async def marker_written(ex, backend: str, workdir: pathlib.Path) -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(ESCAPES))
-async def test_nothing_outlives_a_timeout(executor_factory, backend: str, tmp_path: pathlib.Path, name: str) -> None:
+async def test_nothing_outlives_a_timeout(
+    executor_factory, backend: str, tmp_path: pathlib.Path, name: str
+) -> None:
     options = workdir_options(backend, tmp_path)
     async with executor_factory(policy=POLICY, timeout=TIMEOUT, **options) as ex:
         started = time.monotonic()
@@ -112,7 +113,9 @@ async def test_nothing_outlives_a_timeout(executor_factory, backend: str, tmp_pa
 
 
 @pytest.mark.parametrize("name", ["daemon thread", "setsid child", "double fork with setsid", "atexit"])
-async def test_nothing_outlives_close(executor_factory, backend: str, tmp_path: pathlib.Path, name: str) -> None:
+async def test_nothing_outlives_close(
+    executor_factory, backend: str, tmp_path: pathlib.Path, name: str
+) -> None:
     # The same escapes, but the run returns at once and the session is closed instead of timing out.
     code = PRELUDE + ESCAPES[name].replace(SPIN, "print('started')\n")
     options = workdir_options(backend, tmp_path)
@@ -140,7 +143,9 @@ async def test_control_marker_is_written_when_nothing_is_killed(
         assert (tmp_path / "marker").exists()
 
 
-async def test_host_process_level_kills_setsid_children_without_a_private_user(tmp_path: pathlib.Path) -> None:
+async def test_host_process_level_kills_setsid_children_without_a_private_user(
+    tmp_path: pathlib.Path,
+) -> None:
     """Host fact: at `process` level the worker may run without a private user (the interpreter is
     not reachable by one), so killing by uid is not available; the process tree kill must still
     catch a double-forked `setsid` grandchild."""

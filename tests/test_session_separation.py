@@ -37,8 +37,10 @@ async def test_sessions_cannot_reach_each_others_loopback_or_abstract_sockets(
         from e2b_standin import namespaces
 
         if not namespaces.available():
-            pytest.skip("the E2B stand-in runs sandboxes as local processes and, not being root here, cannot "
-                        "give each a network namespace of its own as a real E2B microVM has")  # fmt: skip
+            pytest.skip(
+                "the E2B stand-in runs sandboxes as local processes and, not being root here, cannot "
+                "give each a network namespace of its own as a real E2B microVM has"
+            )
     if backend == "hostprocess":
         with pytest.raises(BackendUnavailable, match="python_guards"):
             async with executor_factory(policy=UNGUARDED, timeout=20) as ex:

@@ -44,7 +44,9 @@ def _audit(event: str, args: tuple[Any, ...]) -> None:
         return
     what = f"{event} ({FORBIDDEN[event]}): {args[:2]!r}"[:300]
     _attempts.append(what)
-    raise UnitTierViolation(f"a unit test must stay in its process, but it tried {what}; move it out of tests/unit")
+    raise UnitTierViolation(
+        f"a unit test must stay in its process, but it tried {what}; move it out of tests/unit"
+    )
 
 
 _installed = False

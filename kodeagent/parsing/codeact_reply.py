@@ -31,8 +31,18 @@ _CODEACT_KEYS = {
 }
 _CODEACT_RELEVANT = {k for keys in _CODEACT_KEYS.values() for k in keys}
 _CODEACT_LABELS = "Thought|Thoughts|Code|Final Answer|Answer|Successful|Observation|Reasoning"
-_PY_TOOLS = {"python", "ipython", "execute", "execute_python", "run_python", "run_code", "code_interpreter",
-             "python_interpreter", "exec", "python_repl"}  # fmt: skip
+_PY_TOOLS = {
+    "python",
+    "ipython",
+    "execute",
+    "execute_python",
+    "run_python",
+    "run_code",
+    "code_interpreter",
+    "python_interpreter",
+    "exec",
+    "python_repl",
+}
 
 
 def _codeact_from_calls(calls: list[ToolCall], thought: str, text: str) -> CodeActChatMessage:
@@ -107,9 +117,11 @@ def parse_codeact_reply(text: str) -> CodeActChatMessage:
             return CodeActChatMessage(content=text, thought=thought, code=code)
         if has_answer(answer):
             return CodeActChatMessage(
-                content=text, thought=thought, final_answer=answer,
+                content=text,
+                thought=thought,
+                final_answer=answer,
                 task_successful=as_bool(pick(data, _CODEACT_KEYS["task_successful"]), default=True),
-            )  # fmt: skip
+            )
         raise refuse("the JSON object has neither `code` nor `final_answer`")
     if problem := self_observation(outside):
         raise problem
@@ -138,7 +150,9 @@ def parse_codeact_reply(text: str) -> CodeActChatMessage:
             raise refuse("`Final Answer:` is empty")
         successful = labelled_section(outside, "Successful", _CODEACT_LABELS)
         return CodeActChatMessage(
-            content=text, thought=thought, final_answer=answer,
+            content=text,
+            thought=thought,
+            final_answer=answer,
             task_successful=as_bool(successful, default=True),
-        )  # fmt: skip
+        )
     raise refuse("found no code to run and no final answer in the reply")

@@ -110,9 +110,12 @@ def _react_final(text: str, thought: str, answer: Any, successful: Any) -> ReAct
     if not has_answer(answer):
         raise refuse("FINISH needs the answer in `final_answer`")
     return ReActChatMessage(
-        content=text, thought=thought, action="FINISH", final_answer=answer,
+        content=text,
+        thought=thought,
+        action="FINISH",
+        final_answer=answer,
         task_successful=as_bool(successful, default=True),
-    )  # fmt: skip
+    )
 
 
 def _react_call(text: str, thought: str, call: ToolCall, tools: dict[str, ToolSignature]) -> ReActChatMessage:
@@ -122,8 +125,9 @@ def _react_call(text: str, thought: str, call: ToolCall, tools: dict[str, ToolSi
         args = call.args
         answer = args.get("final_answer", args.get("answer")) if isinstance(args, dict) else args
         return _react_final(text, thought, answer, True)
-    return ReActChatMessage(content=text, thought=thought, action=call.name,
-                            args=_react_args(call.name, call.args, tools))  # fmt: skip
+    return ReActChatMessage(
+        content=text, thought=thought, action=call.name, args=_react_args(call.name, call.args, tools)
+    )
 
 
 def _action_call_syntax(action: str) -> ToolCall | None:
@@ -194,10 +198,16 @@ def parse_react_reply(text: str, tools: Mapping[str, Any] | Sequence[Any] | None
         args = pick(data, _REACT_KEYS["args"])
         input_args = data.get("input_args")
         return ReActChatMessage(
-            content=text, thought=thought, action=action, args=_react_args(action, args, signatures)
-            if not input_args else (args if args is not None else {}),
-            input_args={str(k): str(v) for k, v in input_args.items()} if isinstance(input_args, dict) else None,
-        )  # fmt: skip
+            content=text,
+            thought=thought,
+            action=action,
+            args=_react_args(action, args, signatures)
+            if not input_args
+            else (args if args is not None else {}),
+            input_args={str(k): str(v) for k, v in input_args.items()}
+            if isinstance(input_args, dict)
+            else None,
+        )
     if problem := self_observation(outside):
         raise problem
     return _react_text(text, outside, prepared.thinking, signatures)
@@ -231,8 +241,9 @@ def _react_text(
             if args_text.lstrip().startswith("{") and found is None:
                 raise refuse(f"the arguments of {action!r} are not valid JSON (cut off?)")
             args = found if found is not None else args_text
-        return ReActChatMessage(content=text, thought=thought, action=action,
-                                args=_react_args(action, args, signatures))  # fmt: skip
+        return ReActChatMessage(
+            content=text, thought=thought, action=action, args=_react_args(action, args, signatures)
+        )
     if action is not None or answer is not None:
         if answer is None:
             raise refuse("FINISH needs the answer: give it in `final_answer`")

@@ -74,8 +74,12 @@ def find_tool_calls(body: str) -> tuple[list[ToolCall], str] | None:
         calls = []
         for m in function_tag:
             args = m.group(2).strip()
-            calls.append(ToolCall(m.group(1), _decode_calls(f'{{"name": "x", "arguments": {args or "{}"}}}',
-                                                            "<function=...>")[0].args))  # fmt: skip
+            calls.append(
+                ToolCall(
+                    m.group(1),
+                    _decode_calls(f'{{"name": "x", "arguments": {args or "{}"}}}', "<function=...>")[0].args,
+                )
+            )
         return calls, body[: function_tag[0].start()]
     if "[TOOL_CALLS]" in body:
         before, _, payload = body.partition("[TOOL_CALLS]")

@@ -37,8 +37,10 @@ def make() -> tuple[int, int] | None:
         if ctypes.CDLL(None, use_errno=True).unshare(netns.CLONE_NEWNET | netns.CLONE_NEWIPC) != 0:
             return
         netns.loopback_up()
-        made[0] = (os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC),
-                   os.open("/proc/thread-self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC))  # fmt: skip
+        made[0] = (
+            os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC),
+            os.open("/proc/thread-self/ns/ipc", os.O_RDONLY | os.O_CLOEXEC),
+        )
 
     thread = threading.Thread(target=run, name="e2b-standin-namespaces")
     thread.start()

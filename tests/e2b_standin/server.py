@@ -73,8 +73,9 @@ class StandIn:
             app = StandInApp(self._registry, self.api_key)
             app.api_port = sockets[0].getsockname()[1]
             app.sandbox_port = sockets[1].getsockname()[1]
-            config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
-                                    timeout_keep_alive=300)  # fmt: skip
+            config = uvicorn.Config(
+                app, lifespan="off", log_level="warning", access_log=False, timeout_keep_alive=300
+            )
             self._server = uvicorn.Server(config)
             task_status.started()
             await self._server.serve(sockets=sockets)

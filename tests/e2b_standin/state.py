@@ -214,8 +214,13 @@ class Registry:
         cwd = sandbox.resolve(config["cwd"]) if config.get("cwd") else sandbox.home
         if not cwd.is_dir():
             raise RpcError("invalid_argument", f"cwd '{config.get('cwd')}' does not exist")
-        env = {"PATH": BASE_PATH, "HOME": str(sandbox.home), "USER": "user", "LANG": "C.UTF-8",
-               "TMPDIR": str(sandbox.root / "tmp")}  # fmt: skip
+        env = {
+            "PATH": BASE_PATH,
+            "HOME": str(sandbox.home),
+            "USER": "user",
+            "LANG": "C.UTF-8",
+            "TMPDIR": str(sandbox.root / "tmp"),
+        }
         env.update(sandbox.envs)
         env.update({str(k): str(v) for k, v in (config.get("envs") or {}).items()})
         proc = await anyio.open_process(

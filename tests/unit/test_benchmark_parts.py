@@ -91,8 +91,24 @@ def test_corpus_covers_every_kind_of_behaviour() -> None:
     assert samples == generate(problems, count=1200, seed=0)
     kinds = collections.Counter(s["kind"].split("/")[0] for s in samples)
     assert sum(kinds[k] for k in LOOPS) == 48  # 4 %
-    for family in ("plain", "imports-used", "imports-unused", "stderr-print", "print-megabytes", "exit",
-                   "sys-exit", "os-exit", "raise-systemexit", "recursion-error", "setrecursionlimit",
-                   "tempfile", "environ", "os-system", "subprocess-popen", "os-getcwd", "str-raises"):  # fmt: skip
+    for family in (
+        "plain",
+        "imports-used",
+        "imports-unused",
+        "stderr-print",
+        "print-megabytes",
+        "exit",
+        "sys-exit",
+        "os-exit",
+        "raise-systemexit",
+        "recursion-error",
+        "setrecursionlimit",
+        "tempfile",
+        "environ",
+        "os-system",
+        "subprocess-popen",
+        "os-getcwd",
+        "str-raises",
+    ):
         assert kinds[family] > 0, family
     assert len({s["task_id"] for s in samples}) == 164

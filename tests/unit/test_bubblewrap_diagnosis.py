@@ -29,13 +29,21 @@ def machine(tmp_path: pathlib.Path, **settings: str) -> str:
 @pytest.mark.parametrize(
     ("setting", "value", "cause", "fix"),
     [
-        ("kernel.unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone = 0",
-         "sysctl -w kernel.unprivileged_userns_clone=1"),
-        ("user.max_user_namespaces", "0", "user.max_user_namespaces = 0", "sysctl -w user.max_user_namespaces="),
-        ("kernel.apparmor_restrict_unprivileged_userns", "1", "AppArmor",
-         "apt-get install bubblewrap"),
+        (
+            "kernel.unprivileged_userns_clone",
+            "0",
+            "kernel.unprivileged_userns_clone = 0",
+            "sysctl -w kernel.unprivileged_userns_clone=1",
+        ),
+        (
+            "user.max_user_namespaces",
+            "0",
+            "user.max_user_namespaces = 0",
+            "sysctl -w user.max_user_namespaces=",
+        ),
+        ("kernel.apparmor_restrict_unprivileged_userns", "1", "AppArmor", "apt-get install bubblewrap"),
     ],
-)  # fmt: skip
+)
 def test_a_kernel_setting_that_forbids_user_namespaces_is_named_with_its_fix(
     tmp_path: pathlib.Path, setting: str, value: str, cause: str, fix: str
 ) -> None:
@@ -46,8 +54,14 @@ def test_a_kernel_setting_that_forbids_user_namespaces_is_named_with_its_fix(
 
 
 def test_settings_that_allow_user_namespaces_are_not_blamed(tmp_path: pathlib.Path) -> None:
-    root = machine(tmp_path, **{"kernel.unprivileged_userns_clone": "1", "user.max_user_namespaces": "15000",
-                                "kernel.apparmor_restrict_unprivileged_userns": "0"})  # fmt: skip
+    root = machine(
+        tmp_path,
+        **{
+            "kernel.unprivileged_userns_clone": "1",
+            "user.max_user_namespaces": "15000",
+            "kernel.apparmor_restrict_unprivileged_userns": "0",
+        },
+    )
     message = diagnose(UNPRIVILEGED, root=root, uid=1000)
     assert "sysctl -w" not in message and "AppArmor" not in message, message
     assert "unprivileged user namespaces seem to be refused" in message and "unshare --user" in message

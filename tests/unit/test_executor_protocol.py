@@ -44,7 +44,9 @@ class ScriptedWorker(Worker):
     """Answers each request with what `script` returns for it: messages (dicts, sent as JSON lines),
     raw `bytes` lines, exceptions to raise from `receive_line`, or `HANG` (never answers)."""
 
-    def __init__(self, script: Script, isolation: str = "namespaces", exit_info: WorkerExit | None = None) -> None:
+    def __init__(
+        self, script: Script, isolation: str = "namespaces", exit_info: WorkerExit | None = None
+    ) -> None:
         self.script = script
         self.isolation = isolation
         self.sent: list[dict[str, Any]] = []
@@ -144,7 +146,9 @@ async def test_a_fatal_reply_at_init_is_a_start_error_and_the_worker_is_killed()
 
 
 async def test_unguarded_code_is_refused_at_the_bare_process_level_before_init() -> None:
-    ex = ScriptedExecutor(lambda: ScriptedWorker(runner_like, isolation="process"), policy=Policy(python_guards=False))
+    ex = ScriptedExecutor(
+        lambda: ScriptedWorker(runner_like, isolation="process"), policy=Policy(python_guards=False)
+    )
     with pytest.raises(BackendUnavailable, match="bubblewrap"):
         await ex.open()
     assert ex.workers[0].killed and ex.workers[0].sent == []
@@ -197,8 +201,16 @@ async def test_a_forged_oversized_reply_is_cut_in_the_parent() -> None:
             return [reply()]
         error = {"type": "E" * 5000, "message": huge, "traceback": huge}
         artifacts = [{"path": "p" * 1000, "size": 1}] * 500
-        return [reply(stdout=huge, stderr=huge, final_answer=huge, has_final_answer=True, error=error,
-                      artifacts=artifacts)]  # fmt: skip
+        return [
+            reply(
+                stdout=huge,
+                stderr=huge,
+                final_answer=huge,
+                has_final_answer=True,
+                error=error,
+                artifacts=artifacts,
+            )
+        ]
 
     async with executor(script, output_limit=1000) as ex:
         result = await ex.run("x")
@@ -224,7 +236,9 @@ async def test_a_bad_line_replaces_the_worker_and_says_the_state_is_lost(line: b
 
     async with executor(script) as ex:
         result = await ex.run("bad")
-        assert result.error is not None and result.error.type == "WorkerCrashed" and why in result.error.message
+        assert (
+            result.error is not None and result.error.type == "WorkerCrashed" and why in result.error.message
+        )
         assert result.state_lost and ex.workers[0].killed
         again = await ex.run("good")
         assert again.ok and not again.state_lost and len(ex.workers) == 2
@@ -234,7 +248,9 @@ async def test_a_worker_that_ends_mid_run_reports_why_and_oom() -> None:
     def script(message: dict[str, Any]) -> list[Any]:
         return [WorkerExited("gone")] if message["op"] == "run" else runner_like(message)
 
-    ex = ScriptedExecutor(lambda: ScriptedWorker(script, exit_info=WorkerExit(detail="killed by SIGKILL", oom=True)))
+    ex = ScriptedExecutor(
+        lambda: ScriptedWorker(script, exit_info=WorkerExit(detail="killed by SIGKILL", oom=True))
+    )
     async with ex:
         result = await ex.run("x")
     assert result.oom and result.state_lost and result.error is not None
@@ -279,7 +295,9 @@ def tool_round_trip(name: str, *args: Any) -> Script:
     def script(message: dict[str, Any]) -> list[Any]:
         if message["op"] == "run":
             pending.append(message)
-            return [{"op": "tool_call", "token": TOKEN, "id": 1, "name": name, "args": list(args), "kwargs": {}}]
+            return [
+                {"op": "tool_call", "token": TOKEN, "id": 1, "name": name, "args": list(args), "kwargs": {}}
+            ]
         if message["op"] == "tool_result":
             return [reply(final_answer=message, has_final_answer=True)]
         return runner_like(message)
@@ -474,4 +492,3 @@ async def test_a_failed_open_can_be_tried_again() -> None:
     assert ex.state is ExecutorState.UNOPENED
     async with ex:
         assert (await ex.run("fine")).ok
-

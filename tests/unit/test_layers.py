@@ -46,7 +46,10 @@ def test_a_package_imports_only_the_floors_below_it(package: str) -> None:
 
 
 def test_the_floors_form_no_cycle() -> None:
-    edges = {package: {name for name in imported_top_levels(package) if name in OURS} - {package} for package in OURS}
+    edges = {
+        package: {name for name in imported_top_levels(package) if name in OURS} - {package}
+        for package in OURS
+    }
     for package, targets in edges.items():
         for target in targets:
             assert package not in edges[target], f"{package} and {target} import each other"

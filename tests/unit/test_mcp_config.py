@@ -31,8 +31,12 @@ def test_defaults_are_safe() -> None:
 
 
 def test_tokens_tools_and_limits_are_validated() -> None:
-    config = make_config({"http": {"tokens": [TOKEN, {"name": "bob", "token": "b" * 20}]},
-                          "tools": ["mcp_tool_functions:double", "pkg.mod:Class.method"]})  # fmt: skip
+    config = make_config(
+        {
+            "http": {"tokens": [TOKEN, {"name": "bob", "token": "b" * 20}]},
+            "tools": ["mcp_tool_functions:double", "pkg.mod:Class.method"],
+        }
+    )
     assert [t.name for t in config.http.tokens] == ["token-1", "bob"]
     assert config.tools == {"double": "mcp_tool_functions:double", "method": "pkg.mod:Class.method"}
     assert TOKEN not in repr(config.http.tokens[0])  # a token is never shown
@@ -55,9 +59,11 @@ def test_tokens_tools_and_limits_are_validated() -> None:
 
 def test_config_files_json_and_toml(tmp_path: pathlib.Path) -> None:
     toml = tmp_path / "mcp.toml"
-    toml.write_text('backend = "host"\ntimeout = 5\n[policy]\nallowed_imports = ["math"]\nnetwork = false\n'
-                    '[policy.limits]\nmemory_mb = 512\n[tools]\ndouble = "mcp_tool_functions:double"\n'
-                    '[[http.tokens]]\nname = "alice"\ntoken = "' + TOKEN + '"\n')  # fmt: skip
+    toml.write_text(
+        'backend = "host"\ntimeout = 5\n[policy]\nallowed_imports = ["math"]\nnetwork = false\n'
+        '[policy.limits]\nmemory_mb = 512\n[tools]\ndouble = "mcp_tool_functions:double"\n'
+        '[[http.tokens]]\nname = "alice"\ntoken = "' + TOKEN + '"\n'
+    )
     config = load_config(toml)
     assert config.timeout == 5 and config.policy.allowed_imports == ("math",)
     assert config.policy.limits.memory_mb == 512 and config.http.tokens[0].name == "alice"
@@ -89,11 +95,31 @@ def _flags(*argv: str) -> argparse.Namespace:
 
 
 def test_flags_override_the_config_file() -> None:
-    base = {"timeout": 10, "policy": {"allowed_imports": ["math"], "limits": {"cpu_seconds": 9}},
-            "tools": {"a": "m:a"}, "http": {"port": 9000}}  # fmt: skip
-    settings = settings_from_flags(_flags("--timeout", "3", "--allow-import", "numpy.*,json", "--limit",
-                                          "memory_mb=256", "--tool", "b=m:b", "--tool", "pkg.mod:c",
-                                          "--http", "0.0.0.0:8000", "-o", "isolation=process"), base)  # fmt: skip
+    base = {
+        "timeout": 10,
+        "policy": {"allowed_imports": ["math"], "limits": {"cpu_seconds": 9}},
+        "tools": {"a": "m:a"},
+        "http": {"port": 9000},
+    }
+    settings = settings_from_flags(
+        _flags(
+            "--timeout",
+            "3",
+            "--allow-import",
+            "numpy.*,json",
+            "--limit",
+            "memory_mb=256",
+            "--tool",
+            "b=m:b",
+            "--tool",
+            "pkg.mod:c",
+            "--http",
+            "0.0.0.0:8000",
+            "-o",
+            "isolation=process",
+        ),
+        base,
+    )
     config = make_config(settings)
     assert config.timeout == 3 and config.policy.allowed_imports == ("math", "numpy.*", "json")
     assert config.policy.limits.memory_mb == 256 and config.policy.limits.cpu_seconds == 9
@@ -159,8 +185,12 @@ async def _call(guard: HttpGuard, headers: dict[str, str], chunks: list[bytes]) 
     async def send(message: MutableMapping[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/mcp",
-             "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()]}  # fmt: skip
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/mcp",
+        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
+    }
     await guard(scope, receive, send)
     status = next(m["status"] for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
@@ -180,8 +210,13 @@ async def _inner(scope: Any, receive: Any, send: Any) -> None:
 
 def _guard() -> HttpGuard:
     tokens = TokenTable([TokenConfig(name="alice", token=TOKEN)])
-    return HttpGuard(_inner, tokens, max_body=1000, allowed_hosts=["mcp.internal:*"],
-                     allowed_origins=["https://app.example"])  # fmt: skip
+    return HttpGuard(
+        _inner,
+        tokens,
+        max_body=1000,
+        allowed_hosts=["mcp.internal:*"],
+        allowed_origins=["https://app.example"],
+    )
 
 
 def test_the_guard_lets_in_only_what_it_should() -> None:

@@ -7,8 +7,14 @@ from typing import Any
 from kodeagent import Observer, StepRecord, ToolCallRecord
 
 
-def _step(i: int, *, action: str = "t", args: dict[str, Any] | None = None, error: str | None = None,
-          observation: str = "") -> StepRecord:  # fmt: skip
+def _step(
+    i: int,
+    *,
+    action: str = "t",
+    args: dict[str, Any] | None = None,
+    error: str | None = None,
+    observation: str = "",
+) -> StepRecord:
     return StepRecord(
         index=i,
         action=action,

@@ -11,11 +11,12 @@ import json
 import pathlib
 import tomllib
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ... import Policy, SandboxError
+from ...backends import BackendName
 
 MIN_TOKEN_LENGTH = 16
 
@@ -104,7 +105,7 @@ class ServerConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    backend: Literal["host", "docker", "e2b", "ray"] = "host"
+    backend: BackendName = "host"
     backend_options: dict[str, Any] = Field(default_factory=dict)
     policy: Policy = Policy()
     tools: dict[str, str] = Field(default_factory=dict)
