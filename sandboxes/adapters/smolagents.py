@@ -50,6 +50,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..models import ExecutionResult
 from ..policy import Policy
+from ..runtime.protocol import POLICY_VIOLATION
 from ..sync import SyncExecutor, open_executor_sync
 
 __all__ = ["CodeExecutionError", "KodeagentExecutor"]
@@ -331,7 +332,7 @@ def _error_text(result: ExecutionResult, logs: str) -> str:
     error = result.error
     assert error is not None
     detail = error.traceback or str(error)
-    if error.type == "PolicyViolation" and error.message.startswith("import of "):
+    if error.type == POLICY_VIOLATION and error.message.startswith("import of "):
         # CodeAgent recognises "Import of ... is not allowed" and tells the user to authorise the import.
         detail = detail.replace("import of ", "Import of ", 1)
     if logs and not logs.endswith("\n"):
