@@ -287,6 +287,7 @@ class Executor(ABC):
         *,
         on_stdout: OutputCallback | None = None,
         on_stderr: OutputCallback | None = None,
+        on_output: OutputHandler | None = None,
         **budget: Unpack[StreamBudget],
     ) -> ExecutionResult:
         """Run `code` in the session and return what happened. Never raises because of the code.
@@ -295,7 +296,17 @@ class Executor(ABC):
         code runs (within the stream's `budget`, see `stream`); a callback may be sync or async and
         is called (awaited) in order, off the channel's read loop; a callback that raises ends the
         run as a cancellation does (the session is replaced) and the error propagates. The result is
-        the same as without callbacks."""
+        the same as without callbacks.
+
+        `on_output` is the low-level hook instead (for forwarding a stream elsewhere): a plain
+        callable that must not block, called on the channel's read loop with the `OutputEvent`s of
+        both streams, in order with the run's tool calls; no buffer of this side is involved."""
+        if on_output is not None:
+            if on_stdout is not None or on_stderr is not None:
+                raise TypeError("give on_output, or on_stdout/on_stderr, not both")
+            options, _ = stream_options(budget)
+            self._check_usable()
+            return await self._run_stamped(code, on_output, None, options)
         if on_stdout is None and on_stderr is None:
             if budget:
                 stream_options(budget)  # a bad option is an error even when nothing streams

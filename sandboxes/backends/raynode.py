@@ -195,8 +195,7 @@ class NodeAgent:
             else:
                 result = await executor.run(
                     code,
-                    on_stdout=session.output,
-                    on_stderr=session.output,
+                    on_output=session.output,  # in order with the tool stubs' events
                     chars=stream["chars"],
                     chars_per_second=stream["chars_per_second"],
                 )

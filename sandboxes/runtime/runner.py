@@ -326,6 +326,12 @@ class Streamer:
                 self.cond.notify_all()
             self.dropped[stream] += len(text) - granted
 
+    def wait_sent(self) -> None:
+        """Until the sender wrote what it holds (before a tool call, so the stream stays in order)."""
+        with self.cond:
+            while self.active and (self.queue or self.sending):
+                self.cond.wait()
+
     def finish(self) -> None:
         """End the run's stream: wait for the sender, then send the counts still to report."""
         with self.cond:
@@ -736,6 +742,16 @@ class Runner:
                 "args": list(args),
                 "kwargs": kwargs,
             }
+            if self.streamer.active:  # what the code wrote before the call is streamed before it
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                except (OSError, ValueError, AttributeError):
+                    pass
+                with self.drain.lock:
+                    for capture in self.drain.captures:
+                        capture.drain()
+                self.streamer.wait_sent()
             try:
                 self.channel.send(message, limit=bounds.TOOL_MESSAGE_LIMIT)
             except (TypeError, ValueError, RecursionError) as exc:
