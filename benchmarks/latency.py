@@ -262,7 +262,9 @@ def host_rows(
     row("cold session", cold, baseline="cold session, host network")
     row("cold session, host network", cold_shared)
     log("host: streamed output (first chunk, 10 MB flood)")
-    rows.extend(stream_rows("host latency", anyio.run(streaming.measure, HostExecutor)))
+    rows.extend(
+        stream_rows("host latency", anyio.run(streaming.measure, HostExecutor, n, 5 if n >= 50 else 1))
+    )
     return rows, isolation
 
 
