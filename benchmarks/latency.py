@@ -18,6 +18,8 @@ Host backend rows (medians and p95, milliseconds):
 - cold session, host network: the same with `Policy(network=True)`, whose sessions keep the host's
   network, so no namespace is made: the baseline that prices a session's own namespaces (measured
   alternately with the row above).
+- stream rows (`benchmarks.streaming`, on every backend): time from a write in the sandbox to its
+  chunk's arrival (target p50 <= 50 ms), and a 10 MB flood's chunk and byte rates.
 
 Docker and E2B rows come from `benchmarks.latency_docker` and `benchmarks.latency_e2b` when those
 modules and their backends are available here; otherwise the table says why not. Ray rows
@@ -210,6 +212,11 @@ def host_rows(
     """The host backend's rows and its isolation level."""
     import anyio
 
+    from sandboxes import HostExecutor
+
+    from . import streaming
+    from .streaming import stream_rows
+
     log(f"host: warm run x{n}")
     warm, isolation = anyio.run(host_warm, n)
     log(f"baseline (a) subprocess x{baseline_n}")
@@ -258,6 +265,10 @@ def host_rows(
     row("session from the pool", pooled)
     row("cold session", cold, baseline="cold session, host network")
     row("cold session, host network", cold_shared)
+    log("host: streamed output (first chunk, 10 MB flood)")
+    rows.extend(
+        stream_rows("host latency", anyio.run(streaming.measure, HostExecutor, n, 5 if n >= 50 else 1))
+    )
     return rows, isolation
 
 

@@ -137,6 +137,14 @@ def docker_latency_rows(
             row["target_p50_ms"] = TARGETS_MS[name]
             row["meets_target"] = stats["p50_ms"] <= TARGETS_MS[name]
         rows.append(row)
+    from sandboxes.backends.docker import DockerExecutor
+
+    from .streaming import measure, stream_rows
+
+    def make(**options: Any) -> DockerExecutor:
+        return DockerExecutor(image=image or DEFAULT_IMAGE, **options)
+
+    rows.extend(stream_rows("docker latency", anyio.run(measure, make, n)))
     return rows
 
 

@@ -218,8 +218,18 @@ async def _measure(standin: Any, n: int, open_n: int) -> dict[str, list[float]]:
 
 def e2b_latency_rows(n: int = 200, *, open_n: int | None = None) -> list[dict[str, Any]]:
     """Rows for the latency report: warm run, bare round trip, client overhead (target < 5 ms), open."""
+    from sandboxes.backends.e2b import E2BExecutor
+
+    from .streaming import measure, stream_rows
+
     with _standin_class()() as standin:
         samples = anyio.run(_measure, standin, n, open_n if open_n is not None else min(n, 10))
+        options = {"api_key": standin.api_key, "api_url": standin.api_url, "sandbox_url": standin.sandbox_url}
+
+        def make(**more: Any) -> E2BExecutor:
+            return E2BExecutor(**options, **more)
+
+        streamed = stream_rows("e2b latency (stand-in)", anyio.run(measure, make, n))
     warm, bare = summarize(samples["warm run"]), summarize(samples["bare round trip"])
     overhead = warm["p50_ms"] - bare["p50_ms"]
     rows: list[dict[str, Any]] = [
@@ -236,6 +246,7 @@ def e2b_latency_rows(n: int = 200, *, open_n: int | None = None) -> list[dict[st
             "meets_target": overhead <= OVERHEAD_TARGET_MS,
         },
         {"benchmark": "e2b latency (stand-in)", "name": "open", **summarize(samples["open"])},
+        *streamed,
     ]
     return rows
 

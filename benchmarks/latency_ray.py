@@ -334,6 +334,14 @@ def ray_latency_rows(n: int) -> list[dict[str, Any]]:
             }
         )
         rows.append({"name": "host session from the pool", **summarize(opens["host"])})
+        from sandboxes.backends.ray import RayExecutor
+
+        from .streaming import measure, stream_rows
+
+        def make(**options: Any) -> RayExecutor:
+            return RayExecutor(node_backend="host", **options)
+
+        rows.extend(stream_rows("ray latency", anyio.run(measure, make, n)))
     finally:
         cluster.shutdown()
     return rows

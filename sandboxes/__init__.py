@@ -16,10 +16,19 @@ from .errors import (
     UnknownBackend,
     WorkerStartError,
 )
+from .events import (
+    Event,
+    EventStream,
+    OutputEvent,
+    ResultEvent,
+    StreamBudget,
+    ToolCallEvent,
+    ToolResultEvent,
+)
 from .executor import Executor, ExecutorOptions, ExecutorState
 from .models import Artifact, ExecutionError, ExecutionResult
 from .policy import DEFAULT_ALLOWED_IMPORTS, Limits, Policy
-from .sync import SyncExecutor, open_executor_sync
+from .sync import SyncEventStream, SyncExecutor, open_executor_sync
 
 if TYPE_CHECKING:  # type checkers see the real classes; at run time they load on first use
     from .backends.docker import DockerExecutor
@@ -50,6 +59,8 @@ __all__ = [
     "DockerExecutor",
     "E2BExecutor",
     "ExecutionError",
+    "Event",
+    "EventStream",
     "ExecutionResult",
     "Executor",
     "ExecutorClosed",
@@ -57,12 +68,18 @@ __all__ = [
     "ExecutorState",
     "HostExecutor",
     "Limits",
+    "OutputEvent",
     "Policy",
     "ProtocolError",
     "RayExecutor",
+    "ResultEvent",
     "SandboxError",
     "SandboxFileError",
+    "StreamBudget",
+    "SyncEventStream",
     "SyncExecutor",
+    "ToolCallEvent",
+    "ToolResultEvent",
     "UnknownBackend",
     "WorkerStartError",
     "executor_class",

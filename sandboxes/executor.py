@@ -15,6 +15,7 @@ No backend overrides a public method or touches the private state of this class.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import inspect
@@ -23,13 +24,23 @@ import math
 import posixpath
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from types import TracebackType
 from typing import Any, ClassVar, Self, TypedDict, TypeVar, Unpack
 
 import anyio
 
 from .errors import BackendUnavailable, ExecutorClosed, ProtocolError, SandboxFileError
+from .events import (
+    Event,
+    EventStream,
+    OutputEvent,
+    ResultEvent,
+    StreamBudget,
+    ToolCallEvent,
+    ToolResultEvent,
+    stream_options,
+)
 from .models import ExecutionError, ExecutionResult
 from .policy import Policy, prepare_code
 from .runtime import bounds
@@ -38,10 +49,11 @@ from .runtime.protocol import (
     TOOL_RESULT_TOO_LARGE,
     WORKER_CRASHED,
     InitRequest,
+    StreamOptions,
     ToolCall,
     ToolResult,
 )
-from .session import KILL_TIMEOUT, Release, RunnerSession, Session, SessionLost
+from .session import KILL_TIMEOUT, OutputHandler, Release, RunnerSession, Session, SessionLost, ToolCaller
 from .worker import Worker
 
 __all__ = [
@@ -58,6 +70,8 @@ DEFAULT_OUTPUT_LIMIT = 64_000
 """Characters kept of stdout (and of stderr): the first half and the last half, when longer."""
 
 ToolFunction = Callable[..., Any]
+OutputCallback = Callable[[OutputEvent], Any]
+"""A `run()` callback for output: called with each `OutputEvent`, in order; may be async."""
 T = TypeVar("T")
 
 
@@ -267,17 +281,132 @@ class Executor(ABC):
 
     # ----------------------------------------------------------------- running code
 
-    async def run(self, code: str | bytes) -> ExecutionResult:
-        """Run `code` in the session and return what happened. Never raises because of the code."""
+    async def run(
+        self,
+        code: str | bytes,
+        *,
+        on_stdout: OutputCallback | None = None,
+        on_stderr: OutputCallback | None = None,
+        on_output: OutputHandler | None = None,
+        **budget: Unpack[StreamBudget],
+    ) -> ExecutionResult:
+        """Run `code` in the session and return what happened. Never raises because of the code.
+
+        With `on_stdout` / `on_stderr`, each is called with the `OutputEvent`s of its stream while the
+        code runs (within the stream's `budget`, see `stream`); a callback may be sync or async and
+        is called (awaited) in order, off the channel's read loop; a callback that raises ends the
+        run as a cancellation does (the session is replaced) and the error propagates. The result is
+        the same as without callbacks.
+
+        `on_output` is the low-level hook instead (for forwarding a stream elsewhere): a plain
+        callable that must not block, called on the channel's read loop with the `OutputEvent`s of
+        both streams, in order with the run's tool calls; no buffer of this side is involved."""
+        if on_output is not None:
+            if on_stdout is not None or on_stderr is not None:
+                raise TypeError("give on_output, or on_stdout/on_stderr, not both")
+            options, _ = stream_options(budget)
+            self._check_usable()
+            return await self._run_stamped(code, on_output, None, options)
+        if on_stdout is None and on_stderr is None:
+            if budget:
+                stream_options(budget)  # a bad option is an error even when nothing streams
+            self._check_usable()
+            return await self._run_stamped(code)
+        result: ExecutionResult | None = None
+        async with self.stream(code, **budget) as events:
+            async for event in events:
+                if isinstance(event, OutputEvent):
+                    callback = on_stdout if event.stream == "stdout" else on_stderr
+                    if callback is not None:
+                        value = callback(event)
+                        if inspect.isawaitable(value):
+                            await value
+                elif isinstance(event, ResultEvent):
+                    result = event.result
+        assert result is not None  # the stream's last event is its result
+        return result
+
+    @contextlib.asynccontextmanager
+    async def stream(self, code: str | bytes, **budget: Unpack[StreamBudget]) -> AsyncIterator[EventStream]:
+        """Run `code` and watch it: an async context manager over the run's events::
+
+            async with ex.stream("for i in range(3): print(i)") as events:
+                async for event in events:
+                    ...  # OutputEvent, ToolCallEvent, ToolResultEvent; last a ResultEvent
+
+        The block holds the executor's lock and the run's timeout; the last event is a `ResultEvent`
+        with what `run()` returns for the code. Leaving the block before it cancels the run: the
+        session is replaced and the next run says `state_lost`. `budget` (`StreamBudget`): `chars`
+        and `chars_per_second` bound what the sandbox streams (a token bucket; past it output is
+        dropped and counted in `OutputEvent.dropped`, the result is unaffected), `buffer` the output
+        events held here for a slow consumer (past it, dropped and counted too)."""
+        options, limit = stream_options(budget)
         self._check_usable()
+        events = EventStream(limit)
+
+        async def produce() -> None:
+            try:
+                result = await self._run_stamped(code, events.put_output, events.put, options)
+            except Exception as exc:  # misuse or a backend failure: the consumer's iteration raises it
+                events.close(exc)
+                return
+            except BaseException:
+                events.close()
+                raise
+            events.put(ResultEvent(result=result))
+            events.close()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(produce)
+            try:
+                yield events
+            finally:
+                group.cancel_scope.cancel()
+
+    async def _run_stamped(
+        self,
+        code: str | bytes,
+        on_output: OutputHandler | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        stream: StreamOptions | None = None,
+    ) -> ExecutionResult:
         async with self._lock:
             started = time.perf_counter()
-            result = await self._run_locked(code)
+            result = await self._run_locked(code, on_output, on_event, stream)
             result.duration = time.perf_counter() - started
             result.backend = self.backend
             return result
 
-    async def _run_locked(self, code: str | bytes) -> ExecutionResult:
+    def _tool_caller(self, on_event: Callable[[Event], None] | None) -> ToolCaller:
+        if on_event is None:
+            return self._call_tool
+        emit = on_event
+
+        async def call_and_report(call: ToolCall) -> ToolResult:
+            name = str(call.get("name", ""))
+            emit(
+                ToolCallEvent(name=name, args=list(call.get("args", [])), kwargs=dict(call.get("kwargs", {})))
+            )
+            reply = await self._call_tool(call)
+            error = reply.get("error")
+            emit(
+                ToolResultEvent(
+                    name=name,
+                    ok=error is None,
+                    error=f"{error['type']}: {error['message']}" if error else None,
+                )
+            )
+            return reply
+
+        return call_and_report
+
+    async def _run_locked(
+        self,
+        code: str | bytes,
+        on_output: OutputHandler | None = None,
+        on_event: Callable[[Event], None] | None = None,
+        stream: StreamOptions | None = None,
+    ) -> ExecutionResult:
         if len(code) > 50_000:  # parsing up to max_code_bytes takes seconds: not on the event loop
             text, problem = await anyio.to_thread.run_sync(prepare_code, code, self.policy, list(self.tools))
         else:
@@ -290,7 +419,10 @@ class Executor(ABC):
         limit = self.timeout + session.timeout_backstop
         try:
             with anyio.fail_after(limit):
-                result = await session.run(text, self._call_tool)
+                if on_output is None:
+                    result = await session.run(text, self._call_tool)
+                else:
+                    result = await session.run(text, self._tool_caller(on_event), on_output, stream)
         except TimeoutError:
             await self._discard(session, report=False)
             if session.timeout_backstop:

@@ -9,8 +9,8 @@ of `Executor`:
 - ``_close_backend()`` (optional): release what outlives single sessions (E2B's sandbox), once, at
   `close()` and after a failed `open()`.
 
-A `Session` implements every operation of the protocol: run, reset, upload, download, close and
-discard (and the live operations that come next: a stream of output, fork). Most backends run our
+A `Session` implements every operation of the protocol: run (optionally streaming its output to an
+`on_output` callable while it runs), reset, upload, download, close and discard (fork comes next). Most backends run our
 runner inside their boundary and reach it through a `Worker` (a byte channel): they return a
 `RunnerSession`, the one implementation of the runner's protocol. A backend that forwards whole
 sessions to an executor elsewhere (Ray: a node runs its own executor, with its own lock, timeout and
@@ -32,6 +32,7 @@ answer (cancelled, timed out, malformed, lost) discards the session, and the nex
 from __future__ import annotations
 
 import json
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
@@ -39,9 +40,10 @@ from typing import Any, cast
 import anyio
 
 from .errors import ProtocolError, SandboxFileError, WorkerStartError
+from .events import DEFAULT_STREAM_CHARS, DEFAULT_STREAM_RATE, OutputEvent
 from .models import Artifact, ExecutionError, ExecutionResult
 from .runtime import bounds
-from .runtime.protocol import InitRequest, Request, ToolCall, ToolResult
+from .runtime.protocol import InitRequest, Request, RunRequest, StreamOptions, ToolCall, ToolResult
 from .worker import Worker, WorkerExited
 
 HANDSHAKE_TIMEOUT = 30.0
@@ -49,6 +51,9 @@ KILL_TIMEOUT = 10.0
 
 ToolCaller = Callable[[ToolCall], Awaitable[ToolResult]]
 """How a session asks the executor to run a tool the code called (the tool runs in the parent)."""
+
+OutputHandler = Callable[[OutputEvent], None]
+"""Where a streamed run's output goes: a plain callable that must not block (it runs on the read loop)."""
 
 
 class SessionLost(Exception):
@@ -84,8 +89,17 @@ class Session(ABC):
         return True
 
     @abstractmethod
-    async def run(self, code: str, call_tool: ToolCaller) -> ExecutionResult:
-        """Run checked code and return its result, every part bounded; tool calls go to `call_tool`."""
+    async def run(
+        self,
+        code: str,
+        call_tool: ToolCaller,
+        on_output: OutputHandler | None = None,
+        stream: StreamOptions | None = None,
+    ) -> ExecutionResult:
+        """Run checked code and return its result, every part bounded; tool calls go to `call_tool`.
+
+        With `on_output`, the run's output goes to it as it is written, within the budget `stream`
+        (the executor always passes one with `on_output`); the result is the same as without."""
 
     @abstractmethod
     async def reset(self) -> None:
@@ -151,8 +165,24 @@ class RunnerSession(Session):
     async def alive(self) -> bool:
         return await self.worker.alive()
 
-    async def run(self, code: str, call_tool: ToolCaller) -> ExecutionResult:
-        reply = await self._exchange({"op": "run", "code": code}, call_tool)
+    async def run(
+        self,
+        code: str,
+        call_tool: ToolCaller,
+        on_output: OutputHandler | None = None,
+        stream: StreamOptions | None = None,
+    ) -> ExecutionResult:
+        request: RunRequest = {"op": "run", "code": code}
+        gate = None
+        if on_output is not None:
+            request["stream"] = stream or {
+                "chars": DEFAULT_STREAM_CHARS,
+                "chars_per_second": DEFAULT_STREAM_RATE,
+            }
+            gate = OutputGate(request["stream"], on_output)
+        reply = await self._exchange(request, call_tool, gate)
+        if gate is not None:
+            gate.flush()
         return result_from_reply(reply, self.output_limit)
 
     async def reset(self) -> None:
@@ -184,15 +214,19 @@ class RunnerSession(Session):
         with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
             await self.worker.kill()
 
-    async def _exchange(self, message: Request, call_tool: ToolCaller) -> dict[str, Any]:
+    async def _exchange(
+        self, message: Request, call_tool: ToolCaller, gate: OutputGate | None = None
+    ) -> dict[str, Any]:
         try:
-            return await self._request(message, call_tool)
+            return await self._request(message, call_tool, gate)
         except WorkerExited as exc:
             info = await self.worker.exit_info()
             raise SessionLost(info.detail, oom=info.oom) from exc
 
-    async def _request(self, message: Request, call_tool: ToolCaller) -> dict[str, Any]:
-        """Send one request and serve tool calls until its reply arrives."""
+    async def _request(
+        self, message: Request, call_tool: ToolCaller, gate: OutputGate | None = None
+    ) -> dict[str, Any]:
+        """Send one request and serve tool calls (and a streamed run's output) until its reply arrives."""
         worker = self.worker
         await worker.send(_encode(message))
         while True:
@@ -213,7 +247,9 @@ class RunnerSession(Session):
                     "(the code wrote to the channel's descriptor)"
                 )
             op = reply.get("op")
-            if op == "tool_call":
+            if op == "output" and gate is not None:
+                gate.receive(reply)
+            elif op == "tool_call":
                 await worker.send(_encode(await call_tool(cast(ToolCall, reply))))
             elif op == "fatal":
                 raise WorkerStartError(f"the sandbox runner failed: {reply.get('message')}")
@@ -221,6 +257,43 @@ class RunnerSession(Session):
                 return reply
             else:
                 raise ProtocolError(f"unexpected message from the runner: {op!r}")
+
+
+class OutputGate:
+    """The parent's side of a streamed run's output: checks each `output` message and holds it to the
+    run's budget again (a token bucket as the runner's, with room for what the runner buffered), so
+    the stream stays bounded even when the code replaced the runner; then hands it on."""
+
+    def __init__(self, stream: StreamOptions, on_output: OutputHandler) -> None:
+        slack = 2 * bounds.STREAM_BUFFER_CHARS + bounds.STREAM_MESSAGE_CHARS
+        self.bucket = bounds.TokenBucket(
+            stream["chars"] + slack, stream["chars_per_second"], time.monotonic()
+        )
+        self.on_output = on_output
+        self.dropped = {"stdout": 0, "stderr": 0}
+
+    def receive(self, message: dict[str, Any]) -> None:
+        name, text, dropped = message.get("stream"), message.get("text"), message.get("dropped", 0)
+        if name not in ("stdout", "stderr") or not isinstance(text, str) or not isinstance(dropped, int):
+            raise ProtocolError(
+                f"malformed output message from the runner: {bounds.clipped(repr(message), 300)}"
+            )
+        dropped = max(0, dropped) + self.dropped[name]
+        granted = self.bucket.take(min(len(text), bounds.STREAM_MESSAGE_CHARS), time.monotonic())
+        if granted < len(text):
+            self.dropped[name] = len(text) - granted
+            text = text[:granted]
+        else:
+            self.dropped[name] = 0
+        if text or dropped:
+            self.on_output(OutputEvent(stream=name, text=text, dropped=dropped))
+
+    def flush(self) -> None:
+        """After the reply: report what this side dropped last."""
+        for name in ("stdout", "stderr"):
+            if self.dropped[name]:
+                self.on_output(OutputEvent(stream=name, text="", dropped=self.dropped[name]))
+                self.dropped[name] = 0
 
 
 async def _no_tools(call: ToolCall) -> ToolResult:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, ExitStack
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, Unpack
 
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from .events import Event, EventStream, StreamBudget
 from .executor import Executor
 from .models import ExecutionResult
 
@@ -48,6 +50,22 @@ class SyncExecutor:
         result: ExecutionResult = self._call(self.executor.run, code)
         return result
 
+    def stream(self, code: str | bytes, **budget: Unpack[StreamBudget]) -> SyncEventStream:
+        """Run code and watch it: an iterator of its events, the last a `ResultEvent` (see
+        `Executor.stream`). Use it in a `with` block (leaving early cancels the run), or iterate it
+        to the end::
+
+            with ex.stream("print(1)") as events:
+                for event in events:
+                    ...
+        """
+        if self._portal is None:
+            self.open()
+        assert self._portal is not None
+        return SyncEventStream(
+            self._portal, self._portal.wrap_async_context_manager(self.executor.stream(code, **budget))
+        )
+
     def reset(self) -> None:
         """Forget the session's variables; see `Executor.reset`."""
         self._call(self.executor.reset)
@@ -81,6 +99,51 @@ class SyncExecutor:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+class SyncEventStream(Iterator[Event]):
+    """The blocking twin of `EventStream`: an iterator, and a context manager that holds the run."""
+
+    def __init__(self, portal: BlockingPortal, manager: AbstractContextManager[EventStream]) -> None:
+        self._portal = portal
+        self._manager = manager
+        self._events: EventStream | None = None
+        self._done = False
+
+    def __enter__(self) -> Self:
+        if self._events is None and not self._done:
+            self._events = self._manager.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._done = True
+        if self._events is not None:
+            self._events = None
+            self._manager.__exit__(exc_type, exc, tb)
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> Event:
+        if self._done:
+            raise StopIteration
+        self.__enter__()  # iterated without `with`: the run starts here and ends with the last event
+        assert self._events is not None
+        try:
+            event: Event = self._portal.call(self._events.__anext__)
+        except StopAsyncIteration:
+            self.__exit__(None, None, None)
+            raise StopIteration from None
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return event
+
+    def close(self) -> None:
+        """Stop watching; a run still going is cancelled (as leaving the `with` block)."""
+        self.__exit__(None, None, None)
 
 
 def open_executor_sync(backend: str = "host", **options: Any) -> SyncExecutor:

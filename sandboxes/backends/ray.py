@@ -44,11 +44,23 @@ from typing import Any, Literal, cast
 
 import anyio
 
-from ..errors import WorkerStartError
+from ..errors import ProtocolError, WorkerStartError
+from ..events import OutputEvent
 from ..executor import COMMON_OPTIONS, KILL_TIMEOUT, Executor, ExecutorOptions
 from ..models import ExecutionResult
-from ..runtime.protocol import NodeAnswer, NodeError, NodeOpened, NodeRunEvent, NodeToolEvent, ToolCall
-from ..session import Session, SessionLost, ToolCaller
+from ..runtime import bounds
+from ..runtime.protocol import (
+    NodeAnswer,
+    NodeDone,
+    NodeError,
+    NodeLost,
+    NodeOpened,
+    NodeRunEvent,
+    NodeToolEvent,
+    StreamOptions,
+    ToolCall,
+)
+from ..session import OutputHandler, Session, SessionLost, ToolCaller
 from . import executor_class
 from .raycluster import (
     SANDBOX_RESOURCE,
@@ -209,14 +221,23 @@ class RaySession(Session):
         self.isolation = isolation
         self._ended = False
 
-    async def run(self, code: str, call_tool: ToolCaller) -> ExecutionResult:
+    async def run(
+        self,
+        code: str,
+        call_tool: ToolCaller,
+        on_output: OutputHandler | None = None,
+        stream: StreamOptions | None = None,
+    ) -> ExecutionResult:
         from ray.exceptions import RayError
 
         placement = self.placement
         try:
-            event: NodeRunEvent = await placement.agent.run.remote(placement.session_id, code)
-            while event["kind"] == "tool":
-                event = await self._serve_tool(event, call_tool)
+            if on_output is None:
+                event: NodeRunEvent = await placement.agent.run.remote(placement.session_id, code)
+                while event["kind"] == "tool":
+                    event = await self._serve_tool(event, call_tool)
+            else:
+                event = await self._streamed_run(code, call_tool, on_output, stream)
         except RayError as exc:
             self._forget_node(exc)
             raise SessionLost(f"the cluster node running this session was lost ({_describe(exc)})") from exc
@@ -224,7 +245,60 @@ class RaySession(Session):
             raise SessionLost(f"the cluster node running this session was lost ({event['message']})")
         if event["kind"] == "error":
             raise RAISABLE.get(event["type"], WorkerStartError)(event["message"])
+        if event["kind"] != "done":
+            raise ProtocolError(f"unexpected event from the cluster node: {event['kind']!r}")
         return ExecutionResult.model_validate(event["result"])
+
+    async def _streamed_run(
+        self, code: str, call_tool: ToolCaller, on_output: OutputHandler, stream: StreamOptions | None
+    ) -> NodeDone | NodeError | NodeLost:
+        """A run whose output events arrive among its tool calls: each tool is served in a task while
+        the events go on (a run's output may come while a tool works); the last event is returned."""
+        from ray.exceptions import RayError
+
+        placement = self.placement
+        failure: RayError | None = None
+        async with anyio.create_task_group() as group:
+            try:
+                event: NodeRunEvent = await placement.agent.run.remote(placement.session_id, code, stream)
+                while event["kind"] in ("tool", "output"):
+                    if event["kind"] == "output":
+                        name, text = event["stream"], event["text"]
+                        if name in ("stdout", "stderr") and isinstance(text, str):
+                            on_output(
+                                OutputEvent(
+                                    stream=name,
+                                    text=text[: bounds.STREAM_MESSAGE_CHARS],
+                                    dropped=int(event["dropped"])
+                                    + max(0, len(text) - bounds.STREAM_MESSAGE_CHARS),
+                                )
+                            )
+                    else:
+                        group.start_soon(self._answer_tool, event, call_tool)
+                    event = await placement.agent.next_event.remote(placement.session_id)
+            except RayError as exc:  # raised outside the group, so the caller sees it, not a group of it
+                failure = exc
+            group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
+        return cast("NodeDone | NodeError | NodeLost", event)
+
+    async def _answer_tool(self, call: NodeToolEvent, call_tool: ToolCaller) -> None:
+        from ray.exceptions import RayError
+
+        placement = self.placement
+        request: ToolCall = {
+            "op": "tool_call",
+            "id": call["id"],
+            "name": call["name"],
+            "args": call["args"],
+            "kwargs": call["kwargs"],
+        }
+        reply = await call_tool(request)
+        try:
+            await placement.agent.answer.remote(placement.session_id, call["id"], reply)
+        except RayError:
+            pass  # the node is gone: `next_event` reports it
 
     async def _serve_tool(self, call: NodeToolEvent, call_tool: ToolCaller) -> NodeRunEvent:
         """Call the tool here while waiting for the run's next event: if the node's timeout ends the run

@@ -11,6 +11,10 @@ calls a tool the stub puts a ``tool`` event on the session's queue and waits; th
 event (as the answer of `run` or `next_event`), calls the real function in its own process, and
 answers through `answer`. Tool values cross as JSON-ready data, never as code.
 
+A streamed run's output crosses the same way: the node-local executor's output callbacks put
+``output`` events on the queue (at most `OUTPUT_EVENTS` waiting; past them dropped and counted, the
+count riding on the next one), and the parent takes them with `next_event` as they come.
+
 Nothing here imports ray: the parent wraps this class with ``ray.remote`` (see `ray.py`), so that the
 agent's own options (node affinity, no restarts, no task retries) are decided in one place.
 """
@@ -22,10 +26,22 @@ import itertools
 from typing import Any
 
 from .. import errors
+from ..events import OutputEvent
 from ..executor import Executor
-from ..runtime.protocol import NodeAnswer, NodeError, NodeLost, NodeOpened, NodeRunEvent, ToolResult
+from ..runtime.protocol import (
+    NodeAnswer,
+    NodeError,
+    NodeLost,
+    NodeOpened,
+    NodeOutput,
+    NodeRunEvent,
+    StreamOptions,
+    ToolResult,
+)
 from . import executor_class
 
+OUTPUT_EVENTS = 256
+"""Output events of a streamed run waiting for the parent at most; past them output is dropped and counted."""
 REAP_INTERVAL = 10.0
 """Seconds between checks for sessions whose owner is gone (its placement group was removed)."""
 
@@ -52,6 +68,36 @@ class _Session:
         self.pending: dict[int, asyncio.Future[ToolResult]] = {}
         self.task: asyncio.Task[None] | None = None
         self.ids = itertools.count(1)
+        self.outputs = 0  # output events waiting in `events`
+        self.dropped = {"stdout": 0, "stderr": 0}
+
+    def output(self, event: OutputEvent) -> None:
+        """The node-local executor's output callback: queue the event for the parent, never waiting."""
+        if self.outputs >= OUTPUT_EVENTS:
+            self.dropped[event.stream] += len(event.text) + event.dropped
+            return
+        dropped, self.dropped[event.stream] = event.dropped + self.dropped[event.stream], 0
+        self.outputs += 1
+        message: NodeOutput = {
+            "kind": "output",
+            "stream": event.stream,
+            "text": event.text,
+            "dropped": dropped,
+        }
+        self.events.put_nowait(message)
+
+    def flush_dropped(self) -> None:
+        for stream, count in self.dropped.items():
+            if count:
+                self.outputs += 1
+                self.events.put_nowait({"kind": "output", "stream": stream, "text": "", "dropped": count})  # type: ignore[typeddict-item]
+        self.dropped = {"stdout": 0, "stderr": 0}
+
+    async def next(self) -> NodeRunEvent:
+        event = await self.events.get()
+        if event["kind"] == "output":
+            self.outputs -= 1
+        return event
 
     def stub(self, name: str) -> Any:
         """The tool function the node-local executor calls: it asks the parent and waits for its answer."""
@@ -123,8 +169,9 @@ class NodeAgent:
         self.sessions[session_id] = session
         return {"kind": "opened", "isolation": executor.isolation}
 
-    async def run(self, session_id: str, code: str) -> NodeRunEvent:
-        """Start a run; answers with its first event (a tool call, or ``done`` with the result)."""
+    async def run(self, session_id: str, code: str, stream: StreamOptions | None = None) -> NodeRunEvent:
+        """Start a run; answers with its first event (a tool call, output when `stream`ed, or ``done``
+        with the result)."""
         session = self.sessions.get(session_id)
         if session is None or session.executor is None:
             return _LOST
@@ -134,15 +181,28 @@ class NodeAgent:
                 "type": "ProtocolError",
                 "message": "a run of this session is in progress",
             }
-        session.task = asyncio.get_running_loop().create_task(self._run(session, session.executor, code))
-        return await session.events.get()
+        session.task = asyncio.get_running_loop().create_task(
+            self._run(session, session.executor, code, stream)
+        )
+        return await session.next()
 
-    async def _run(self, session: _Session, executor: Executor, code: str) -> None:
+    async def _run(
+        self, session: _Session, executor: Executor, code: str, stream: StreamOptions | None
+    ) -> None:
         try:
-            result = await executor.run(code)
+            if stream is None:
+                result = await executor.run(code)
+            else:
+                result = await executor.run(
+                    code,
+                    on_output=session.output,  # in order with the tool stubs' events
+                    chars=stream["chars"],
+                    chars_per_second=stream["chars_per_second"],
+                )
         except Exception as exc:  # misuse or a backend failure: the parent raises it again
             session.events.put_nowait(_failure(exc))
             return
+        session.flush_dropped()
         session.events.put_nowait({"kind": "done", "result": result.model_dump(mode="json")})
 
     async def next_event(self, session_id: str) -> NodeRunEvent:
@@ -150,7 +210,7 @@ class NodeAgent:
         session = self.sessions.get(session_id)
         if session is None:
             return _LOST
-        return await session.events.get()
+        return await session.next()
 
     async def answer(self, session_id: str, call_id: int, reply: ToolResult) -> None:
         """The parent's answer to a tool call: ``{"value": ...}`` or ``{"error": {"type", "message"}}``.

@@ -88,3 +88,31 @@ def bound_artifacts(artifacts: list[dict[str, Any]]) -> tuple[list[dict[str, Any
         for a in artifacts[:ARTIFACT_COUNT_LIMIT]
     ]
     return kept, max(0, len(artifacts) - ARTIFACT_COUNT_LIMIT)
+
+
+STREAM_MESSAGE_CHARS = 64_000
+"""Characters of output one streamed `output` message carries at most (longer chunks are split)."""
+STREAM_BUFFER_CHARS = 256_000
+"""Characters of output the runner holds for its sender thread at most; past it, output is dropped
+and counted rather than making the code's writes wait for a slow channel."""
+
+
+class TokenBucket:
+    """A character budget refilled over time: at most `capacity` characters at once, `rate` per second
+    after that. Used by the runner (what it sends) and the parent (what it accepts), so a stream stays
+    bounded even when the code replaced the runner. The caller passes the clock: no timing here."""
+
+    def __init__(self, capacity: int, rate: float, now: float) -> None:
+        self.capacity = max(0, int(capacity))
+        self.rate = max(0.0, float(rate))
+        self.level = float(self.capacity)
+        self.stamp = now
+
+    def take(self, wanted: int, now: float) -> int:
+        """Take up to `wanted` characters of budget at time `now`; returns how many were granted."""
+        if now > self.stamp:
+            self.level = min(float(self.capacity), self.level + (now - self.stamp) * self.rate)
+            self.stamp = now
+        granted = min(wanted, int(self.level))
+        self.level -= granted
+        return max(0, granted)

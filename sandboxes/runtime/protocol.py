@@ -78,11 +78,22 @@ class InitRequest(TypedDict):
     output_limit: int
 
 
+class StreamOptions(TypedDict):
+    """How much of a run's output the runner streams while it runs: a token bucket of `chars` characters
+    (the most sent in one burst) refilled at `chars_per_second`. Past it output is dropped and counted
+    (the capture for the result is unaffected)."""
+
+    chars: int
+    chars_per_second: int
+
+
 class RunRequest(TypedDict):
-    """Run one snippet (already checked by the parent's static policy)."""
+    """Run one snippet (already checked by the parent's static policy); with `stream`, the runner sends
+    `OutputMessage`s while the code runs, before the reply."""
 
     op: Literal["run"]
     code: str
+    stream: NotRequired[StreamOptions]
 
 
 class ResetRequest(TypedDict):
@@ -168,6 +179,19 @@ class ToolCall(TypedDict):
     token: NotRequired[str]
 
 
+class OutputMessage(TypedDict):
+    """Output of a streamed run, as the code wrote it (UTF-8 decoded, never a split character).
+
+    `dropped` counts the characters of this stream left out (budget or buffer) since its previous
+    message; a final message with empty `text` reports what was dropped at the end of the run."""
+
+    op: Literal["output"]
+    stream: Literal["stdout", "stderr"]
+    text: str
+    dropped: int
+    token: NotRequired[str]
+
+
 class Fatal(TypedDict):
     """The runner could not start (or got a request it does not know); it exits after this."""
 
@@ -192,6 +216,15 @@ class NodeToolEvent(TypedDict):
     name: str
     args: list[Any]
     kwargs: dict[str, Any]
+
+
+class NodeOutput(TypedDict):
+    """Output of a streamed run on the node (an `OutputMessage` without its envelope)."""
+
+    kind: Literal["output"]
+    stream: Literal["stdout", "stderr"]
+    text: str
+    dropped: int
 
 
 class NodeDone(TypedDict):
@@ -221,5 +254,5 @@ class NodeLost(TypedDict):
     message: str
 
 
-NodeRunEvent = NodeToolEvent | NodeDone | NodeError | NodeLost
+NodeRunEvent = NodeToolEvent | NodeOutput | NodeDone | NodeError | NodeLost
 NodeAnswer = NodeValue | NodeError | NodeLost

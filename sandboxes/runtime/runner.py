@@ -21,6 +21,8 @@ Requests and replies::
                                                   (every part bounded: bounds.py)
     {"op": "reset"}                        -> {"op": "reply"}
     during a run:  {"op": "tool_call", "id", "name", "args", "kwargs"}  <- {"op": "tool_result", ...}
+    during a run with "stream": {"chars", "chars_per_second"}:
+                   {"op": "output", "stream": "stdout"|"stderr", "text", "dropped"}  (no answer)
     on a startup failure: {"op": "fatal", "message": "..."}, then exit
 
 Values cross as JSON, never pickle. Only the stdlib and RestrictedPython are needed.
@@ -48,7 +50,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # the wire's types, for the type checker only: the runner imports nothing at run time
-    from .protocol import InitReply, InitRequest, Reply, RunError, RunReply, ToolCall, ToolResult
+    from .protocol import (
+        InitReply,
+        InitRequest,
+        OutputMessage,
+        Reply,
+        RunError,
+        RunReply,
+        ToolCall,
+        ToolResult,
+    )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -107,6 +118,8 @@ class Channel:
         # descriptor (with `os` allowed) but cannot forge a message.
         self.token = os.urandom(16).hex()
         self.forked_child = False
+        # One writer at a time: the stream's sender thread, tool calls and replies never interleave.
+        self.lock = threading.Lock()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._close_in_child)
 
@@ -128,8 +141,9 @@ class Channel:
         if limit is not None and len(encoded) > limit:
             raise ValueError(f"the message is {len(encoded):,} bytes of JSON; the limit is {limit:,}")
         data = memoryview(encoded)
-        while data:
-            data = data[os.write(self.write_fd, data) :]
+        with self.lock:
+            while data:
+                data = data[os.write(self.write_fd, data) :]
 
     def receive(self) -> Any:
         line = self.reader.readline()
@@ -157,6 +171,8 @@ class Capture:
         except OSError:
             pass
         self.limit = 64_000
+        self.sink: Any = None
+        """Called with (name, text) for every decoded piece (the stream of a streamed run)."""
         self.clear()
         self.attach()
 
@@ -189,6 +205,8 @@ class Capture:
             self.add(self.decoder.decode(chunk))
 
     def add(self, text: str) -> None:
+        if self.sink is not None and text:
+            self.sink(self.name, text)
         self.total += len(text)
         half = self.limit // 2
         if self.head_size < half:
@@ -254,6 +272,106 @@ class Drain:
             return [capture.collect() for capture in self.captures]
 
 
+class Streamer:
+    """Sends a streamed run's output over the channel while the code runs, from a thread of its own.
+
+    The drain thread hands it every decoded piece (`offer`) and never waits for the channel: pieces go
+    to a buffer of at most `bounds.STREAM_BUFFER_CHARS` characters, within a token bucket of the run's
+    budget; what does not fit is dropped and counted, and the count rides on the stream's next message
+    (or on a final notice with empty text). So a slow parent never makes the code's writes wait, and a
+    long loop keeps showing its latest output as the budget refills. `finish` waits until the sender
+    has written everything of the run, so the reply always comes last.
+    """
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.cond = threading.Condition()
+        self.active = False
+        self.sending = False
+        self.queue: list[list[Any]] = []  # [stream, [texts], chars, dropped before it]
+        self.queued = 0
+        self.dropped = {"stdout": 0, "stderr": 0}
+        self.bucket: Any = None
+        # Started before any code runs (the audit hook then has nothing to say about it).
+        self.thread = threading.Thread(target=self._loop, name="kodeagent-stream", daemon=True)
+        self.thread.start()
+
+    def start(self, options: Mapping[str, Any] | None) -> None:
+        if not options:
+            return
+        with self.cond:
+            self.queue, self.queued = [], 0
+            self.dropped = {"stdout": 0, "stderr": 0}
+            self.bucket = bounds.TokenBucket(
+                int(options.get("chars", 0)), float(options.get("chars_per_second", 0)), time.monotonic()
+            )
+            self.active = True
+
+    def offer(self, stream: str, text: str) -> None:
+        with self.cond:
+            if not self.active:
+                return
+            room = max(0, bounds.STREAM_BUFFER_CHARS - self.queued)
+            granted = self.bucket.take(min(len(text), room), time.monotonic())
+            if granted:
+                kept = text[:granted]
+                last = self.queue[-1] if self.queue else None
+                if last is not None and last[0] == stream and not self.dropped[stream]:
+                    last[1].append(kept)
+                    last[2] += granted
+                else:
+                    self.queue.append([stream, [kept], granted, self.dropped[stream]])
+                    self.dropped[stream] = 0
+                self.queued += granted
+                self.cond.notify_all()
+            self.dropped[stream] += len(text) - granted
+
+    def wait_sent(self) -> None:
+        """Until the sender wrote what it holds (before a tool call, so the stream stays in order)."""
+        with self.cond:
+            while self.active and (self.queue or self.sending):
+                self.cond.wait()
+
+    def finish(self) -> None:
+        """End the run's stream: wait for the sender, then send the counts still to report."""
+        with self.cond:
+            if not self.active:
+                return
+            self.active = False
+            while self.queue or self.sending:
+                self.cond.wait()
+            notices = [(name, count) for name, count in self.dropped.items() if count]
+            self.dropped = {"stdout": 0, "stderr": 0}
+        for name, count in notices:
+            self.channel.send({"op": "output", "stream": name, "text": "", "dropped": count})
+
+    def _loop(self) -> None:
+        step = bounds.STREAM_MESSAGE_CHARS
+        while True:
+            with self.cond:
+                while not self.queue:
+                    self.cond.wait()
+                batch, self.queue, self.queued = self.queue, [], 0
+                self.sending = True
+            try:
+                for stream, texts, _, dropped in batch:
+                    text = "".join(texts)
+                    for start in range(0, len(text), step):
+                        message: OutputMessage = {
+                            "op": "output",
+                            "stream": stream,
+                            "text": text[start : start + step],
+                            "dropped": dropped if start == 0 else 0,
+                        }
+                        self.channel.send(message)
+            except Exception:  # the channel broke: the main loop finds out and ends
+                pass
+            finally:
+                with self.cond:
+                    self.sending = False
+                    self.cond.notify_all()
+
+
 class MemoryReserve:
     """Address space the runner holds back from the code, so that it can still describe the run, collect
     its output and send the reply after the code used up the memory limit (and kept what it took).
@@ -298,6 +416,8 @@ class Runner:
         self.stdout = Capture(1, "stdout")
         self.stderr = Capture(2, "stderr")
         self.drain = Drain((self.stdout, self.stderr))
+        self.streamer = Streamer(channel)
+        self.stdout.sink = self.stderr.sink = self.streamer.offer
         sys.stdout = sys.__stdout__ = _text_stream(1)  # type: ignore[misc]  # the originals point at the channel
         sys.stderr = sys.__stderr__ = _text_stream(2)  # type: ignore[misc]
         self.initialised = False
@@ -329,10 +449,11 @@ class Runner:
                 self.channel.send(answer)
             elif op == "run":
                 try:
-                    reply = self.run(message.get("code", ""))
+                    reply = self.run(message.get("code", ""), message.get("stream"))
                 except MemoryError:  # even the reserve did not suffice: a reply that needs next to nothing
                     self.reserve.release()
                     reply = _out_of_memory_reply()
+                self.streamer.finish()  # (already finished, but for a run that raised)
                 self.channel.send(reply)
                 self.reserve.take()
             elif op == "reset":
@@ -443,7 +564,7 @@ class Runner:
 
     # ------------------------------------------------------------------ running code
 
-    def run(self, source: str) -> RunReply:
+    def run(self, source: str, stream: Mapping[str, Any] | None = None) -> RunReply:
         self.cell += 1
         filename = f"<cell {self.cell}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -455,6 +576,7 @@ class Runner:
             for capture in (self.stdout, self.stderr):
                 capture.attach()
             self.drain.restart(self.output_limit)
+            self.streamer.start(stream)
             before = _snapshot(self.workdir)
         error: RunError | None = None
         oom = False
@@ -481,6 +603,7 @@ class Runner:
         if self.channel.forked_child:
             os._exit(1 if error else 0)  # a fork of the code finished its copy of the snippet
         (stdout, stdout_omitted), (stderr, stderr_omitted) = self.drain.collect()
+        self.streamer.finish()  # before the value's __repr__ runs: what it prints is not the code's output
         value_omitted = 0
         if last is not None and error is None and not self.has_final:
             # After the capture: what a __repr__ prints is not the code's output.
@@ -619,6 +742,16 @@ class Runner:
                 "args": list(args),
                 "kwargs": kwargs,
             }
+            if self.streamer.active:  # what the code wrote before the call is streamed before it
+                try:
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                except (OSError, ValueError, AttributeError):
+                    pass
+                with self.drain.lock:
+                    for capture in self.drain.captures:
+                        capture.drain()
+                self.streamer.wait_sent()
             try:
                 self.channel.send(message, limit=bounds.TOOL_MESSAGE_LIMIT)
             except (TypeError, ValueError, RecursionError) as exc:
