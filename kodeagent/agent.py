@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import math
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -36,7 +37,7 @@ from . import prompts
 from .conversation import image_files, mark_system_prompt_for_cache, normalize_content, user_message
 from .delegation import agent_tool
 from .errors import AgentBusyError, ConfigurationError, KodeAgentError, LLMError, ResponseParseError
-from .llm import LLMReply, call_llm, check_litellm_params, knows_model, supports
+from .llm import LLMReply, OnDelta, OnRetry, call_llm, check_litellm_params, knows_model, supports
 from .models import AgentResponse, ChatMessage, ResponseType, StepRecord, Task
 from .observer import Observer
 from .options import AgentOptions, Mode, StructuredOutput, ToolCallingMode, resolve_options
@@ -169,6 +170,7 @@ class Agent(ABC):
                 f"structured_output must be auto, json_schema, json_object or off; got {structured_output!r}"
             )
         self.structured_output: StructuredOutput = structured_output
+        self.stream: bool = bool(o["stream"])
         # Learned for the agent's life (not per run): response formats the server refused, and vision.
         self._formats_refused: frozenset[str] = frozenset()
         self._is_visual: bool | None = None
@@ -672,6 +674,34 @@ class Agent(ABC):
     # ------------------------------------------------------------------ steps
 
     async def _step(self, run: AgentRun, iteration: int) -> AsyncIterator[AgentResponse]:
+        """One step (`_step_responses`); with `stream` on, its token and output responses are yielded
+        as they arrive, between its start and the step response."""
+        if not self.stream:
+            async for item in self._step_responses(run, iteration):
+                yield item
+            return
+        send, receive = anyio.create_memory_object_stream[AgentResponse](math.inf)
+        failure: list[BaseException] = []
+
+        async def produce() -> None:
+            async with send:
+                run.emit = send.send
+                try:
+                    async for item in self._step_responses(run, iteration):
+                        await send.send(item)
+                except Exception as exc:  # re-raised below as itself, not inside an exception group
+                    failure.append(exc)
+                finally:
+                    run.emit = None
+
+        async with anyio.create_task_group() as tg, receive:
+            tg.start_soon(produce)
+            async for item in receive:
+                yield item
+        if failure:
+            raise failure[0]
+
+    async def _step_responses(self, run: AgentRun, iteration: int) -> AsyncIterator[AgentResponse]:
         """One step: ask the model and read its reply; then finish, act on it (`_act`), or tell the model
         why its reply could not be used. Every way out yields the step's response and records it."""
         started = time.perf_counter()
@@ -769,6 +799,24 @@ class Agent(ABC):
     ) -> LLMReply:
         """One model call for `run` (its conversation unless `messages`), recorded in its usage and trace."""
         span = self.tracer_manager.start_span(run.trace, f"llm:{component}")
+        emit = run.emit if component == "agent" else None  # only step replies are streamed
+        on_delta: OnDelta | None = None
+        on_retry: OnRetry | None = None
+        if emit is not None:
+
+            async def on_delta(text: str) -> None:
+                await emit(self._response("token", text, metadata={"step": run.task.steps_taken}))
+
+            async def on_retry(attempt: int, error: BaseException) -> None:
+                note = f"the model call is being retried (attempt {attempt}): drop the partial reply streamed so far"
+                metadata = {
+                    "event": "retry",
+                    "attempt": attempt,
+                    "error": str(error),
+                    "discard_partial": True,
+                }
+                await emit(self._response("log", note, channel="llm", metadata=metadata))
+
         try:
             reply = await call_llm(
                 self.model_name,
@@ -780,6 +828,8 @@ class Agent(ABC):
                 retry_base_delay=self.retry_base_delay,
                 tools=tools,
                 response_format=response_format,
+                on_delta=on_delta,
+                on_retry=on_retry,
             )
         except Exception as exc:
             span.end(error=str(exc))

@@ -218,7 +218,7 @@ class CodeActAgent(Agent):
             raise ResponseParseError("it has neither `code` nor `final_answer`")
         record.code = code
         assert run.executor is not None  # opened in pre_run, closed only after the loop
-        result = await run.executor.run(code)
+        result = await self._run_code(run, run.executor, code)
         await self._collect_artifacts(run, result)
         record.observation = format_observation(result, limit=self.OUTPUT_LIMIT, timeout=self.timeout)
         if not result.ok:
@@ -227,6 +227,26 @@ class CodeActAgent(Agent):
         if result.has_final_answer and result.ok:
             return FinalAnswer(result.final_answer)
         return None
+
+    async def _run_code(self, run: AgentRun, executor: Executor, code: str) -> ExecutionResult:
+        """Run the step's code; with streaming on, through `executor.stream()`, each chunk it prints
+        emitted as an ``"output"`` response while it runs. The result is the same either way."""
+        emit = run.emit
+        if emit is None:
+            return await executor.run(code)
+        from sandboxes import OutputEvent, ResultEvent
+
+        step = run.task.steps_taken
+        result: ExecutionResult | None = None
+        async with executor.stream(code) as events:
+            async for event in events:
+                if isinstance(event, OutputEvent):
+                    metadata = {"stream": event.stream, "step": step, "dropped": event.dropped}
+                    await emit(self._response("output", event.text, channel="sandbox", metadata=metadata))
+                elif isinstance(event, ResultEvent):
+                    result = event.result
+        assert result is not None  # a stream always ends with its ResultEvent
+        return result
 
     async def _collect_artifacts(self, run: AgentRun, result: ExecutionResult) -> None:
         """Copy files the code wrote out of the sandbox into `work_dir` (when one is set)."""

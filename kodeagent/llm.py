@@ -11,6 +11,7 @@ import os
 import random
 import re
 import time
+from collections.abc import Awaitable, Callable
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -134,6 +135,50 @@ def _cost(litellm: ModuleType, response: Any) -> float | None:
         return None
 
 
+OnDelta = Callable[[str], Awaitable[None]]
+"""Called with each piece of a streamed reply's text, as it arrives."""
+OnRetry = Callable[[int, BaseException], Awaitable[None]]
+"""Called when a streamed attempt that already gave text failed and is retried: (next attempt, error)."""
+
+
+async def _streamed(
+    litellm: ModuleType, model: str, messages: list[dict[str, Any]], params: dict[str, Any], on_delta: OnDelta
+) -> tuple[Any, bool]:
+    """One streamed attempt: each text delta to `on_delta`, then the chunks built into one response.
+
+    `stream_chunk_builder` assembles content and native tool-call deltas, and takes the usage from the
+    stream's usage chunk, or counts the tokens when the server sent none. Returns (response, whether any
+    text was delivered); an error raised mid-stream carries `streamed_text` for the retry notice.
+    """
+    chunks: list[Any] = []
+    delivered = False
+    try:
+        stream = await litellm.acompletion(
+            model=model,
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            **params,
+        )
+        async for chunk in stream:
+            chunks.append(chunk)
+            choices = getattr(chunk, "choices", None) or []
+            text = getattr(getattr(choices[0], "delta", None), "content", None) if choices else None
+            if text:
+                delivered = True
+                await on_delta(text)
+    except Exception as exc:
+        exc.streamed_text = delivered  # type: ignore[attr-defined]
+        raise
+    response = litellm.stream_chunk_builder(chunks, messages=messages)
+    if response is None:
+        raise LLMError(f"model call to {model!r} streamed no reply (no chunks)")
+    message = response.choices[0].message
+    if message.content == "" and getattr(message, "tool_calls", None):
+        message.content = None  # a reply of tool calls alone reads as it does unstreamed: no text
+    return response, delivered
+
+
 async def call_llm(
     model: str,
     messages: list[dict[str, Any]],
@@ -145,6 +190,8 @@ async def call_llm(
     retry_base_delay: float = 1.0,
     tools: list[dict[str, Any]] | None = None,
     response_format: dict[str, Any] | None = None,
+    on_delta: OnDelta | None = None,
+    on_retry: OnRetry | None = None,
 ) -> LLMReply:
     """Call `model` through litellm and record the usage under `component`.
 
@@ -152,6 +199,11 @@ async def call_llm(
     other failures raise `LLMError` at once. When retries run out, `RetryError` carries the last error.
     litellm's and the OpenAI client's own retries are switched off (unless `litellm_params` says
     otherwise) so that the retry policy, and the count of attempts, is this one.
+
+    With `on_delta` the reply is streamed (``stream=True`` with a usage chunk): each text delta goes
+    to `on_delta` as it arrives, and the whole reply is returned as a non-streamed one is, usage and
+    cost included. A failed attempt that already streamed text is announced to `on_retry` before the
+    retry, so the consumer can drop the partial text.
     """
     litellm = litellm_module()
     check_litellm_params(litellm_params)
@@ -165,7 +217,10 @@ async def call_llm(
     last_error: BaseException | None = None
     for attempt in range(1, attempts + 1):
         try:
-            response = await litellm.acompletion(model=model, messages=messages, **params)
+            if on_delta is None:
+                response = await litellm.acompletion(model=model, messages=messages, **params)
+            else:
+                response, _ = await _streamed(litellm, model, messages, params, on_delta)
         except Exception as exc:
             if not _is_transient(exc):
                 hint = ""
@@ -176,6 +231,8 @@ async def call_llm(
                     )
                 raise LLMError(f"model call to {model!r} failed: {exc}{hint}") from exc
             last_error = exc
+            if attempt < attempts and on_retry is not None and getattr(exc, "streamed_text", False):
+                await on_retry(attempt + 1, exc)
             if attempt < attempts:
                 delay = retry_base_delay * (2 ** (attempt - 1))
                 await anyio.sleep(delay * (0.5 + random.random() / 2))
@@ -210,8 +267,8 @@ def check_litellm_params(params: dict[str, Any] | None) -> None:
     if params and params.get("stream"):
         raise ConfigurationError(
             "litellm_params={'stream': True} is not supported: an agent needs each whole reply to read "
-            "its step. Follow a run step by step with `async for response in agent.run(task)` or "
-            "`on_step=` instead."
+            "its step. Pass the agent option stream=True instead: the reply's tokens are yielded as "
+            "'token' responses and the whole reply is still read as one."
         )
 
 

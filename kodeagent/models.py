@@ -12,14 +12,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-ResponseType = Literal["step", "final", "log"]
+ResponseType = Literal["step", "final", "log", "token", "output"]
 
 
 class AgentResponse(BaseModel):
     """One item yielded by `Agent.run()`.
 
     `type` is ``"step"`` (a completed thought/action/observation), ``"log"`` (progress worth showing,
-    e.g. a plan or a retry) or ``"final"`` (the answer; always the last item of a run). `channel` names
+    e.g. a plan or a retry) or ``"final"`` (the answer; always the last item of a run). With the
+    agent's ``stream=True`` option, also ``"token"`` (a piece of the model's step reply as it arrives,
+    the text in `value`) and ``"output"`` (CodeAct: text the step's code printed while it runs,
+    ``metadata["stream"]`` is ``"stdout"`` or ``"stderr"``); they show progress only: the step that
+    follows is what a run without streaming gives. A ``"log"`` with ``metadata["event"] == "retry"``
+    says the reply streamed so far is dropped and asked for again. `channel` names
     the part of the agent that produced it (``"react"``, ``"codeact"``, ``"planner"``, ``"observer"``...).
     """
 

@@ -51,6 +51,9 @@ class AgentOptions(TypedDict, total=False):
         (``{"type": "json_object", "schema": ...}``, which llama.cpp's server enforces), ``"off"`` (free
         text, parsed leniently), or ``"auto"`` (default): a schema when litellm knows the model supports
         one or an ``api_base`` server may, each refused format falling back to the next, down to text.
+    stream: yield the model's step replies as they arrive (``"token"`` responses) and, in CodeAct, what
+        the code prints while it runs (``"output"`` responses); steps and answer stay as without.
+        Default False.
     """
 
     name: str | None
@@ -71,6 +74,7 @@ class AgentOptions(TypedDict, total=False):
     observer: Observer | None
     tool_calling: ToolCallingMode
     structured_output: StructuredOutput
+    stream: bool
 
 
 AGENT_DEFAULTS: Final[AgentOptions] = {
@@ -92,6 +96,7 @@ AGENT_DEFAULTS: Final[AgentOptions] = {
     "observer": None,
     "tool_calling": "auto",
     "structured_output": "auto",
+    "stream": False,
 }
 
 AGENT_OPTIONS: Final = frozenset(AgentOptions.__annotations__)

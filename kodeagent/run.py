@@ -12,7 +12,7 @@ import asyncio
 import json
 import keyword
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -214,6 +214,8 @@ class AgentRun:
         self.final: AgentResponse | None = None
         self.final_answer_found = False
         self.finished = False
+        # Set while a step runs with streaming on: where its token and output responses go, as they come.
+        self.emit: Callable[[AgentResponse], Awaitable[None]] | None = None
 
     @property
     def inputs(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ When the script runs out it answers 500 with a message saying so, which fails th
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections import deque
@@ -67,6 +68,11 @@ class Reply:
     usage: tuple[int, int] | None = None
     raw: str | None = None
     respond: Callable[[dict[str, Any]], Reply] | None = None
+    # Streaming (`stream: true` requests): characters of content (and of tool-call arguments) per
+    # delta, and, when set, how many chunks are sent before the connection is cut mid-stream.
+    chunk_chars: int = 7
+    cut_after: int | None = None
+    usage_chunk: bool = True  # False: a server that never sends the usage chunk (the client counts)
 
 
 def reply(
@@ -77,6 +83,11 @@ def reply(
 ) -> Reply:
     """A normal completion. Tool call arguments may be a dict (sent as JSON) or a string (sent as is)."""
     return Reply(content=content, tool_calls=list(tool_calls or []), usage=usage)
+
+
+def cut(content: str, after: int = 2, chunk_chars: int = 7) -> Reply:
+    """A streamed reply whose connection drops after `after` chunks (no finish, no [DONE])."""
+    return Reply(content=content, cut_after=after, chunk_chars=chunk_chars)
 
 
 def error(status: int = 500, message: str = "internal error") -> Reply:
@@ -244,6 +255,35 @@ class StandinLLM:
             },
         }
 
+    def _chunks(self, body: dict[str, Any], r: Reply) -> list[dict[str, Any]]:
+        """The reply as OpenAI `chat.completion.chunk`s: role, content and tool-call deltas, the finish,
+        and a usage chunk (empty `choices`) when `stream_options.include_usage` asks for one."""
+        whole = self._completion(body, r)
+        message = whole["choices"][0]["message"]
+        base = {"id": whole["id"], "object": "chat.completion.chunk", "created": whole["created"]}
+        base["model"] = whole["model"]
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+        n = max(1, r.chunk_chars)
+        text = message.get("content") or ""
+        # as OpenAI does: the opening delta's content is null when the reply is tool calls alone
+        out = [chunk({"role": "assistant", "content": "" if text or not message.get("tool_calls") else None})]
+        out += [chunk({"content": text[i : i + n]}) for i in range(0, len(text), n)]
+        for index, call in enumerate(message.get("tool_calls") or []):
+            head = {"index": index, "id": call["id"], "type": "function"}
+            out.append(chunk({"tool_calls": [{**head, "function": {"name": call["function"]["name"]}}]}))
+            args = call["function"]["arguments"]
+            for i in range(0, len(args), n):
+                out.append(
+                    chunk({"tool_calls": [{"index": index, "function": {"arguments": args[i : i + n]}}]})
+                )
+        out.append(chunk({}, whole["choices"][0]["finish_reason"]))
+        if r.usage_chunk and (body.get("stream_options") or {}).get("include_usage"):
+            out.append({**base, "choices": [], "usage": whole["usage"]})
+        return out
+
     def _make_handler(self) -> type[BaseHTTPRequestHandler]:
         standin = self
 
@@ -262,6 +302,31 @@ class StandinLLM:
                     self.end_headers()
                     self.wfile.write(data)
                 except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
+                    pass
+
+            def _stream(self, body: dict[str, Any], r: Reply) -> None:
+                """Server-sent events over chunked transfer encoding, as OpenAI streams a completion."""
+                chunks = standin._chunks(body, r)
+                events = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+                if r.cut_after is not None:
+                    events = events[: r.cut_after]
+                try:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Cache-Control", "no-cache")
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    for event in events:
+                        data = event.encode()
+                        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                        self.wfile.flush()
+                    if r.cut_after is not None:  # the connection drops mid-body: no terminating chunk
+                        self.close_connection = True
+                        self.connection.shutdown(socket.SHUT_RDWR)
+                        return
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except (BrokenPipeError, ConnectionResetError):
                     pass
 
             def do_POST(self) -> None:  # noqa: N802 - http.server's naming
@@ -320,6 +385,8 @@ class StandinLLM:
                     self._send(r.status, {"error": {"message": r.content or "error", "type": "server_error"}})
                 elif r.raw is not None:
                     self._send(200, r.raw)
+                elif body.get("stream"):
+                    self._stream(body, r)
                 else:
                     self._send(200, standin._completion(body, r))
 

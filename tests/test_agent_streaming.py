@@ -1,0 +1,216 @@
+"""Streaming agents (`stream=True`) against the LLM stand-in's server-sent events, over real HTTP.
+
+Each streaming run is compared with the same scripted run without streaming: the steps, the answer and
+the usage must be the same; streaming only adds `token` (and, in CodeAct, `output`) responses.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from llm_standin import StandinLLM, code_final, code_step, collect, cut, react_finish, reply
+
+from kodeagent import AgentResponse, CodeActAgent, ReActAgent, StepRecord, tool
+from kodeagent.llm import litellm_module
+
+pytestmark = pytest.mark.anyio
+
+
+@tool
+def get_price(symbol: str) -> float:
+    """Latest price of a stock. Args: symbol: ticker, e.g. AAPL."""
+    return {"AAPL": 200.0, "MSFT": 410.5}[symbol]
+
+
+def codeact(llm: StandinLLM, stream: bool) -> CodeActAgent:
+    agent = CodeActAgent(
+        llm.model("json"),
+        litellm_params=llm.params(),
+        tools=[get_price],
+        allowed_imports=["math", "sys"],
+        timeout=20,
+        stream=stream,
+    )
+    agent.retry_base_delay = 0.01
+    return agent
+
+
+def comparable(step: StepRecord) -> dict[str, Any]:
+    """A step record without its timings (which differ from run to run)."""
+    data = step.model_dump(mode="json", exclude={"duration"})
+    for call in data["tool_calls"]:
+        call.pop("duration")
+    return data
+
+
+def steps(responses: list[AgentResponse]) -> list[dict[str, Any]]:
+    return [comparable(r.value) for r in responses if r.type == "step"]
+
+
+def usage(responses: list[AgentResponse]) -> dict[str, Any]:
+    final = responses[-1]
+    assert final.type == "final"
+    return dict(final.metadata["usage"])
+
+
+def tokens_by_step(responses: list[AgentResponse]) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for r in responses:
+        if r.type == "token":
+            out[r.metadata["step"]] = out.get(r.metadata["step"], "") + r.value
+    return out
+
+
+SCRIPT = [
+    code_step("import math\nprint('root', math.sqrt(get_price('AAPL') * 2))"),
+    code_final("20.0"),
+]
+
+
+# ---------------------------------------------------------------------- the stand-in's events
+
+
+async def test_standin_streams_chunks_litellm_reassembles(llm: StandinLLM) -> None:
+    litellm = litellm_module()
+    text = "Hello, this reply arrives in many small pieces."
+    llm.add(reply(text), reply(tool_calls=[("get_price", {"symbol": "MSFT"})]))
+    messages = [{"role": "user", "content": "hi"}]
+    for expected_content, expected_calls in ((text, None), (None, [("get_price", '{"symbol": "MSFT"}')])):
+        stream = await litellm.acompletion(
+            model=llm.model("native"),
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            **llm.params(),
+        )
+        chunks = [c async for c in stream]
+        deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+        built = litellm.stream_chunk_builder(chunks, messages=messages)
+        assert built is not None
+        message = built.choices[0].message
+        if expected_content is not None:
+            assert len(deltas) > 3  # really in pieces, not one
+            assert "".join(deltas) == expected_content == message.content
+            assert built.choices[0].finish_reason == "stop"
+        else:
+            calls = [(c.function.name, c.function.arguments) for c in message.tool_calls]
+            assert calls == expected_calls
+            assert built.choices[0].finish_reason == "tool_calls"
+        # the usage chunk the server sent (its own count), not one litellm made up
+        whole = llm._completion(llm.requests[-1], reply(expected_content, tool_calls=[]))
+        assert built.usage.prompt_tokens == whole["usage"]["prompt_tokens"]
+    assert all(r["stream"] is True and r["stream_options"] == {"include_usage": True} for r in llm.requests)
+
+
+# ---------------------------------------------------------------------- CodeAct
+
+
+async def test_streaming_codeact_run_equals_the_plain_run(llm: StandinLLM) -> None:
+    llm.add(*SCRIPT)
+    plain = await collect(codeact(llm, stream=False).run("sqrt of twice the AAPL price?"))
+    llm.add(*SCRIPT)
+    streamed = await collect(codeact(llm, stream=True).run("sqrt of twice the AAPL price?"))
+
+    assert not [r for r in plain if r.type in ("token", "output")]
+    assert steps(streamed) == steps(plain)
+    assert len(steps(plain)) == 2
+    assert streamed[-1].value == plain[-1].value == "20.0"
+    assert streamed[-1].metadata["task_successful"] is True
+    # the model saw the same conversation both times
+    assert [r["messages"] for r in llm.requests[2:]] == [r["messages"] for r in llm.requests[:2]]
+    assert all(r.get("stream") for r in llm.requests[2:]) and not any(
+        r.get("stream") for r in llm.requests[:2]
+    )
+    # each step's tokens, joined, are its reply verbatim
+    records = [r.value for r in streamed if r.type == "step"]
+    assert tokens_by_step(streamed) == {s.index: s.raw_reply for s in records}
+    assert sum(r.type == "token" for r in streamed) > 4
+
+
+async def test_output_arrives_while_the_step_runs(llm: StandinLLM) -> None:
+    code = "import sys\nprint('first line')\nprint('to stderr', file=sys.stderr)\nprint('second line')"
+    llm.add(code_step(code), code_final("done"))
+    responses = await collect(codeact(llm, stream=True).run("print some lines"))
+    first_step = next(i for i, r in enumerate(responses) if r.type == "step")
+    outputs = [r for r in responses if r.type == "output"]
+    assert outputs and all(responses.index(o) < first_step for o in outputs)
+    stdout = "".join(o.value for o in outputs if o.metadata["stream"] == "stdout")
+    stderr = "".join(o.value for o in outputs if o.metadata["stream"] == "stderr")
+    assert stdout == "first line\nsecond line\n"
+    assert stderr == "to stderr\n"
+    assert {o.metadata["step"] for o in outputs} == {1}
+    # the step's observation is built from the result, as without streaming
+    observation = responses[first_step].value.observation
+    assert "first line" in observation and "second line" in observation
+
+
+async def test_usage_totals_equal_streamed_and_not(llm: StandinLLM) -> None:
+    llm.add(*SCRIPT)
+    plain = usage(await collect(codeact(llm, stream=False).run("sqrt?")))
+    llm.add(*SCRIPT)
+    streamed = usage(await collect(codeact(llm, stream=True).run("sqrt?")))
+    assert plain["prompt_tokens"] > 0 and plain["completion_tokens"] > 0 and plain["cost"] > 0
+    assert streamed == plain
+
+
+async def test_usage_is_counted_when_the_stream_has_no_usage_chunk(llm: StandinLLM) -> None:
+    from llm_standin import Reply
+
+    llm.add(*(Reply(content=text, usage_chunk=False) for text in SCRIPT))
+    responses = await collect(codeact(llm, stream=True).run("sqrt?"))
+    assert responses[-1].value == "20.0"
+    counted = usage(responses)
+    litellm = litellm_module()
+    # the replies' own tokens, counted by litellm's token counter (within a token a reply: how the
+    # builder joins the pieces), not the server's four-characters-a-token figure, which it never sent
+    expected = sum(litellm.token_counter(model=llm.model("json"), text=text) for text in SCRIPT)
+    assert abs(counted["completion_tokens"] - expected) <= len(SCRIPT)
+    served = sum(len(json.dumps({"role": "assistant", "content": text})) // 4 for text in SCRIPT)
+    assert counted["completion_tokens"] != served
+    assert counted["prompt_tokens"] > 0 and counted["cost"] > 0
+
+
+async def test_retry_after_partial_tokens_is_announced(llm: StandinLLM) -> None:
+    first = SCRIPT[0]
+    llm.add(cut(first, after=4), *SCRIPT)
+    responses = await collect(codeact(llm, stream=True).run("sqrt?"))
+    kinds = [(r.type, r.metadata.get("event")) for r in responses]
+    retry = kinds.index(("log", "retry"))
+    notice = responses[retry]
+    assert notice.metadata["discard_partial"] is True and notice.metadata["attempt"] == 2
+    assert "retried" in notice.value
+    before = "".join(r.value for r in responses[:retry] if r.type == "token")
+    assert before and first.startswith(before) and before != first  # a partial reply came first
+    step_at = next(i for i, r in enumerate(responses) if r.type == "step")
+    after = "".join(r.value for r in responses[retry:step_at] if r.type == "token")
+    assert after == first == responses[step_at].value.raw_reply
+    assert responses[-1].value == "20.0"
+
+
+# ---------------------------------------------------------------------- ReAct's native tool calls
+
+
+async def test_react_native_tool_call_deltas_assembled(llm: StandinLLM) -> None:
+    script = [reply(tool_calls=[("get_price", {"symbol": "MSFT"})]), reply(react_finish("410.5"))]
+
+    def agent(server: StandinLLM, stream: bool) -> ReActAgent:
+        a = ReActAgent(
+            server.model("native"), litellm_params=server.params(), tools=[get_price], stream=stream
+        )
+        a.retry_base_delay = 0.01
+        return a
+
+    llm.add(*script)
+    plain = await collect(agent(llm, False).run("MSFT price?"))
+    with StandinLLM() as twin:  # a second server, so that its tool-call ids count from 1 again
+        twin.add(*script)
+        streamed = await collect(agent(twin, True).run("MSFT price?"))
+    assert steps(streamed) == steps(plain)
+    call = steps(streamed)[0]["tool_calls"][0]
+    assert (call["name"], call["args"], call["result"]) == ("get_price", {"symbol": "MSFT"}, 410.5)
+    assert twin.requests[1]["messages"] == llm.requests[1]["messages"]
+    assert twin.requests[0]["stream"] is True
+    assert streamed[-1].value == plain[-1].value == "410.5"
+    assert usage(streamed) == usage(plain)
