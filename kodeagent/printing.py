@@ -15,6 +15,7 @@ from .models import AgentResponse, StepRecord
 from .text import neutralize_control
 
 _console: Any = None
+_line_open = False  # streamed pieces left the cursor mid-line: the next panel starts a new one
 
 
 def _get_console() -> Any:
@@ -66,15 +67,26 @@ def print_response(response: AgentResponse, only_final: bool = True) -> None:
 
     Args:
         response: a response yielded by `Agent.run()`.
-        only_final: print only final answers (the default); False prints steps and logs too.
+        only_final: print only final answers (the default); False prints steps and logs too, and
+            the ``token`` and ``output`` pieces of a streaming run inline, as they arrive.
     """
     from rich.panel import Panel
     from rich.text import Text
 
+    global _line_open
     console = _get_console()
     kind = response.type
     if only_final and kind != "final":
         return
+    if kind in ("token", "output"):  # pieces as they arrive: written inline, the line left open
+        style = "dim" if kind == "token" else ("red" if response.metadata.get("stream") == "stderr" else "")
+        text = neutralize_control(str(response.value or ""))
+        console.print(Text(text, style=style), end="")
+        _line_open = not text.endswith("\n")
+        return
+    if _line_open:
+        console.print()
+        _line_open = False
     channel = neutralize_control(response.channel or "")
     if kind == "final":
         ok = response.metadata.get("task_successful", True)

@@ -49,8 +49,24 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if args.workdir:
         options["workdir"] = args.workdir
 
+    # On a terminal the output is written as the code produces it; `--json` and pipes get the result's.
+    live = not args.json and sys.stdout.isatty()
+
+    def relay(stream: Any) -> Any:
+        def write(event: Any) -> None:  # an OutputEvent of that stream
+            if event.dropped:
+                sys.stderr.write(
+                    f"\n[{event.dropped} characters of output not shown: over the stream's budget]\n"
+                )
+            stream.write(event.text)
+            stream.flush()
+
+        return write
+
     async def go() -> Any:
         async with open_executor(args.backend, **options) as executor:
+            if live:
+                return await executor.run(code, on_stdout=relay(sys.stdout), on_stderr=relay(sys.stderr))
             return await executor.run(code)
 
     try:
@@ -66,9 +82,10 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if args.json:
         print(result.model_dump_json(indent=2))
     else:
-        sys.stdout.write(result.stdout)
-        sys.stdout.flush()
-        sys.stderr.write(result.stderr)
+        if not live:
+            sys.stdout.write(result.stdout)
+            sys.stdout.flush()
+            sys.stderr.write(result.stderr)
         if result.has_final_answer:
             answer = result.final_answer
             print(answer if isinstance(answer, str) else json.dumps(answer, default=str))
@@ -109,7 +126,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
     if args.api_key:
         litellm_params["api_key"] = args.api_key
+    # On a terminal the reply and the code's output are shown as they come; `--json` and a pipe get
+    # whole steps only (a streamed piece would be printed twice, once inline and once in its step).
+    live = not args.json and sys.stdout.isatty()
     common: dict[str, Any] = {
+        "stream": live,
         "litellm_params": litellm_params,
         "max_iterations": args.max_iterations,
         "structured_output": args.structured_output,

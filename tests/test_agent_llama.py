@@ -160,6 +160,24 @@ async def test_codeact_agent_with_a_real_model(llama_server: str, structured: st
 
 
 @pytest.mark.anyio
+async def test_codeact_streams_from_the_real_server(llama_server: str) -> None:
+    agent = CodeActAgent(
+        MODEL, litellm_params={**PARAMS, "api_base": llama_server}, max_iterations=2, timeout=10, stream=True
+    )  # type: ignore[arg-type]
+    responses = await collect(agent.run("What is 17 * 23? Compute it with Python and print it."))
+    steps = _check_steps(responses)
+    streamed: dict[int, str] = {}
+    for r in responses:
+        if r.type == "token":
+            streamed[r.metadata["step"]] = streamed.get(r.metadata["step"], "") + r.value
+    # llama.cpp's server streamed each reply in pieces, and the pieces are the reply the step read
+    assert sum(r.type == "token" for r in responses) > len(steps)
+    assert streamed == {s.index: s.raw_reply for s in steps if s.raw_reply}
+    total = agent.get_usage_metrics()["total"]
+    assert total["calls"] >= len(steps) and total["completion_tokens"] > 0
+
+
+@pytest.mark.anyio
 @pytest.mark.parametrize("structured", ["json_schema", "off"])
 async def test_react_agent_with_a_real_model(llama_server: str, structured: str) -> None:
     agent = ReActAgent(

@@ -7,6 +7,13 @@ the usage must be the same; streaming only adds `token` (and, in CodeAct, `outpu
 from __future__ import annotations
 
 import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -214,3 +221,84 @@ async def test_react_native_tool_call_deltas_assembled(llm: StandinLLM) -> None:
     assert twin.requests[0]["stream"] is True
     assert streamed[-1].value == plain[-1].value == "410.5"
     assert usage(streamed) == usage(plain)
+
+
+# ---------------------------------------------------------------------- the command line on a terminal
+
+CLI = [sys.executable, "-m", "kodeagent_cli"]
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+
+
+def cli_env() -> dict[str, str]:
+    """The environment of a CLI subprocess: this checkout first on its path, a key for the stand-in."""
+    path = os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])
+    return {**os.environ, "PYTHONPATH": path, "OPENAI_API_KEY": "sk-standin"}
+
+
+def on_terminal(args: list[str], *, stop_when: str | None = None) -> tuple[str, bool | None]:
+    """Run the CLI with a pseudo-terminal as its stdout and stderr; its output, ANSI codes removed.
+
+    With `stop_when`, also whether the process was still running when that text first appeared.
+    """
+    master, slave = pty.openpty()
+    env = {**cli_env(), "COLUMNS": "400", "TERM": "xterm"}
+    proc = subprocess.Popen(CLI + args, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, env=env)
+    os.close(slave)
+    raw = b""
+    running_at_stop: bool | None = None
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 120)
+            if not ready:
+                raise AssertionError(f"no output for 120 s; so far: {raw!r}")
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the terminal's other end closed (the process ended)
+                break
+            if not data:
+                break
+            raw += data
+            if (
+                stop_when
+                and running_at_stop is None
+                and stop_when in ANSI.sub("", raw.decode(errors="replace"))
+            ):
+                running_at_stop = proc.poll() is None
+    finally:
+        os.close(master)
+        proc.wait(timeout=60)
+    return ANSI.sub("", raw.decode(errors="replace")).replace("\r\n", "\n"), running_at_stop
+
+
+def test_exec_on_a_terminal_prints_while_the_code_runs() -> None:
+    code = "import time\nprint('first', flush=True)\ntime.sleep(3)\nprint('second')\n"
+    script = Path(os.environ.get("TMPDIR", "/tmp")) / f"stream-{os.getpid()}.py"
+    script.write_text(code)
+    try:
+        out, running = on_terminal(["exec", str(script), "--allow-import", "time"], stop_when="first")
+    finally:
+        script.unlink()
+    assert running is True  # 'first' reached the terminal while the code was still sleeping
+    assert out.count("first") == 1 and out.count("second") == 1  # written once: not again from the result
+    assert out.index("first") < out.index("second")
+
+
+def test_run_on_a_terminal_shows_tokens_and_output(llm: StandinLLM) -> None:
+    script = [code_step("print('hello' + '-out')"), code_final("done")]
+    args = ["run", "say hello", "--model", llm.model("json"), "--api-base", llm.api_base]
+    llm.add(*script)
+    out, _ = on_terminal(args)
+    assert '{"thought": "Let me compute this."' in out  # the reply's tokens, verbatim
+    assert out.count("hello-out") == 2  # printed as the code ran, and again in the step's observation
+    assert "done" in out
+    llm.add(*script)
+    piped = subprocess.run(
+        CLI + args,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=cli_env(),
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert '{"thought"' not in piped.stdout and piped.stdout.count("hello-out") == 1  # whole steps only
+    assert not any(r.get("stream") for r in llm.requests[2:])
