@@ -575,8 +575,10 @@ class Agent(ABC):
                 run.add_to_history({"role": "user", "content": prompts.PLAN_MESSAGE.format(plan=plan)})
                 yield self._response("log", plan, channel="planner", metadata={"event": "plan"})
                 await self._notify_plan(plan, 0)
-        async for item in self._loop(run):
-            yield item
+        # closed here, in this task, when the consumer leaves early: a streaming step holds a task group
+        async with aclosing(self._loop(run)) as items:
+            async for item in items:
+                yield item
         if run.final is None:
             await self._give_up(run)
 
@@ -592,7 +594,7 @@ class Agent(ABC):
         run.msg_idx_of_new_task = len(run.chat_history)
         run.add_to_history(self._task_message(run, self._task_text(run)))
 
-    async def _loop(self, run: AgentRun) -> AsyncIterator[AgentResponse]:
+    async def _loop(self, run: AgentRun) -> AsyncGenerator[AgentResponse, None]:
         for iteration in range(1, run.limit + 1):
             run.task.steps_taken = iteration
             if (
@@ -606,8 +608,9 @@ class Agent(ABC):
                     run.add_to_history({"role": "user", "content": prompts.PLAN_MESSAGE.format(plan=plan)})
                     yield self._response("log", plan, channel="planner", metadata={"event": "plan_update"})
                     await self._notify_plan(plan, iteration)
-            async for item in self._step(run, iteration):
-                yield item
+            async with aclosing(self._step(run, iteration)) as items:
+                async for item in items:
+                    yield item
             if run.final_answer_found:
                 return
             if run.steps:
@@ -673,7 +676,7 @@ class Agent(ABC):
 
     # ------------------------------------------------------------------ steps
 
-    async def _step(self, run: AgentRun, iteration: int) -> AsyncIterator[AgentResponse]:
+    async def _step(self, run: AgentRun, iteration: int) -> AsyncGenerator[AgentResponse, None]:
         """One step (`_step_responses`); with `stream` on, its token and output responses are yielded
         as they arrive, between its start and the step response."""
         if not self.stream:
@@ -694,10 +697,17 @@ class Agent(ABC):
                 finally:
                     run.emit = None
 
+        leaving = False
         async with anyio.create_task_group() as tg, receive:
             tg.start_soon(produce)
-            async for item in receive:
-                yield item
+            try:
+                async for item in receive:
+                    yield item
+            except GeneratorExit:  # the consumer left: stop the step (its code, its model call) here
+                leaving = True
+                tg.cancel_scope.cancel()
+        if leaving:
+            raise GeneratorExit
         if failure:
             raise failure[0]
 

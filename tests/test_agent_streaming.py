@@ -13,6 +13,7 @@ import re
 import select
 import subprocess
 import sys
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from llm_standin import StandinLLM, code_final, code_step, collect, cut, react_f
 
 from kodeagent import AgentResponse, CodeActAgent, ReActAgent, StepRecord, tool
 from kodeagent.llm import litellm_module
+from sandboxes import ExecutorState
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +38,7 @@ def codeact(llm: StandinLLM, stream: bool) -> CodeActAgent:
         llm.model("json"),
         litellm_params=llm.params(),
         tools=[get_price],
-        allowed_imports=["math", "sys"],
+        allowed_imports=["math", "sys", "time"],
         timeout=20,
         stream=stream,
     )
@@ -302,3 +304,25 @@ def test_run_on_a_terminal_shows_tokens_and_output(llm: StandinLLM) -> None:
     assert piped.returncode == 0, piped.stderr
     assert '{"thought"' not in piped.stdout and piped.stdout.count("hello-out") == 1  # whole steps only
     assert not any(r.get("stream") for r in llm.requests[2:])
+
+
+async def test_leaving_a_streaming_run_mid_step_releases_it(llm: StandinLLM) -> None:
+    code = "import time\nprint('working', flush=True)\ntime.sleep(30)\nprint('never')"
+    llm.add(code_step(code), code_final("done"))
+    agent = codeact(llm, stream=True)
+    seen: list[AgentResponse] = []
+    async with aclosing(agent.run("work")) as responses:
+        async for response in responses:
+            seen.append(response)
+            if response.type == "output":
+                assert agent.last_run is not None
+                executor = agent.last_run.executor
+                break  # the consumer leaves while the step's code is still running
+    assert seen[-1].value == "working\n"
+    run = agent.last_run
+    assert run is not None and run.finished and run.emit is None
+    assert executor is not None and executor.state is ExecutorState.CLOSED
+    # the agent is usable again at once: a new run goes through
+    llm.script.clear()
+    llm.add(code_final("again"))
+    assert (await agent.arun("again?")).value == "again"
