@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from llm_standin import StandinLLM, code_final, code_step, collect, cut, react_finish, reply
+from needs import require
 
 from kodeagent import AgentResponse, CodeActAgent, ReActAgent, StepRecord, tool
 from kodeagent.llm import litellm_module
@@ -33,9 +34,18 @@ def get_price(symbol: str) -> float:
     return {"AAPL": 200.0, "MSFT": 410.5}[symbol]
 
 
-def codeact(llm: StandinLLM, stream: bool) -> CodeActAgent:
+def codeact(llm: StandinLLM, stream: bool, run_env: str = "host") -> CodeActAgent:
+    options: dict[str, Any] = {}
+    if run_env == "docker":
+        options["executor_options"] = {"image": "kodeagent-sandbox:py"}
+    elif run_env == "e2b":  # the loopback E2B stand-in, driven by the unmodified SDK
+        import backend_e2b
+
+        options["executor_options"] = backend_e2b.connection()
     agent = CodeActAgent(
         llm.model("json"),
+        run_env=run_env,  # type: ignore[arg-type]
+        **options,
         litellm_params=llm.params(),
         tools=[get_price],
         allowed_imports=["math", "sys", "time"],
@@ -70,6 +80,23 @@ def tokens_by_step(responses: list[AgentResponse]) -> dict[int, str]:
         if r.type == "token":
             out[r.metadata["step"]] = out.get(r.metadata["step"], "") + r.value
     return out
+
+
+@pytest.fixture(
+    params=[
+        "host",
+        pytest.param("docker", marks=pytest.mark.docker),
+        pytest.param("e2b", marks=pytest.mark.e2b),
+    ]
+)
+def run_env(request: pytest.FixtureRequest) -> str:
+    """Where CodeAct's code runs: the host, and Docker and E2B (its loopback stand-in) where usable."""
+    import backend_docker
+    import backend_e2b
+
+    reason = {"host": lambda: None, "docker": backend_docker.unavailable, "e2b": backend_e2b.unavailable}
+    require(reason[request.param](), f"CodeAct on {request.param}")
+    return str(request.param)
 
 
 SCRIPT = [
@@ -116,11 +143,11 @@ async def test_standin_streams_chunks_litellm_reassembles(llm: StandinLLM) -> No
 # ---------------------------------------------------------------------- CodeAct
 
 
-async def test_streaming_codeact_run_equals_the_plain_run(llm: StandinLLM) -> None:
+async def test_streaming_codeact_run_equals_the_plain_run(llm: StandinLLM, run_env: str) -> None:
     llm.add(*SCRIPT)
-    plain = await collect(codeact(llm, stream=False).run("sqrt of twice the AAPL price?"))
+    plain = await collect(codeact(llm, False, run_env).run("sqrt of twice the AAPL price?"))
     llm.add(*SCRIPT)
-    streamed = await collect(codeact(llm, stream=True).run("sqrt of twice the AAPL price?"))
+    streamed = await collect(codeact(llm, True, run_env).run("sqrt of twice the AAPL price?"))
 
     assert not [r for r in plain if r.type in ("token", "output")]
     assert steps(streamed) == steps(plain)
@@ -138,10 +165,10 @@ async def test_streaming_codeact_run_equals_the_plain_run(llm: StandinLLM) -> No
     assert sum(r.type == "token" for r in streamed) > 4
 
 
-async def test_output_arrives_while_the_step_runs(llm: StandinLLM) -> None:
+async def test_output_arrives_while_the_step_runs(llm: StandinLLM, run_env: str) -> None:
     code = "import sys\nprint('first line')\nprint('to stderr', file=sys.stderr)\nprint('second line')"
     llm.add(code_step(code), code_final("done"))
-    responses = await collect(codeact(llm, stream=True).run("print some lines"))
+    responses = await collect(codeact(llm, True, run_env).run("print some lines"))
     first_step = next(i for i, r in enumerate(responses) if r.type == "step")
     outputs = [r for r in responses if r.type == "output"]
     assert outputs and all(responses.index(o) < first_step for o in outputs)
