@@ -8,6 +8,11 @@ ones. Each test gets its own server and queues the replies the "model" will give
         llm.add(reply(content='{"thought": "...", "code": "print(1)"}'), reply(tool_calls=[...]))
         agent = CodeActAgent(llm.model("json"), litellm_params=llm.params())
 
+A request with `"stream": true` is answered with server-sent events, as OpenAI streams: a
+`chat.completion.chunk` per delta (content, and tool-call deltas by index), a chunk with the
+finish_reason, a usage chunk when `stream_options.include_usage` asks for one, then `data: [DONE]`;
+`cut()` drops the connection mid-stream.
+
 The server records every request body (`llm.requests`) so tests can check what the agent sent.
 When the script runs out it answers 500 with a message saying so, which fails the test loudly.
 """
