@@ -17,7 +17,7 @@ from .errors import (
     WorkerStartError,
 )
 from .executor import Executor, ExecutorOptions, ExecutorState
-from .models import Artifact, ExecutionError, ExecutionResult
+from .models import Artifact, ExecutionError, ExecutionResult, RunUsage
 from .policy import DEFAULT_ALLOWED_IMPORTS, Limits, Policy
 from .sync import SyncExecutor, open_executor_sync
 
@@ -60,6 +60,7 @@ __all__ = [
     "Policy",
     "ProtocolError",
     "RayExecutor",
+    "RunUsage",
     "SandboxError",
     "SandboxFileError",
     "SyncExecutor",

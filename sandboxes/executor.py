@@ -30,7 +30,7 @@ from typing import Any, ClassVar, Self, TypedDict, TypeVar, Unpack
 import anyio
 
 from .errors import BackendUnavailable, ExecutorClosed, ProtocolError, SandboxFileError
-from .models import ExecutionError, ExecutionResult
+from .models import ExecutionError, ExecutionResult, RunUsage
 from .policy import Policy, prepare_code
 from .runtime import bounds
 from .runtime.protocol import (
@@ -41,7 +41,7 @@ from .runtime.protocol import (
     ToolCall,
     ToolResult,
 )
-from .session import KILL_TIMEOUT, Release, RunnerSession, Session, SessionLost
+from .session import KILL_TIMEOUT, Release, RunnerSession, Session, SessionLost, UsageProbe
 from .worker import Worker
 
 __all__ = [
@@ -55,6 +55,8 @@ __all__ = [
 
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_OUTPUT_LIMIT = 64_000
+USAGE_TIMEOUT = 5.0
+"""Seconds a usage reading may take (a metrics request) before the run's result goes without it."""
 """Characters kept of stdout (and of stderr): the first half and the last half, when longer."""
 
 ToolFunction = Callable[..., Any]
@@ -288,10 +290,17 @@ class Executor(ABC):
         session, _ = await self._live_session()
         state_lost, self._state_lost_pending = self._state_lost_pending, False
         limit = self.timeout + session.timeout_backstop
+        probe = session.usage_probe()
+        if probe is not None:
+            with anyio.move_on_after(USAGE_TIMEOUT):
+                await probe.start()
         try:
             with anyio.fail_after(limit):
                 result = await session.run(text, self._call_tool)
+            if probe is not None:
+                result.usage = await _stop_probe(probe)
         except TimeoutError:
+            usage = await _stop_probe(probe)  # before the kill: a stopped run reports what it used
             await self._discard(session, report=False)
             if session.timeout_backstop:
                 message = (
@@ -305,7 +314,10 @@ class Executor(ABC):
                     "variables from earlier runs are lost"
                 )
             return ExecutionResult(
-                timed_out=True, state_lost=True, error=ExecutionError(type=TIMEOUT, message=message)
+                timed_out=True,
+                state_lost=True,
+                error=ExecutionError(type=TIMEOUT, message=message),
+                usage=usage,
             )
         except SessionLost as exc:
             await self._discard(session, report=False)
@@ -418,6 +430,15 @@ class Executor(ABC):
         except BaseException:
             await self._discard(session)
             raise
+
+
+async def _stop_probe(probe: UsageProbe | None) -> RunUsage | None:
+    """The probe's reading, bounded and shielded (it runs on the way to a kill, too)."""
+    if probe is None:
+        return None
+    with anyio.CancelScope(shield=True), anyio.move_on_after(USAGE_TIMEOUT):
+        return await probe.stop()
+    return None
 
 
 def _relative_path(path: str) -> str:

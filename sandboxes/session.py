@@ -39,7 +39,7 @@ from typing import Any, cast
 import anyio
 
 from .errors import ProtocolError, SandboxFileError, WorkerStartError
-from .models import Artifact, ExecutionError, ExecutionResult
+from .models import Artifact, ExecutionError, ExecutionResult, RunUsage
 from .runtime import bounds
 from .runtime.protocol import InitRequest, Request, ToolCall, ToolResult
 from .worker import Worker, WorkerExited
@@ -63,6 +63,22 @@ class SessionLost(Exception):
         self.oom = oom
 
 
+class UsageProbe(ABC):
+    """Measures one run from outside the sandbox, where the code cannot forge the figures.
+
+    The executor calls `start` just before it sends the code and `stop` once the reply is in, or,
+    for a run it stops (its timeout), before the kill, so a killed run still reports what it used.
+    Neither may raise: a figure that cannot be read is None (`stop` may return None altogether)."""
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Take the 'before' reading (and reset the peak where the platform allows it)."""
+
+    @abstractmethod
+    async def stop(self) -> RunUsage | None:
+        """Take the 'after' reading and return what the run used."""
+
+
 class Session(ABC):
     """One live sandbox session, as a backend provides it to `Executor`.
 
@@ -82,6 +98,11 @@ class Session(ABC):
         """A cheap check before an operation, so a session that died while idle is replaced before the
         next snippet is sent. Sessions that cannot tell cheaply keep this default."""
         return True
+
+    def usage_probe(self) -> UsageProbe | None:
+        """A fresh probe that measures the next run, or None: the results then carry the usage the
+        backend measured elsewhere (Ray: the node's executor), or none."""
+        return None
 
     @abstractmethod
     async def run(self, code: str, call_tool: ToolCaller) -> ExecutionResult:
@@ -150,6 +171,9 @@ class RunnerSession(Session):
 
     async def alive(self) -> bool:
         return await self.worker.alive()
+
+    def usage_probe(self) -> UsageProbe | None:
+        return self.worker.usage_probe()
 
     async def run(self, code: str, call_tool: ToolCaller) -> ExecutionResult:
         reply = await self._exchange({"op": "run", "code": code}, call_tool)
