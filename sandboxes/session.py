@@ -24,6 +24,12 @@ What a session raises tells the executor what happened, and the executor alone d
 - `SandboxFileError` (upload, download): the transfer was refused; the session is intact;
 - anything else, and a cancellation or the executor's timeout, leaves the session's state unknown.
 
+A session may also measure its runs from outside the sandbox (`Session.usage_probe`, a
+`UsageProbe` the executor starts before the code is sent and stops after the reply, or before the
+kill of a timed-out run): the executor stamps what it reads as `result.usage`. A `RunnerSession`
+asks its `Worker` for one; a session that returns None leaves `usage` as its result has it (Ray:
+measured by the node's executor).
+
 One rule, applied by the executor to every operation: an operation that did not end with its
 answer (cancelled, timed out, malformed, lost) discards the session, and the next run says
 `state_lost`.
