@@ -125,10 +125,14 @@ class ProcessTree:
         """CPU of the runner, what its reaped children left it, and every descendant still in the
         table (zombies keep their figures until reaped, and reaping moves them to the parent's
         ``cutime``: the sum stays whole while the tree reaps itself)."""
-        if not self.alive():
+        root = _read(f"/proc/{self.pid}/stat")
+        try:
+            _state, start, user, system, _ppid = parse_stat(root) if root else ("", None, 0.0, 0.0, 0)
+        except (IndexError, ValueError):
             return None
-        user = system = 0.0
-        for pid in [self.pid, *descendants(self.pid)]:
+        if start is None or start != self.start_time:
+            return None  # gone, or the pid now names another process
+        for pid in descendants(self.pid):
             text = _read(f"/proc/{pid}/stat")
             if text is None:
                 continue  # ended between the listing and the read: its parent's cutime has it
@@ -141,9 +145,8 @@ class ProcessTree:
         return CpuReading(user, system)
 
     def clear_peak(self) -> bool:
-        """Reset the peak RSS to the current RSS; False where that is not permitted here."""
-        if not self.alive():
-            return False
+        """Reset the peak RSS to the current RSS; False where that is not permitted here. (Call it
+        right after a reading that checked the pid.)"""
         try:
             fd = os.open(f"/proc/{self.pid}/clear_refs", os.O_WRONLY)
         except OSError:
@@ -157,8 +160,9 @@ class ProcessTree:
             os.close(fd)
 
     def peak_rss(self) -> int | None:
+        """The peak RSS (call it right after a reading that checked the pid)."""
         text = _read(f"/proc/{self.pid}/status")
-        return parse_status_kib(text, "VmHWM") if text and self.alive() else None
+        return parse_status_kib(text, "VmHWM") if text else None
 
 
 def find_in_namespace(root: int, ns_pid: int | None, skip: Iterable[str] = ("bwrap",)) -> int | None:
@@ -191,8 +195,9 @@ class ProcessProbe(UsageProbe):
 
     async def start(self) -> None:
         if self.tree is not None:
-            self.scope = "run" if self.tree.clear_peak() else "session"
-            self.before = self.tree.cpu()
+            self.before = self.tree.cpu()  # first: it checks that the pid is still the runner's
+            cleared = self.before is not None and self.tree.clear_peak()
+            self.scope = "run" if cleared else "session"
         self.started = time.perf_counter()
 
     async def stop(self) -> RunUsage | None:
@@ -200,7 +205,7 @@ class ProcessProbe(UsageProbe):
         if self.tree is None:
             return None
         after = self.tree.cpu()
-        peak = self.tree.peak_rss()
+        peak = self.tree.peak_rss() if after is not None else None
         user = system = None
         if after is not None and self.before is not None:
             user, system = after.since(self.before)
