@@ -41,7 +41,7 @@ from .events import (
     ToolResultEvent,
     stream_options,
 )
-from .models import ExecutionError, ExecutionResult
+from .models import ExecutionError, ExecutionResult, RunUsage
 from .policy import Policy, prepare_code
 from .runtime import bounds
 from .runtime.protocol import (
@@ -53,7 +53,16 @@ from .runtime.protocol import (
     ToolCall,
     ToolResult,
 )
-from .session import KILL_TIMEOUT, OutputHandler, Release, RunnerSession, Session, SessionLost, ToolCaller
+from .session import (
+    KILL_TIMEOUT,
+    OutputHandler,
+    Release,
+    RunnerSession,
+    Session,
+    SessionLost,
+    ToolCaller,
+    UsageProbe,
+)
 from .worker import Worker
 
 __all__ = [
@@ -67,6 +76,8 @@ __all__ = [
 
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_OUTPUT_LIMIT = 64_000
+USAGE_TIMEOUT = 5.0
+"""Seconds a usage reading may take (a metrics request) before the run's result goes without it."""
 """Characters kept of stdout (and of stderr): the first half and the last half, when longer."""
 
 ToolFunction = Callable[..., Any]
@@ -417,13 +428,20 @@ class Executor(ABC):
         session, _ = await self._live_session()
         state_lost, self._state_lost_pending = self._state_lost_pending, False
         limit = self.timeout + session.timeout_backstop
+        probe = session.usage_probe()
+        if probe is not None:
+            with anyio.move_on_after(USAGE_TIMEOUT):
+                await probe.start()
         try:
             with anyio.fail_after(limit):
                 if on_output is None:
                     result = await session.run(text, self._call_tool)
                 else:
                     result = await session.run(text, self._tool_caller(on_event), on_output, stream)
+            if probe is not None:
+                result.usage = await _stop_probe(probe)
         except TimeoutError:
+            usage = await _stop_probe(probe)  # before the kill: a stopped run reports what it used
             await self._discard(session, report=False)
             if session.timeout_backstop:
                 message = (
@@ -437,7 +455,10 @@ class Executor(ABC):
                     "variables from earlier runs are lost"
                 )
             return ExecutionResult(
-                timed_out=True, state_lost=True, error=ExecutionError(type=TIMEOUT, message=message)
+                timed_out=True,
+                state_lost=True,
+                error=ExecutionError(type=TIMEOUT, message=message),
+                usage=usage,
             )
         except SessionLost as exc:
             await self._discard(session, report=False)
@@ -550,6 +571,15 @@ class Executor(ABC):
         except BaseException:
             await self._discard(session)
             raise
+
+
+async def _stop_probe(probe: UsageProbe | None) -> RunUsage | None:
+    """The probe's reading, bounded and shielded (it runs on the way to a kill, too)."""
+    if probe is None:
+        return None
+    with anyio.CancelScope(shield=True), anyio.move_on_after(USAGE_TIMEOUT):
+        return await probe.stop()
+    return None
 
 
 def _relative_path(path: str) -> str:
