@@ -68,11 +68,18 @@ def parse_nspid(text: str) -> list[int]:
 
 
 def _read(path: str) -> str | None:
+    # Raw descriptors: a text file object costs several times the read itself, and a run reads a few
+    # of these files before and after it.
     try:
-        with open(path, encoding="ascii", errors="replace") as handle:
-            return handle.read()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
+    try:
+        return os.read(fd, 1 << 16).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def children(pid: int) -> list[int]:
