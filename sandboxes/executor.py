@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import inspect
-import json
 import math
 import posixpath
 import time
@@ -43,10 +41,8 @@ from .events import (
 )
 from .models import ExecutionError, ExecutionResult, RunUsage
 from .policy import Policy, prepare_code
-from .runtime import bounds
 from .runtime.protocol import (
     TIMEOUT,
-    TOOL_RESULT_TOO_LARGE,
     WORKER_CRASHED,
     InitRequest,
     StreamOptions,
@@ -63,6 +59,7 @@ from .session import (
     ToolCaller,
     UsageProbe,
 )
+from .toolbridge import ToolFunction, call_tool
 from .worker import Worker
 
 __all__ = [
@@ -80,7 +77,6 @@ USAGE_TIMEOUT = 5.0
 """Seconds a usage reading may take (a metrics request) before the run's result goes without it."""
 """Characters kept of stdout (and of stderr): the first half and the last half, when longer."""
 
-ToolFunction = Callable[..., Any]
 OutputCallback = Callable[[OutputEvent], Any]
 """A `run()` callback for output: called with each `OutputEvent`, in order; may be async."""
 T = TypeVar("T")
@@ -485,39 +481,7 @@ class Executor(ABC):
         return result
 
     async def _call_tool(self, call: ToolCall) -> ToolResult:
-        name = call.get("name", "")
-        function = self.tools.get(name)
-        reply: ToolResult = {"op": "tool_result", "id": call.get("id")}
-        if function is None:
-            reply["error"] = {"type": "NameError", "message": f"no tool named {name!r}"}
-            return reply
-        args, kwargs = call.get("args", []), call.get("kwargs", {})
-        try:
-            if inspect.iscoroutinefunction(function):
-                value = await function(*args, **kwargs)
-            else:
-                # In a thread, so that a blocking tool cannot hold the event loop past the timeout.
-                value = await anyio.to_thread.run_sync(
-                    functools.partial(function, *args, **kwargs), abandon_on_cancel=True
-                )
-                if inspect.isawaitable(value):
-                    value = await value
-            size = len(json.dumps(value, ensure_ascii=False).encode())
-        except Exception as exc:  # the tool's failure goes back to the code, which may catch it
-            reply["error"] = {
-                "type": type(exc).__name__,
-                "message": bounds.clipped(str(exc), bounds.ERROR_MESSAGE_LIMIT),
-            }
-            return reply
-        if size > bounds.TOOL_MESSAGE_LIMIT:
-            reply["error"] = {
-                "type": TOOL_RESULT_TOO_LARGE,
-                "message": f"the result is {size:,} bytes of JSON; at most {bounds.TOOL_MESSAGE_LIMIT:,} "
-                "cross into the sandbox. Have the tool return less, or a summary",
-            }
-            return reply
-        reply["value"] = value
-        return reply
+        return await call_tool(self.tools, call)
 
     # ----------------------------------------------------------------- state and files
 
