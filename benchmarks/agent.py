@@ -33,6 +33,7 @@ from rich.console import Console
 from sandboxes.backends import BACKEND_NAMES
 
 from .common import (
+    fmt_ms,
     make_console,
     print_table,
     progress,
@@ -331,11 +332,13 @@ async def run_one(agent: Any, task: str) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - a crashed run is a failed task, recorded with its reason
         error = f"{type(exc).__name__}: {exc}"
     usage = agent.usage_tracker.metrics()["total"]
+    measured = [step.cpu_seconds for step in agent.steps if step.cpu_seconds is not None]
     return {
         "answer": final,
         "claimed_success": claimed,
         "steps": steps,
         "seconds": time.perf_counter() - started,
+        "cpu_seconds": sum(measured) if measured else None,  # the sandbox's, over the task's code runs
         "tokens": usage["total_tokens"],
         "cost": usage["cost"],
         "calls": usage["calls"],
@@ -442,6 +445,9 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "cost": None if any(r["cost"] is None for r in group) else sum(r["cost"] for r in group),
                 "wall_seconds": sum(r["seconds"] for r in group),
                 "per_task": summarize([r["seconds"] for r in group]),
+                "per_task_cpu": summarize(
+                    [r["cpu_seconds"] for r in group if r.get("cpu_seconds") is not None]
+                ),
             }
         )
     return rows
@@ -457,13 +463,25 @@ def report(console: Console, result: dict[str, Any]) -> None:
             f"{s['tokens']:,}",
             "unknown" if s["cost"] is None else f"${s['cost']:.4f}",
             f"{s['wall_seconds']:.1f} s",
+            f"{fmt_ms(s['per_task']['p50_ms'])} / {fmt_ms(s['per_task']['p95_ms'])}",
+            f"{fmt_ms(s['per_task_cpu']['p50_ms'])} / {fmt_ms(s['per_task_cpu']['p95_ms'])}",
         ]
         for s in result["summary"]
     ]
     print_table(
         console,
         f"Agents on {result['model']} (code runs on {result['backend']})",
-        ["agent / tasks", "passed", "success", "steps", "tokens", "cost", "wall time"],
+        [
+            "agent / tasks",
+            "passed",
+            "success",
+            "steps",
+            "tokens",
+            "cost",
+            "wall time",
+            "per task p50 / p95",
+            "sandbox CPU per task p50 / p95",
+        ],
         rows,
     )
 

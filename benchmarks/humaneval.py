@@ -96,6 +96,8 @@ class Outcome:
     run_seconds: float | None = None
     open_seconds: float | None = None
     close_seconds: float | None = None
+    cpu_seconds: float | None = None
+    """CPU seconds of the program and all it started, as the sandbox measured it (`ExecutionResult.usage`)."""
 
 
 def build_program(problem: dict[str, Any], completion: str) -> str:
@@ -353,6 +355,7 @@ async def run_sandbox(
             result.duration,
             open_s,
             close_s,
+            result.usage.cpu_seconds if result.usage is not None else None,
         )
         advance(1)
 
@@ -544,6 +547,7 @@ def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[s
         ("per_program_run_only", "run_seconds"),
         ("session_open", "open_seconds"),
         ("session_close", "close_seconds"),
+        ("per_program_cpu", "cpu_seconds"),
     ):
         values = [getattr(o, attribute) for o in outcomes if getattr(o, attribute) is not None]
         if values:
@@ -708,6 +712,15 @@ def report(console: Console, result: dict[str, Any]) -> None:
         ["per program p50", *(fmt_ms(s["per_program"]["p50_ms"]) for _, s in sides)],
         ["per program p95", *(fmt_ms(s["per_program"]["p95_ms"]) for _, s in sides)],
     ]
+    cpu = result["sandbox"].get("per_program_cpu")
+    if cpu:  # what the sandbox measured outside the program (its result's usage): CPU beside the wall time
+        rows.append(
+            [
+                "per program CPU p50 / p95",
+                f"{fmt_ms(cpu['p50_ms'])} / {fmt_ms(cpu['p95_ms'])}",
+                *(["-"] * (len(sides) - 1)),
+            ]
+        )
     # the sandbox's time split: opening a session, running the program, closing the session
     for key, label in (
         ("session_open", "open()"),

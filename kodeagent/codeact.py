@@ -219,6 +219,7 @@ class CodeActAgent(Agent):
         record.code = code
         assert run.executor is not None  # opened in pre_run, closed only after the loop
         result = await self._run_code(run, run.executor, code)
+        record.cpu_seconds = result.usage.cpu_seconds if result.usage is not None else None
         await self._collect_artifacts(run, result)
         record.observation = format_observation(result, limit=self.OUTPUT_LIMIT, timeout=self.timeout)
         if not result.ok:

@@ -168,6 +168,11 @@ class StepRecord(BaseModel):
     is_final: bool = False
     error: str | None = None
     duration: float = 0.0
+    cpu_seconds: float | None = Field(
+        None,
+        description="CPU seconds the step's code used in the sandbox (its result's usage); None without "
+        "code, or where the backend did not measure it.",
+    )
 
 
 class UsageRecord(BaseModel):

@@ -26,7 +26,7 @@ from .events import (
     ToolResultEvent,
 )
 from .executor import Executor, ExecutorOptions, ExecutorState
-from .models import Artifact, ExecutionError, ExecutionResult
+from .models import Artifact, ExecutionError, ExecutionResult, RunUsage
 from .policy import DEFAULT_ALLOWED_IMPORTS, Limits, Policy
 from .sync import SyncEventStream, SyncExecutor, open_executor_sync
 
@@ -73,6 +73,7 @@ __all__ = [
     "ProtocolError",
     "RayExecutor",
     "ResultEvent",
+    "RunUsage",
     "SandboxError",
     "SandboxFileError",
     "StreamBudget",

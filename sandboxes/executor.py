@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import functools
 import inspect
-import json
 import math
 import posixpath
 import time
@@ -41,19 +39,27 @@ from .events import (
     ToolResultEvent,
     stream_options,
 )
-from .models import ExecutionError, ExecutionResult
+from .models import ExecutionError, ExecutionResult, RunUsage
 from .policy import Policy, prepare_code
-from .runtime import bounds
 from .runtime.protocol import (
     TIMEOUT,
-    TOOL_RESULT_TOO_LARGE,
     WORKER_CRASHED,
     InitRequest,
     StreamOptions,
     ToolCall,
     ToolResult,
 )
-from .session import KILL_TIMEOUT, OutputHandler, Release, RunnerSession, Session, SessionLost, ToolCaller
+from .session import (
+    KILL_TIMEOUT,
+    OutputHandler,
+    Release,
+    RunnerSession,
+    Session,
+    SessionLost,
+    ToolCaller,
+    UsageProbe,
+)
+from .toolbridge import ToolFunction, call_tool
 from .worker import Worker
 
 __all__ = [
@@ -67,9 +73,10 @@ __all__ = [
 
 DEFAULT_TIMEOUT = 30.0
 DEFAULT_OUTPUT_LIMIT = 64_000
+USAGE_TIMEOUT = 5.0
+"""Seconds a usage reading may take (a metrics request) before the run's result goes without it."""
 """Characters kept of stdout (and of stderr): the first half and the last half, when longer."""
 
-ToolFunction = Callable[..., Any]
 OutputCallback = Callable[[OutputEvent], Any]
 """A `run()` callback for output: called with each `OutputEvent`, in order; may be async."""
 T = TypeVar("T")
@@ -417,13 +424,20 @@ class Executor(ABC):
         session, _ = await self._live_session()
         state_lost, self._state_lost_pending = self._state_lost_pending, False
         limit = self.timeout + session.timeout_backstop
+        probe = session.usage_probe()
+        if probe is not None:
+            with anyio.move_on_after(USAGE_TIMEOUT):
+                await probe.start()
         try:
             with anyio.fail_after(limit):
                 if on_output is None:
                     result = await session.run(text, self._call_tool)
                 else:
                     result = await session.run(text, self._tool_caller(on_event), on_output, stream)
+            if probe is not None:
+                result.usage = await _stop_probe(probe)
         except TimeoutError:
+            usage = await _stop_probe(probe)  # before the kill: a stopped run reports what it used
             await self._discard(session, report=False)
             if session.timeout_backstop:
                 message = (
@@ -437,7 +451,10 @@ class Executor(ABC):
                     "variables from earlier runs are lost"
                 )
             return ExecutionResult(
-                timed_out=True, state_lost=True, error=ExecutionError(type=TIMEOUT, message=message)
+                timed_out=True,
+                state_lost=True,
+                error=ExecutionError(type=TIMEOUT, message=message),
+                usage=usage,
             )
         except SessionLost as exc:
             await self._discard(session, report=False)
@@ -464,39 +481,7 @@ class Executor(ABC):
         return result
 
     async def _call_tool(self, call: ToolCall) -> ToolResult:
-        name = call.get("name", "")
-        function = self.tools.get(name)
-        reply: ToolResult = {"op": "tool_result", "id": call.get("id")}
-        if function is None:
-            reply["error"] = {"type": "NameError", "message": f"no tool named {name!r}"}
-            return reply
-        args, kwargs = call.get("args", []), call.get("kwargs", {})
-        try:
-            if inspect.iscoroutinefunction(function):
-                value = await function(*args, **kwargs)
-            else:
-                # In a thread, so that a blocking tool cannot hold the event loop past the timeout.
-                value = await anyio.to_thread.run_sync(
-                    functools.partial(function, *args, **kwargs), abandon_on_cancel=True
-                )
-                if inspect.isawaitable(value):
-                    value = await value
-            size = len(json.dumps(value, ensure_ascii=False).encode())
-        except Exception as exc:  # the tool's failure goes back to the code, which may catch it
-            reply["error"] = {
-                "type": type(exc).__name__,
-                "message": bounds.clipped(str(exc), bounds.ERROR_MESSAGE_LIMIT),
-            }
-            return reply
-        if size > bounds.TOOL_MESSAGE_LIMIT:
-            reply["error"] = {
-                "type": TOOL_RESULT_TOO_LARGE,
-                "message": f"the result is {size:,} bytes of JSON; at most {bounds.TOOL_MESSAGE_LIMIT:,} "
-                "cross into the sandbox. Have the tool return less, or a summary",
-            }
-            return reply
-        reply["value"] = value
-        return reply
+        return await call_tool(self.tools, call)
 
     # ----------------------------------------------------------------- state and files
 
@@ -550,6 +535,15 @@ class Executor(ABC):
         except BaseException:
             await self._discard(session)
             raise
+
+
+async def _stop_probe(probe: UsageProbe | None) -> RunUsage | None:
+    """The probe's reading, bounded and shielded (it runs on the way to a kill, too)."""
+    if probe is None:
+        return None
+    with anyio.CancelScope(shield=True), anyio.move_on_after(USAGE_TIMEOUT):
+        return await probe.stop()
+    return None
 
 
 def _relative_path(path: str) -> str:

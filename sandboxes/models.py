@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -30,6 +30,32 @@ class Artifact(BaseModel):
 
     path: str
     size: int
+
+
+class RunUsage(BaseModel):
+    """What one run used, measured outside the code's reach (by the parent or the sandbox's supervisor,
+    never taken from the runner's reply, which code without the Python-level guards can forge).
+
+    CPU counts the code and every process it started (user and system time). Where the platform
+    gives a peak for the run alone, `peak_scope` is ``"run"``; else it is the session's peak so far
+    (``"session"``). `exact` says per figure (``cpu``, ``peak_memory``, ``wall``) whether it is the
+    kernel's own accounting or an estimate (sampled metrics). `source` names where the figures come
+    from: ``"proc"`` (the host's /proc), ``"cgroup"`` (the container's cgroup), ``"docker-stats"``,
+    ``"e2b-metrics"``. A figure that could not be measured is None.
+    """
+
+    cpu_user_seconds: float | None = None
+    cpu_system_seconds: float | None = None
+    cpu_seconds: float | None = Field(
+        None,
+        description="User plus system CPU seconds (the only CPU figure "
+        "where the platform does not split them).",
+    )
+    peak_memory_bytes: int | None = None
+    wall_seconds: float = 0.0
+    peak_scope: Literal["run", "session"] = "run"
+    exact: dict[str, bool] = Field(default_factory=dict)
+    source: str = ""
 
 
 class ExecutionResult(BaseModel):
@@ -67,6 +93,11 @@ class ExecutionResult(BaseModel):
     stderr_omitted: int = Field(0, description="Characters cut out of the middle of stderr (0: complete).")
     artifacts_omitted: int = Field(0, description="Changed files not listed in `artifacts` (past the bound).")
     backend: str = ""
+    usage: RunUsage | None = Field(
+        None,
+        description="What the run used (CPU, peak memory, wall time), measured outside the sandbox; "
+        "None where the backend could not measure it (see the README's table).",
+    )
 
     @property
     def ok(self) -> bool:

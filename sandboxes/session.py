@@ -24,6 +24,12 @@ What a session raises tells the executor what happened, and the executor alone d
 - `SandboxFileError` (upload, download): the transfer was refused; the session is intact;
 - anything else, and a cancellation or the executor's timeout, leaves the session's state unknown.
 
+A session may also measure its runs from outside the sandbox (`Session.usage_probe`, a
+`UsageProbe` the executor starts before the code is sent and stops after the reply, or before the
+kill of a timed-out run): the executor stamps what it reads as `result.usage`. A `RunnerSession`
+asks its `Worker` for one; a session that returns None leaves `usage` as its result has it (Ray:
+measured by the node's executor).
+
 One rule, applied by the executor to every operation: an operation that did not end with its
 answer (cancelled, timed out, malformed, lost) discards the session, and the next run says
 `state_lost`.
@@ -41,7 +47,7 @@ import anyio
 
 from .errors import ProtocolError, SandboxFileError, WorkerStartError
 from .events import DEFAULT_STREAM_CHARS, DEFAULT_STREAM_RATE, OutputEvent
-from .models import Artifact, ExecutionError, ExecutionResult
+from .models import Artifact, ExecutionError, ExecutionResult, RunUsage
 from .runtime import bounds
 from .runtime.protocol import InitRequest, Request, RunRequest, StreamOptions, ToolCall, ToolResult
 from .worker import Worker, WorkerExited
@@ -68,6 +74,22 @@ class SessionLost(Exception):
         self.oom = oom
 
 
+class UsageProbe(ABC):
+    """Measures one run from outside the sandbox, where the code cannot forge the figures.
+
+    The executor calls `start` just before it sends the code and `stop` once the reply is in, or,
+    for a run it stops (its timeout), before the kill, so a killed run still reports what it used.
+    Neither may raise: a figure that cannot be read is None (`stop` may return None altogether)."""
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Take the 'before' reading (and reset the peak where the platform allows it)."""
+
+    @abstractmethod
+    async def stop(self) -> RunUsage | None:
+        """Take the 'after' reading and return what the run used."""
+
+
 class Session(ABC):
     """One live sandbox session, as a backend provides it to `Executor`.
 
@@ -87,6 +109,11 @@ class Session(ABC):
         """A cheap check before an operation, so a session that died while idle is replaced before the
         next snippet is sent. Sessions that cannot tell cheaply keep this default."""
         return True
+
+    def usage_probe(self) -> UsageProbe | None:
+        """A fresh probe that measures the next run, or None: the results then carry the usage the
+        backend measured elsewhere (Ray: the node's executor), or none."""
+        return None
 
     @abstractmethod
     async def run(
@@ -164,6 +191,9 @@ class RunnerSession(Session):
 
     async def alive(self) -> bool:
         return await self.worker.alive()
+
+    def usage_probe(self) -> UsageProbe | None:
+        return self.worker.usage_probe()
 
     async def run(
         self,

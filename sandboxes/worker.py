@@ -13,8 +13,12 @@ from __future__ import annotations
 import socket
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
+
+if TYPE_CHECKING:
+    from .session import UsageProbe
 
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 """The default bound of one protocol line. The executor sets each worker's `line_limit` from its output
@@ -42,6 +46,11 @@ class Worker(ABC):
     """Bytes of one protocol line this worker buffers at most; `receive_line` ends the worker past it."""
     channel_token: str | None = None
     """The runner's channel token, learnt from its `init` reply before any code runs (set by `Executor`)."""
+
+    def usage_probe(self) -> UsageProbe | None:
+        """A probe that measures a run of this worker from outside it (see `session.UsageProbe`), or None
+        where the backend cannot."""
+        return None
 
     @abstractmethod
     async def send(self, data: bytes) -> None:

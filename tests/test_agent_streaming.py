@@ -57,8 +57,8 @@ def codeact(llm: StandinLLM, stream: bool, run_env: str = "host") -> CodeActAgen
 
 
 def comparable(step: StepRecord) -> dict[str, Any]:
-    """A step record without its timings (which differ from run to run)."""
-    data = step.model_dump(mode="json", exclude={"duration"})
+    """A step record without its timings and CPU time (which differ from run to run)."""
+    data = step.model_dump(mode="json", exclude={"duration", "cpu_seconds"})
     for call in data["tool_calls"]:
         call.pop("duration")
     return data
@@ -152,6 +152,11 @@ async def test_streaming_codeact_run_equals_the_plain_run(llm: StandinLLM, run_e
     assert not [r for r in plain if r.type in ("token", "output")]
     assert steps(streamed) == steps(plain)
     assert len(steps(plain)) == 2
+    # the code step's CPU time is measured either way (the streamed result carries its usage too)
+    cpu = [[r.value.cpu_seconds is not None for r in rs if r.type == "step"] for rs in (plain, streamed)]
+    assert cpu[0] == cpu[1]
+    if run_env == "host":  # measured by the parent here (the E2B stand-in reports none)
+        assert cpu[0] == [True, False]
     assert streamed[-1].value == plain[-1].value == "20.0"
     assert streamed[-1].metadata["task_successful"] is True
     # the model saw the same conversation both times

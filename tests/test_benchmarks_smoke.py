@@ -37,6 +37,8 @@ def test_humaneval_canonical_smoke() -> None:
     assert "verified to execute" in result["baseline"]["method"]
     assert result["speedup"] > 0 and result["disagreements"] == []
     assert result["sandbox"]["pass_at_k"] == {"pass@1": 1.0}
+    cpu = result["sandbox"]["per_program_cpu"]  # measured by the sandbox for every program
+    assert cpu["n"] == 5 and cpu["max_ms"] > 0
 
 
 def _samples_with_an_import(tmp_path: Path) -> Path:
@@ -197,6 +199,9 @@ def test_agent_benchmark_against_the_llm_standin(monkeypatch: pytest.MonkeyPatch
     assert verdicts[("codeact", "tools")]["passed"] and verdicts[("codeact", "tools")]["steps"] == 2
     assert not verdicts[("react", "humaneval")]["passed"]
     assert not verdicts[("react", "tools")]["passed"]
+    # the sandbox's CPU for CodeAct's code runs; ReAct runs no code in a sandbox
+    assert isinstance(verdicts[("codeact", "tools")]["cpu_seconds"], float)
+    assert verdicts[("react", "tools")]["cpu_seconds"] is None
     summary = {(s["agent"], s["task_set"]): s for s in result["summary"]}
     assert (
         summary[("codeact", "tools")]["success_rate"] == 1.0 and summary[("codeact", "tools")]["tokens"] > 0

@@ -154,7 +154,15 @@ async def test_the_stream_result_equals_the_run_result(executor_factory) -> None
         for snippet in (code, failing):
             ran = await plain.run(snippet)
             _, streamed = await watch(ex, snippet)
-            assert streamed.model_dump(exclude={"duration"}) == ran.model_dump(exclude={"duration"})
+            # Everything but what was measured (wall time, and the CPU and memory the run used).
+            measured = {"duration", "usage"}
+            assert streamed.model_dump(exclude=measured) == ran.model_dump(exclude=measured)
+            assert (streamed.usage is None) == (ran.usage is None)
+            if ran.usage is not None and streamed.usage is not None:
+                assert (
+                    streamed.usage.source == ran.usage.source
+                    and streamed.usage.peak_scope == ran.usage.peak_scope
+                )
             if snippet is code:
                 assert [a.path for a in ran.artifacts] == ["made.txt"] and ran.value == {"total": 45}, ran
         assert ran.error and ran.error.type == "ZeroDivisionError"

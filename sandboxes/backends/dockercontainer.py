@@ -7,6 +7,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import io
+import os
 import socket
 import struct
 import tarfile
@@ -28,6 +29,9 @@ from ..images import (
     image_missing_message,
     owner_label,
 )
+from ..models import RunUsage
+from ..session import UsageProbe
+from ..usage import CpuReading, cgroup_paths, make_usage, parse_cpuacct_stat, split_cpu
 from ..worker import SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 
 WORKDIR = "/workspace"
@@ -165,12 +169,28 @@ class DockerWorker(Worker):
         self.channel = SocketLineReader(raw)
         self.demux = Demultiplexer()
         self._removed = False
+        self._cgroups: tuple[str, str] | None | bool = False  # False: not looked up yet
+        self.stats_peak: int | None = None
         self._finalizer = weakref.finalize(self, _remove_later, container_id, raw)
         self._finalizer.atexit = False  # at exit, `_remove_all_at_exit` removes it synchronously
         _LIVE[container_id] = self
 
     def __repr__(self) -> str:
         return f"<DockerWorker {self.container_id[:12]}>"
+
+    def usage_probe(self) -> ContainerProbe:
+        return ContainerProbe(self)
+
+    def cgroup_dirs(self) -> tuple[str, str] | None:
+        """The container's cpuacct and memory cgroup directories on this host (looked up once, from
+        its init's pid: blocking), or None where they cannot be read from here."""
+        if self._cgroups is False:
+            try:
+                pid = client().api.inspect_container(self.container_id)["State"]["Pid"]
+            except Exception:
+                pid = 0
+            self._cgroups = find_cgroup_dirs(pid) if pid else None
+        return self._cgroups if isinstance(self._cgroups, tuple) else None
 
     async def send(self, data: bytes) -> None:
         await self.channel.send(data)
@@ -345,6 +365,131 @@ class DockerWorker(Worker):
 _LIVE: weakref.WeakValueDictionary[str, DockerWorker] = weakref.WeakValueDictionary()
 """Containers of sessions and pools of this process, removed at interpreter exit. Weak, so that an
 executor nobody closed can still be garbage collected (its finalizer removes the container)."""
+
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+class ContainerProbe(UsageProbe):
+    """`session.UsageProbe` for a container: its cgroup v1 as the host sees it (``cpuacct.usage``,
+    ``cpuacct.stat``, ``memory.max_usage_in_bytes``, reset before each run for a per-run peak),
+    or, where this process cannot read the host's cgroups (it runs in a container itself), the
+    daemon's stats of the container (CPU exact; memory the session's peak)."""
+
+    def __init__(self, worker: DockerWorker) -> None:
+        self.worker = worker
+        self.started = 0.0
+        self.before: tuple[int, CpuReading] | None = None
+        self.scope = "session"
+
+    async def start(self) -> None:
+        await anyio.to_thread.run_sync(self._start)
+        self.started = time.perf_counter()
+
+    def _start(self) -> None:
+        paths = self.worker.cgroup_dirs()
+        if paths is not None:
+            self.scope = (
+                "run" if _write(os.path.join(paths[1], "memory.max_usage_in_bytes"), "0") else "session"
+            )
+            self.before = _cgroup_cpu(paths[0])
+        else:
+            self.before = _stats_cpu(self.worker.container_id)
+
+    async def stop(self) -> RunUsage | None:
+        wall = time.perf_counter() - self.started
+        return await anyio.to_thread.run_sync(self._stop, wall)
+
+    def _stop(self, wall: float) -> RunUsage | None:
+        paths = self.worker.cgroup_dirs()
+        peak: int | None = None
+        if paths is not None:
+            after = _cgroup_cpu(paths[0])
+            text = _read_text(os.path.join(paths[1], "memory.max_usage_in_bytes"))
+            peak = int(text) if text and text.strip().isdigit() else None
+            source = "cgroup"
+        else:
+            after = _stats_cpu(self.worker.container_id, memory=True)
+            source = "docker-stats"
+        if after is None or self.before is None:
+            return make_usage(None, None, peak, wall, self.scope, source, cpu_exact=True, peak_exact=True)
+        if paths is None:
+            peak = self.worker.stats_peak
+        total = max(0, after[0] - self.before[0]) / 1e9
+        user, system = split_cpu(total, CpuReading(*after[1].since(self.before[1])))
+        return make_usage(
+            user, system, peak, wall, self.scope, source, cpu_exact=True, peak_exact=True, total=total
+        )
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _write(path: str, text: str) -> bool:
+    try:
+        with open(path, "w", encoding="ascii") as handle:
+            handle.write(text)
+        return True
+    except OSError:
+        return False
+
+
+def _cgroup_cpu(directory: str) -> tuple[int, CpuReading] | None:
+    usage = _read_text(os.path.join(directory, "cpuacct.usage"))
+    stat = _read_text(os.path.join(directory, "cpuacct.stat"))
+    if not usage or not stat or not usage.strip().isdigit():
+        return None
+    return int(usage), parse_cpuacct_stat(stat)
+
+
+def _stats_cpu(container_id: str, memory: bool = False) -> tuple[int, CpuReading] | None:
+    """The daemon's one-shot stats: CPU in ns (total, user, kernel); with `memory`, the peak is kept
+    on the worker (cgroup v1's max_usage, of the container's life)."""
+    try:
+        stats = client().api.stats(container_id, stream=False, one_shot=True)
+        usage = stats["cpu_stats"]["cpu_usage"]
+    except Exception:
+        return None
+    worker = _LIVE.get(container_id)
+    if memory and worker is not None:
+        peak = (stats.get("memory_stats") or {}).get("max_usage")
+        worker.stats_peak = int(peak) if isinstance(peak, int) else None
+    return int(usage.get("total_usage", 0)), CpuReading(
+        usage.get("usage_in_usermode", 0) / 1e9, usage.get("usage_in_kernelmode", 0) / 1e9
+    )
+
+
+def find_cgroup_dirs(pid: int, root: str = CGROUP_ROOT) -> tuple[str, str] | None:
+    """The cpuacct and memory cgroup v1 directories of host process `pid`, if this process can read them."""
+    text = _read_text(f"/proc/{pid}/cgroup")
+    if not text:
+        return None
+    paths = cgroup_paths(text)
+    found = []
+    for controller, mounts in (
+        ("cpuacct", ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")),
+        ("memory", ("memory",)),
+    ):
+        relative = paths.get(controller)
+        if relative is None:
+            return None
+        directory = next(
+            (
+                os.path.join(root, mount, relative.lstrip("/"))
+                for mount in mounts
+                if os.path.isdir(os.path.join(root, mount, relative.lstrip("/")))
+            ),
+            None,
+        )
+        if directory is None:
+            return None
+        found.append(directory)
+    return found[0], found[1]
 
 
 def _remove(container_id: str, sock: socket.socket | None) -> None:

@@ -36,6 +36,7 @@ are asyncio tasks), so this backend is too.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import math
 import os
 import posixpath
@@ -49,8 +50,10 @@ import anyio
 
 from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
 from ..executor import KILL_TIMEOUT, Executor, ExecutorOptions
+from ..models import RunUsage
 from ..runtime import RUNTIME_DIR
-from ..session import Session
+from ..session import Session, UsageProbe
+from ..usage import metrics_usage
 from ..worker import Worker, WorkerExit, WorkerExited
 
 REMOTE_RUNTIME = ".kodeagent/runtime"
@@ -140,6 +143,35 @@ class _Sandbox:
             self.limiter.release_on_behalf_of(self)
 
 
+class MetricsProbe(UsageProbe):
+    """`session.UsageProbe` from the sandbox's metrics (`AsyncSandbox.get_metrics`): samples of the
+    whole microVM every few seconds (CPU percentage over the interval, memory in use), so the figures
+    are approximate and of the session's scope: CPU is what the samples inside the run show (the
+    last part of a run, after the latest sample, is not in it yet), memory the highest sample."""
+
+    LOOK_BACK = 10
+    """Seconds of samples before the run asked for too, for the interval of the first one inside it."""
+
+    def __init__(self, sandbox: Any) -> None:
+        self.sandbox = sandbox
+        self.started = 0.0
+        self.wall_started = 0.0
+
+    async def start(self) -> None:
+        self.started = time.time()
+        self.wall_started = time.perf_counter()
+
+    async def stop(self) -> RunUsage | None:
+        wall = time.perf_counter() - self.wall_started
+        ended = time.time()
+        since = datetime.datetime.fromtimestamp(self.started - self.LOOK_BACK, datetime.UTC)
+        try:
+            samples = await self.sandbox.get_metrics(start=since)
+        except Exception:  # no metrics (an old template, the API unreachable): the result goes without
+            return None
+        return metrics_usage(list(samples or []), self.started, ended, wall)
+
+
 class E2BWorker(Worker):
     """The runner process in a sandbox, reached through the SDK's command stdin and stdout."""
 
@@ -157,6 +189,9 @@ class E2BWorker(Worker):
         self.handle: Any = None
         self._watcher: asyncio.Task[None] | None = None
         self.workdir = DEFAULT_WORKDIR
+
+    def usage_probe(self) -> MetricsProbe:
+        return MetricsProbe(self.session.sandbox)
 
     # SDK callbacks: they must never raise (an exception silently stops the handle's callbacks).
     def _on_stdout(self, chunk: str) -> None:

@@ -36,6 +36,7 @@ import anyio
 from ..errors import SandboxFileError, WorkerStartError
 from ..runtime import RUNTIME_DIR
 from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
+from ..usage import ProcessProbe, ProcessTree, find_in_namespace
 from ..worker import SocketLineReader, Worker, WorkerExit
 from .bubblewrap import Bubblewrap, choose
 
@@ -57,6 +58,7 @@ class HostWorker(Worker):
         isolation: str,
         owns_workdir: bool,
         pid: int | None = None,
+        server_pid: int | None = None,
     ) -> None:
         self.process = process
         # A fork-server child is not our child: `pid` is its host pid at the process level; under
@@ -71,6 +73,30 @@ class HostWorker(Worker):
         self.isolation = isolation
         self.owns_workdir = owns_workdir
         self._killed = False
+        self.server_pid = server_pid  # the fork server's bwrap, under which a forked runner lives
+        self._tree: ProcessTree | None = None
+
+    def usage_probe(self) -> ProcessProbe:
+        return ProcessProbe(self.process_tree())
+
+    def process_tree(self) -> ProcessTree | None:
+        """The runner's host process, found once (before its first run: no code has run yet, so
+        nothing can pose as it) and checked against its start time on every reading."""
+        if self._tree is None and not self._killed:
+            host_pid: int | None
+            if self.isolation != "namespaces":
+                host_pid = self.pid
+            elif self.process is not None:  # bwrap -> bwrap (the namespace's init) -> the runner
+                host_pid = find_in_namespace(self.process.pid, None)
+            elif self.server_pid is not None:
+                host_pid = find_in_namespace(self.server_pid, self.pid)
+            else:
+                host_pid = None
+            if host_pid is not None:
+                tree = ProcessTree(host_pid)
+                if tree.start_time is not None:
+                    self._tree = tree
+        return self._tree
 
     async def send(self, data: bytes) -> None:
         await self.channel.send(data)
@@ -360,8 +386,10 @@ def _private_user(directory: str, isolation: str) -> int | None:
 
 def _runner_flags(uid: int | None, isolation: str) -> list[str]:
     flags = [] if uid is None else ["--uid", str(uid), "--gid", str(uid)]
-    if isolation != "namespaces":
-        flags.append("--subreaper")  # see _kill_process_tree
+    # Orphans of the code's processes stay in the runner's tree: the kill finds them (process level,
+    # see kill_process_tree) and the usage probe counts their CPU (both levels; a namespace's init
+    # would otherwise reap them, and their CPU with them).
+    flags.append("--subreaper")
     return flags
 
 
@@ -497,7 +525,16 @@ class ForkServer:
             shutil.rmtree(directory, ignore_errors=True)
             raise WorkerStartError("the sandbox fork server is gone")
         pid = json.loads(reply)["pid"]
-        worker = HostWorker(None, parent_end, directory, uid, self.isolation, owns_workdir=True, pid=pid)
+        worker = HostWorker(
+            None,
+            parent_end,
+            directory,
+            uid,
+            self.isolation,
+            owns_workdir=True,
+            pid=pid,
+            server_pid=self.process.pid if self.isolation == "namespaces" else None,
+        )
         _LIVE_WORKERS.add(worker)
         return worker
 

@@ -40,7 +40,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 DEFAULT_SANDBOX_TIMEOUT = 15
 """Seconds a sandbox lives when create does not say (the E2B API's default)."""
 
-_SANDBOX_ROUTE = re.compile(r"^/sandboxes/(?P<id>[^/]+)(?P<rest>/timeout|/network)?$")
+_SANDBOX_ROUTE = re.compile(r"^/sandboxes/(?P<id>[^/]+)(?P<rest>/timeout|/network|/metrics)?$")
 _CONNECT_ROUTE = re.compile(r"^/v2/sandboxes/(?P<id>[^/]+)/connect$")
 
 
@@ -100,6 +100,10 @@ class StandInApp:
                     return await _json(send, 400, {"code": 400, "message": "timeout must be an integer >= 0"})
                 self.registry.set_timeout(sandbox, timeout)
                 return await _empty(send, 204)
+            if match["rest"] == "/metrics" and method == "GET":
+                return await _json(
+                    send, 200, _metrics(sandbox, parse_qs(scope.get("query_string", b"").decode()))
+                )
             if not match["rest"] and method == "GET":
                 return await _json(send, 200, _sandbox_detail_json(sandbox))
             if not match["rest"] and method == "DELETE":
@@ -338,6 +342,18 @@ def _id_from_host(host: str) -> str | None:
 
 def _iso(timestamp: float) -> str:
     return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _metrics(sandbox: Sandbox, query: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """The samples between ``start`` and ``end`` (Unix seconds, both inclusive; default: the sandbox's
+    whole life up to now), as the API's ``GET /sandboxes/{id}/metrics`` lists them."""
+
+    def bound(name: str, default: float) -> float:
+        values = query.get(name)
+        return float(values[0]) if values and values[0].lstrip("-").isdigit() else default
+
+    start, end = bound("start", 0), bound("end", math.inf)
+    return [sample for sample in sandbox.metrics if start <= sample["timestampUnix"] <= end]
 
 
 def _sandbox_json(sandbox: Sandbox) -> dict[str, Any]:

@@ -15,6 +15,7 @@ What matters for the client is reproduced faithfully:
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import secrets
@@ -31,6 +32,8 @@ import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectSendStream
 
+from sandboxes.usage import ProcessTree, descendants, parse_status_kib
+
 from . import namespaces
 from .connect import RpcError
 
@@ -42,6 +45,13 @@ PROFILE = f'export PATH="{PYTHON_DIR}:$PATH"\n'
 """The template's ``~/.profile``: the SDK runs commands with ``bash -l``, whose /etc/profile resets
 PATH, so (as a template's image would) the profile puts first the ``python3`` of this interpreter,
 which has RestrictedPython, like a template with the package preinstalled."""
+
+METRICS_INTERVAL = 0.25
+"""Seconds between metric samples (E2B: 5)."""
+METRICS_KEPT = 2400
+METRICS_CPU_COUNT = 2
+METRICS_MEMORY_TOTAL = 512 << 20
+METRICS_DISK_TOTAL = 1024 << 20
 
 Event = tuple[str, Any]
 """("stdout" | "stderr", bytes), ("end", dict) or ("gone", message) sent to stream subscribers."""
@@ -86,6 +96,11 @@ class Sandbox:
     network: dict[str, Any] = field(default_factory=dict)
     """Egress settings as last sent (create's ``allow_internet_access``, ``PUT .../network``); recorded,
     not enforced: the stand-in has no internet to give or take."""
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    """The sandbox's metric samples, oldest first, as ``GET /sandboxes/{id}/metrics`` returns them."""
+    cpu_ended: float = 0.0
+    """CPU seconds of the sandbox's commands that have ended (their last reading)."""
+    cpu_last: dict[int, float] = field(default_factory=dict)
     namespaces: tuple[int, int] | None = None
     """Descriptors of the sandbox's own network and IPC namespaces (`namespaces.py`), as its own VM
     would have; None where the stand-in may not make them (not root)."""
@@ -133,6 +148,7 @@ class Registry:
             "peak_running": 0,
         }
         self.requests: dict[str, int] = {}
+        self.metrics_interval = METRICS_INTERVAL
 
     def running(self, api_key: str | None = None) -> list[Sandbox]:
         return [s for s in self.sandboxes.values() if s.alive and (api_key is None or s.api_key == api_key)]
@@ -172,7 +188,61 @@ class Registry:
         self.stats["created"] += 1
         self.stats["peak_running"] = max(self.stats["peak_running"], len(self.running()))
         self.task_group.start_soon(self._expire_when_due, sandbox)
+        self.task_group.start_soon(self._sample_metrics, sandbox)
         return sandbox
+
+    async def _sample_metrics(self, sandbox: Sandbox) -> None:
+        """E2B's metrics: every `metrics_interval` seconds one sample of the whole sandbox, its CPU
+        use over the interval just past (a percentage of all its cores) and the memory in use then.
+        Here the sandbox is its commands' process trees, read from /proc (as the VM's own counters
+        see every process in it); E2B samples every 5 s, the stand-in more often so that tests see
+        samples within a run."""
+        last_time, last_cpu = time.time(), self._sandbox_cpu(sandbox)
+        while sandbox.alive:
+            await anyio.sleep(self.metrics_interval)
+            now, cpu = time.time(), self._sandbox_cpu(sandbox)
+            percent = max(0.0, cpu - last_cpu) / max(now - last_time, 1e-6) / METRICS_CPU_COUNT * 100
+            last_time, last_cpu = now, cpu
+            sandbox.metrics.append(
+                {
+                    "timestamp": _iso(now),
+                    "timestampUnix": int(now),
+                    "cpuCount": METRICS_CPU_COUNT,
+                    "cpuUsedPct": round(percent, 2),
+                    "memUsed": self._sandbox_memory(sandbox),
+                    "memTotal": METRICS_MEMORY_TOTAL,
+                    "memCache": 0,
+                    "diskUsed": 0,
+                    "diskTotal": METRICS_DISK_TOTAL,
+                }
+            )
+            del sandbox.metrics[:-METRICS_KEPT]
+
+    @staticmethod
+    def _sandbox_cpu(sandbox: Sandbox) -> float:
+        live: dict[int, float] = {}
+        for pid in list(sandbox.processes):
+            reading = ProcessTree(pid).cpu()
+            if reading is not None:
+                live[pid] = reading.user + reading.system
+        for pid, seconds in sandbox.cpu_last.items():
+            if pid not in live:
+                sandbox.cpu_ended += seconds
+        total = sandbox.cpu_ended + sum(live.values())
+        sandbox.cpu_last = live
+        return total
+
+    @staticmethod
+    def _sandbox_memory(sandbox: Sandbox) -> int:
+        used = 0
+        for root in list(sandbox.processes):
+            for pid in [root, *descendants(root)]:
+                try:
+                    with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+                        used += parse_status_kib(handle.read(), "VmRSS") or 0
+                except OSError:
+                    continue
+        return used
 
     def set_timeout(self, sandbox: Sandbox, timeout: float, *, only_extend: bool = False) -> None:
         end_at = time.time() + timeout
@@ -285,3 +355,7 @@ class Registry:
         send, receive = anyio.create_memory_object_stream[Event](math.inf)
         process.subscribers.append(send)
         return send, receive
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.datetime.fromtimestamp(timestamp, datetime.UTC).isoformat().replace("+00:00", "Z")

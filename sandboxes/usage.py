@@ -1,0 +1,327 @@
+"""What a run used, read from outside the sandbox: the readings behind `ExecutionResult.usage`.
+
+Each backend measures where the code cannot reach (see `session.UsageProbe`):
+
+- host: the parent reads the runner's /proc entries (`ProcessTree`): CPU of the runner and of its
+  whole process tree (live and zombie descendants, and what reaped children left in ``cutime``/
+  ``cstime``), and the runner's peak RSS (``VmHWM``), reset before each run through ``clear_refs``;
+- Docker: the container's cgroup v1 (`CgroupV1`), read on the host: ``cpuacct`` and the memory
+  controller's ``max_usage_in_bytes`` (reset before each run);
+- E2B: the sandbox's metrics (`metrics_usage`): coarse samples of the whole microVM.
+
+The parsing here is pure (no process, no file of its own) so that it is tested on its own.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .models import RunUsage
+from .session import UsageProbe
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+@dataclass(frozen=True)
+class CpuReading:
+    """Cumulative CPU seconds of something (a process tree, a cgroup)."""
+
+    user: float
+    system: float
+
+    def since(self, before: CpuReading) -> tuple[float, float]:
+        """User and system seconds from `before` to this reading (never negative)."""
+        return max(0.0, self.user - before.user), max(0.0, self.system - before.system)
+
+
+def parse_stat(text: str) -> tuple[str, int, float, float, int]:
+    """State, start time and CPU seconds (user, system: own plus reaped children's) of a
+    /proc/<pid>/stat line, and its parent pid. The command name may hold spaces and parentheses:
+    the fields follow the last ')'."""
+    fields = text.rsplit(")", 1)[1].split()
+    state, ppid = fields[0], int(fields[1])
+    utime, stime, cutime, cstime = (int(f) for f in fields[11:15])
+    start = int(fields[19])
+    return state, start, (utime + cutime) / CLOCK_TICKS, (stime + cstime) / CLOCK_TICKS, ppid
+
+
+def parse_status_kib(text: str, key: str) -> int | None:
+    """A ``kB`` figure of /proc/<pid>/status (``VmHWM``, ``VmRSS``), in bytes."""
+    for line in text.splitlines():
+        if line.startswith(key + ":"):
+            parts = line.split()
+            if len(parts) >= 2 and parts[1].isdigit():
+                return int(parts[1]) * 1024
+    return None
+
+
+def parse_nspid(text: str) -> list[int]:
+    """The ``NSpid`` line of /proc/<pid>/status: the pid in each PID namespace, outermost first."""
+    for line in text.splitlines():
+        if line.startswith("NSpid:"):
+            return [int(p) for p in line.split()[1:] if p.isdigit()]
+    return []
+
+
+def _read(path: str) -> str | None:
+    # Raw descriptors: a text file object costs several times the read itself, and a run reads a few
+    # of these files before and after it.
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 1 << 16).decode("ascii", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def children(pid: int) -> list[int]:
+    """The children of `pid` (every thread's), from /proc/<pid>/task/*/children."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        text = _read(f"/proc/{pid}/task/{task}/children")
+        if text:
+            found.extend(int(p) for p in text.split())
+    return found
+
+
+def descendants(root: int) -> list[int]:
+    """Every process below `root` (zombies included), breadth first."""
+    found: list[int] = []
+    seen = {root}
+    queue = [root]
+    while queue:
+        pid = queue.pop(0)
+        for child in children(pid):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                queue.append(child)
+    return found
+
+
+class ProcessTree:
+    """A host process (the runner) and everything below it, read from /proc by pid.
+
+    The pid is checked against its start time on every reading, so a reused pid reads as gone.
+    `clear_peak` writes ``5`` to ``clear_refs`` (Linux 4.0+: resets ``VmHWM`` to the current RSS),
+    which needs the right to write that file (root, or the process's own user); without it the
+    peak is the process's whole life's (`peak_scope` ``"session"``)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        text = _read(f"/proc/{pid}/stat")
+        self.start_time = parse_stat(text)[1] if text else None
+
+    def alive(self) -> bool:
+        text = _read(f"/proc/{self.pid}/stat")
+        return text is not None and self.start_time is not None and parse_stat(text)[1] == self.start_time
+
+    def cpu(self) -> CpuReading | None:
+        """CPU of the runner, what its reaped children left it, and every descendant still in the
+        table (zombies keep their figures until reaped, and reaping moves them to the parent's
+        ``cutime``: the sum stays whole while the tree reaps itself)."""
+        root = _read(f"/proc/{self.pid}/stat")
+        try:
+            _state, start, user, system, _ppid = parse_stat(root) if root else ("", None, 0.0, 0.0, 0)
+        except (IndexError, ValueError):
+            return None
+        if start is None or start != self.start_time:
+            return None  # gone, or the pid now names another process
+        for pid in descendants(self.pid):
+            text = _read(f"/proc/{pid}/stat")
+            if text is None:
+                continue  # ended between the listing and the read: its parent's cutime has it
+            try:
+                _state, _start, u, s, _ppid = parse_stat(text)
+            except (IndexError, ValueError):
+                continue
+            user += u
+            system += s
+        return CpuReading(user, system)
+
+    def clear_peak(self) -> bool:
+        """Reset the peak RSS to the current RSS; False where that is not permitted here. (Call it
+        right after a reading that checked the pid.)"""
+        try:
+            fd = os.open(f"/proc/{self.pid}/clear_refs", os.O_WRONLY)
+        except OSError:
+            return False
+        try:
+            os.write(fd, b"5")
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def peak_rss(self) -> int | None:
+        """The peak RSS (call it right after a reading that checked the pid)."""
+        text = _read(f"/proc/{self.pid}/status")
+        return parse_status_kib(text, "VmHWM") if text else None
+
+
+def find_in_namespace(root: int, ns_pid: int | None, skip: Iterable[str] = ("bwrap",)) -> int | None:
+    """The host pid of a process below `root` (bubblewrap's) in a PID namespace: the one whose
+    innermost pid is `ns_pid`, or (`ns_pid` None) the first below `root` that is not one of `skip`."""
+    skipped = set(skip)
+    for pid in descendants(root):
+        status = _read(f"/proc/{pid}/status")
+        if status is None:
+            continue
+        if ns_pid is not None:
+            nspid = parse_nspid(status)
+            if len(nspid) > 1 and nspid[-1] == ns_pid:
+                return pid
+            continue
+        name = next((line.split()[1] for line in status.splitlines() if line.startswith("Name:")), "")
+        if name not in skipped:
+            return pid
+    return None
+
+
+class ProcessProbe(UsageProbe):
+    """`session.UsageProbe` for a host worker: its runner's process tree, read from /proc."""
+
+    def __init__(self, tree: ProcessTree | None) -> None:
+        self.tree = tree
+        self.before: CpuReading | None = None
+        self.scope = "session"
+        self.started = 0.0
+
+    async def start(self) -> None:
+        if self.tree is not None:
+            self.before = self.tree.cpu()  # first: it checks that the pid is still the runner's
+            cleared = self.before is not None and self.tree.clear_peak()
+            self.scope = "run" if cleared else "session"
+        self.started = time.perf_counter()
+
+    async def stop(self) -> RunUsage | None:
+        wall = time.perf_counter() - self.started
+        if self.tree is None:
+            return None
+        after = self.tree.cpu()
+        peak = self.tree.peak_rss() if after is not None else None
+        user = system = None
+        if after is not None and self.before is not None:
+            user, system = after.since(self.before)
+        return make_usage(user, system, peak, wall, self.scope, "proc", cpu_exact=True, peak_exact=True)
+
+
+def make_usage(
+    user: float | None,
+    system: float | None,
+    peak: int | None,
+    wall: float,
+    scope: str,
+    source: str,
+    *,
+    cpu_exact: bool,
+    peak_exact: bool,
+    total: float | None = None,
+) -> RunUsage:
+    """A `RunUsage` from its figures; `total` where the platform gives only user plus system."""
+    if total is None and user is not None and system is not None:
+        total = user + system
+    return RunUsage(
+        cpu_user_seconds=None if user is None else round(user, 6),
+        cpu_system_seconds=None if system is None else round(system, 6),
+        cpu_seconds=None if total is None else round(total, 6),
+        peak_memory_bytes=peak,
+        wall_seconds=round(wall, 6),
+        peak_scope="run" if scope == "run" else "session",
+        exact={"cpu": cpu_exact, "peak_memory": peak_exact, "wall": True},
+        source=source,
+    )
+
+
+# ---------------------------------------------------------------------- cgroup v1 (Docker)
+
+
+def parse_cpuacct_stat(text: str) -> CpuReading:
+    """cpuacct.stat (``user N`` / ``system N`` in clock ticks) as seconds."""
+    values = dict(line.split()[:2] for line in text.splitlines() if len(line.split()) >= 2)
+    return CpuReading(int(values.get("user", 0)) / CLOCK_TICKS, int(values.get("system", 0)) / CLOCK_TICKS)
+
+
+def cgroup_paths(proc_cgroup: str) -> dict[str, str]:
+    """/proc/<pid>/cgroup as controller -> path (v1 lines ``id:controllers:path``; v2 is controller '')."""
+    paths: dict[str, str] = {}
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for controller in parts[1].split(","):
+                paths[controller] = parts[2]
+    return paths
+
+
+def split_cpu(total: float, reading: CpuReading) -> tuple[float, float]:
+    """Split an exact total (cpuacct.usage, ns) in the proportion of the tick-based user/system figures."""
+    ticks = reading.user + reading.system
+    if ticks <= 0:
+        return total, 0.0
+    user = total * reading.user / ticks
+    return user, total - user
+
+
+# ---------------------------------------------------------------------- E2B metrics
+
+
+def metrics_usage(
+    samples: Sequence[Any], started: float, ended: float, wall: float, previous: float | None = None
+) -> RunUsage:
+    """A run's usage from E2B sandbox metrics (`SandboxMetrics`: timestamp, cpu_count, cpu_used_pct,
+    mem_used): each sample's CPU percentage holds over the interval since the sample before it
+    (`previous`: the last sample's time before these), prorated to the part of it inside the run
+    [`started`, `ended`] (Unix seconds). Memory is the highest `mem_used` of those samples: in use
+    then, not a true peak, and of the whole microVM. Both approximate, session scope."""
+    cpu = 0.0
+    peak: int | None = None
+    last = previous
+    measured = False
+    for sample in sorted(samples, key=lambda s: _timestamp(s)):
+        at = _timestamp(sample)
+        begin = at - 1.0 if last is None else last
+        last = at
+        overlap = min(at, ended) - max(begin, started)
+        if at >= started:
+            used = int(getattr(sample, "mem_used", 0) or 0)
+            peak = used if peak is None else max(peak, used)
+        if overlap <= 0 or at <= begin:
+            continue
+        measured = True
+        share = (
+            float(getattr(sample, "cpu_used_pct", 0.0) or 0.0)
+            / 100
+            * int(getattr(sample, "cpu_count", 1) or 1)
+        )
+        cpu += share * overlap
+    return make_usage(
+        None,
+        None,
+        peak,
+        wall,
+        "session",
+        "e2b-metrics",
+        cpu_exact=False,
+        peak_exact=False,
+        total=cpu if measured else None,
+    )
+
+
+def _timestamp(sample: Any) -> float:
+    stamp = getattr(sample, "timestamp", None)
+    if stamp is not None and hasattr(stamp, "timestamp"):
+        return float(stamp.timestamp())
+    return float(getattr(sample, "timestamp_unix", 0))
