@@ -430,10 +430,7 @@ class Executor(ABC):
                 await probe.start()
         try:
             with anyio.fail_after(limit):
-                if on_output is None:
-                    result = await session.run(text, self._call_tool)
-                else:
-                    result = await session.run(text, self._tool_caller(on_event), on_output, stream)
+                result = await session.run(text, self._tool_caller(on_event), on_output, stream)
             if probe is not None:
                 result.usage = await _stop_probe(probe)
         except TimeoutError:

@@ -306,24 +306,9 @@ class RaySession(Session):
         from ray.exceptions import RayError
 
         placement = self.placement
-
-        async def answer() -> None:
-            request: ToolCall = {
-                "op": "tool_call",
-                "id": call["id"],
-                "name": call["name"],
-                "args": call["args"],
-                "kwargs": call["kwargs"],
-            }
-            reply = await call_tool(request)
-            try:
-                await placement.agent.answer.remote(placement.session_id, call["id"], reply)
-            except RayError:
-                pass  # the node is gone: `next_event` below reports it
-
         failure: RayError | None = None
         async with anyio.create_task_group() as group:
-            group.start_soon(answer)
+            group.start_soon(self._answer_tool, call, call_tool)
             try:
                 event: NodeRunEvent = await placement.agent.next_event.remote(placement.session_id)
             except RayError as exc:  # raised outside the group, so the caller sees it, not a group of it

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from ...runtime.proctools import descendants
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -132,21 +134,6 @@ def _watch(server: int, docker_sweep: bool, scratch: str) -> int:
     return code
 
 
-def _children(parent: int) -> list[int]:
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as handle:
-                fields = handle.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent:
-            found.append(int(entry.name))
-    return found
-
-
 def kill_descendants(deadline: float = 10.0) -> int:
     """Kill (SIGKILL) and reap every process left under this one; return how many there were.
 
@@ -156,7 +143,7 @@ def kill_descendants(deadline: float = 10.0) -> int:
     seen: set[int] = set()
     until = time.monotonic() + deadline
     while time.monotonic() < until:
-        children = _children(me)
+        children = list(descendants(me))  # every level at once: killing is all that is left to do
         _reap()
         if not children:
             break
