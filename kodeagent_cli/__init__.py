@@ -33,6 +33,7 @@ from .common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     CommandError,
+    add_policy_arguments,
 )
 from .doctor import cmd_doctor, doctor_checks
 from .mcp import add_mcp_command
@@ -94,36 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     exe = add("exec", "run Python code in a sandbox and print what it printed")
     exe.add_argument("file", metavar="FILE", help="a Python file, or - for stdin")
     exe.add_argument("--backend", choices=BACKENDS, default="host", help="sandbox backend (default host)")
-    exe.add_argument(
-        "--allow-import",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="module pattern to allow besides the defaults ('pkg' or 'pkg.*'; comma-separated or repeated)",
-    )
-    exe.add_argument(
-        "--only-imports", action="store_true", help="allow only the --allow-import modules, not the defaults"
-    )
-    exe.add_argument(
-        "--allow-builtin",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="banned builtin to allow again, e.g. eval (repeatable)",
-    )
-    exe.add_argument(
-        "--network", action="store_true", help="allow sockets (still subject to the backend's isolation)"
-    )
+    add_policy_arguments(exe)
     exe.add_argument("--timeout", type=float, default=30.0, help="wall-clock seconds (default 30)")
     exe.add_argument("--workdir", help="working directory of the code (default: a fresh temporary one)")
-    exe.add_argument(
-        "-o",
-        "--backend-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="option of the backend, e.g. isolation=process or image=... (JSON values; repeatable)",
-    )
     exe.set_defaults(handler=cmd_exec)
 
     bench = add("bench", "run a benchmark: " + ", ".join(BENCHMARKS))

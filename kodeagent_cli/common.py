@@ -3,6 +3,7 @@ and the small parsing and printing helpers."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -50,6 +51,43 @@ def console(stderr: bool = False) -> Any:
 
 
 # ---------------------------------------------------------------------- exec
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser, *, network_default: bool | None = False) -> None:
+    """The flags that shape a sandbox's policy and backend, the same on every command that opens one
+    (read them with `module_patterns` and `backend_options`). `network_default` None leaves an unset
+    `--network` to a settings file."""
+    parser.add_argument(
+        "--allow-import",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="module pattern to allow besides the defaults ('pkg' or 'pkg.*'; comma-separated or repeated)",
+    )
+    parser.add_argument(
+        "--only-imports", action="store_true", help="allow only the --allow-import modules, not the defaults"
+    )
+    parser.add_argument(
+        "--allow-builtin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="banned builtin to allow again, e.g. eval (repeatable)",
+    )
+    parser.add_argument(
+        "--network",
+        action="store_true",
+        default=network_default,
+        help="allow sockets (still subject to the backend's isolation)",
+    )
+    parser.add_argument(
+        "-o",
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option of the backend, e.g. isolation=process or image=... (JSON values; repeatable)",
+    )
 
 
 def module_patterns(values: Sequence[str]) -> list[str]:

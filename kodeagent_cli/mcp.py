@@ -9,7 +9,15 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import BACKENDS, EXIT_UNAVAILABLE, EXIT_USAGE, CommandError, backend_options, module_patterns
+from .common import (
+    BACKENDS,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    CommandError,
+    add_policy_arguments,
+    backend_options,
+    module_patterns,
+)
 
 
 def add_mcp_command(commands: Any) -> None:
@@ -26,37 +34,7 @@ def add_mcp_command(commands: Any) -> None:
     )
     mcp.add_argument("--config", metavar="FILE", help="settings file (.json or .toml); flags override it")
     mcp.add_argument("--backend", choices=BACKENDS, help="where code runs (default host)")
-    mcp.add_argument(
-        "-o",
-        "--backend-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="option of the backend, e.g. isolation=process or image=... (JSON values; repeatable)",
-    )
-    mcp.add_argument(
-        "--allow-import",
-        action="append",
-        default=[],
-        metavar="MODULE",
-        help="module pattern the code may import, besides the defaults ('pkg' or 'pkg.*'; repeatable)",
-    )
-    mcp.add_argument(
-        "--only-imports", action="store_true", help="allow only the --allow-import modules, not the defaults"
-    )
-    mcp.add_argument(
-        "--allow-builtin",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="banned builtin to allow again, e.g. eval (repeatable)",
-    )
-    mcp.add_argument(
-        "--network",
-        action="store_true",
-        default=None,
-        help="allow sockets (still subject to the backend's isolation)",
-    )
+    add_policy_arguments(mcp, network_default=None)
     mcp.add_argument(
         "--limit",
         action="append",
