@@ -110,9 +110,24 @@ class SocketLineReader:
             try:
                 return self.sock.recv(1 << 20)
             except BlockingIOError:
-                await anyio.wait_readable(self.sock)
+                try:
+                    await anyio.wait_readable(self.sock)
+                except anyio.ClosedResourceError:  # `wake_waiters`: the socket is being closed
+                    return b""
             except (ConnectionResetError, OSError):
                 return b""
+
+    def wake_waiters(self) -> None:
+        """End a wait on this socket (it then reads as end-of-file): call it on the event loop's thread
+        before the socket is closed from elsewhere (a kill in a worker thread).
+
+        A closed descriptor never becomes readable, so a task parked on it would wait for good, and
+        anyio would keep its registration under the descriptor's number: the next socket that reuses
+        the number could not be read on that event loop at all ("Another task is already reading").
+        A killed runner's own end does not always close first (a large process takes a while to die).
+        """
+        if self.sock.fileno() >= 0:
+            anyio.notify_closing(self.sock)
 
     async def send(self, data: bytes) -> None:
         view = memoryview(data)
@@ -120,7 +135,10 @@ class SocketLineReader:
             try:
                 sent = self.sock.send(view)
             except BlockingIOError:
-                await anyio.wait_writable(self.sock)
+                try:
+                    await anyio.wait_writable(self.sock)
+                except anyio.ClosedResourceError as exc:
+                    raise WorkerExited("the runner's channel was closed") from exc
                 continue
             except (BrokenPipeError, ConnectionResetError, OSError) as exc:
                 raise WorkerExited(f"the runner's channel is closed ({exc})") from exc

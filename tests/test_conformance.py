@@ -46,6 +46,34 @@ async def test_a_reset_cancelled_mid_reply_never_shifts_later_results(executor_f
     assert forgotten.error is not None and forgotten.error.type == "NameError"
 
 
+async def test_close_during_a_reset_ends_it_and_later_sessions_still_open(executor_factory):
+    # A large runner takes a while to die, so the kill used to close the channel before the runner's
+    # own end did: the reset waited for good on a descriptor that never became readable, and anyio kept
+    # that descriptor's number as "being read", so a later session given the same number could not
+    # even start ("Another task is already reading from this resource", seen on Ray's nodes).
+    ex = executor_factory(timeout=30)
+    await ex.open()
+    await ex.run("big = [[] for _ in range(3_000_000)]")
+    outcome: list[object] = []
+
+    async def reset() -> None:
+        try:
+            await ex.reset()
+            outcome.append("answered")
+        except Exception as exc:  # the session went away under it: any clear error
+            outcome.append(exc)
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            group.start_soon(reset)
+            await anyio.sleep(0.005)
+            await ex.close()
+    assert len(outcome) == 1
+    for _ in range(3):  # each takes a fresh channel, likely the number the closed one had
+        async with executor_factory(timeout=10) as later:
+            assert (await later.run("print('fresh')")).stdout == "fresh\n"
+
+
 async def test_stateless_mode_runs_each_snippet_fresh(executor_factory):
     async with executor_factory(timeout=10, stateless=True) as ex:
         await ex.run("x = 1")

@@ -227,6 +227,7 @@ class DockerWorker(Worker):
             _remove(self.container_id, self.sock)
 
     async def kill(self) -> None:
+        self.channel.wake_waiters()
         await anyio.to_thread.run_sync(self.remove_now)
 
     def release(self) -> None:

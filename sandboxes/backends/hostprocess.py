@@ -168,6 +168,7 @@ class HostWorker(Worker):
 
     async def kill(self) -> None:
         _LIVE_WORKERS.discard(self)
+        self.channel.wake_waiters()
         await anyio.to_thread.run_sync(self.kill_now)
 
     async def exit_info(self) -> WorkerExit:
