@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 from .backends import executor_class, open_executor
 from .errors import (
     BackendUnavailable,
+    ExecutorBusy,
     ExecutorClosed,
+    ForkError,
     ProtocolError,
     SandboxError,
     SandboxFileError,
@@ -26,7 +28,7 @@ from .events import (
     ToolResultEvent,
 )
 from .executor import Executor, ExecutorOptions, ExecutorState
-from .models import Artifact, ExecutionError, ExecutionResult, RunUsage
+from .models import Artifact, ExecutionError, ExecutionResult, ForkReport, RunUsage
 from .policy import DEFAULT_ALLOWED_IMPORTS, Limits, Policy
 from .sync import SyncEventStream, SyncExecutor, open_executor_sync
 
@@ -63,9 +65,12 @@ __all__ = [
     "EventStream",
     "ExecutionResult",
     "Executor",
+    "ExecutorBusy",
     "ExecutorClosed",
     "ExecutorOptions",
     "ExecutorState",
+    "ForkError",
+    "ForkReport",
     "HostExecutor",
     "Limits",
     "OutputEvent",

@@ -32,5 +32,14 @@ class ProtocolError(SandboxError):
     """The runner sent something that is not a valid protocol message."""
 
 
+class ExecutorBusy(SandboxError):
+    """An operation that needs the session idle (`fork()`) was called while a run was in progress."""
+
+
+class ForkError(SandboxError):
+    """The session could not be forked (this backend or session cannot, or the fork failed); the
+    parent session is intact unless the message says otherwise."""
+
+
 class SandboxFileError(SandboxError):
     """`upload()` or `download()` was given a path outside the working directory, or the file is missing."""

@@ -8,7 +8,9 @@ supplies sessions through two hooks (the contract is `sandboxes.session`):
 - `_new_session()` (required): start a session and return it ready to run. Backends that run our
   runner start a `Worker` and return `await self._runner_session(worker)`;
 - `_close_backend()`: release what outlives single sessions, once, at `close()` and after a failed
-  `open()` (default: nothing).
+  `open()` (default: nothing);
+- `_forked_executor()`: the executor a `fork()` returns, before its session is set (default: a copy
+  of this one's options; a backend whose sessions share something, like E2B's sandbox, shares it).
 
 No backend overrides a public method or touches the private state of this class.
 """
@@ -16,6 +18,7 @@ No backend overrides a public method or touches the private state of this class.
 from __future__ import annotations
 
 import contextlib
+import copy
 import enum
 import inspect
 import math
@@ -28,7 +31,14 @@ from typing import Any, ClassVar, Self, TypedDict, TypeVar, Unpack
 
 import anyio
 
-from .errors import BackendUnavailable, ExecutorClosed, ProtocolError, SandboxFileError
+from .errors import (
+    BackendUnavailable,
+    ExecutorBusy,
+    ExecutorClosed,
+    ForkError,
+    ProtocolError,
+    SandboxFileError,
+)
 from .events import (
     Event,
     EventStream,
@@ -39,7 +49,7 @@ from .events import (
     ToolResultEvent,
     stream_options,
 )
-from .models import ExecutionError, ExecutionResult, RunUsage
+from .models import ExecutionError, ExecutionResult, ForkReport, RunUsage
 from .policy import Policy, prepare_code
 from .runtime.protocol import (
     TIMEOUT,
@@ -50,6 +60,7 @@ from .runtime.protocol import (
     ToolResult,
 )
 from .session import (
+    HANDSHAKE_TIMEOUT,
     KILL_TIMEOUT,
     OutputHandler,
     Release,
@@ -158,6 +169,8 @@ class Executor(ABC):
         self._state_lost_pending = False
         self._lock = anyio.Lock()
         self._isolation = "not started"
+        self.fork_report: ForkReport | None = None
+        """For an executor made by `fork()`: what the fork copied and what it could not."""
 
     # ----------------------------------------------------------------- backend hooks
 
@@ -167,6 +180,19 @@ class Executor(ABC):
 
     async def _close_backend(self) -> None:  # noqa: B027 - an optional hook: nothing to release by default
         """Release what outlives single sessions (once, at `close()` and after a failed `open()`)."""
+
+    def _forked_executor(self) -> Self:
+        """An executor with this one's options and no session yet, for `fork()` to open."""
+        child = copy.copy(self)
+        child.tools = dict(self.tools)
+        child.env = dict(self.env)
+        child._state = ExecutorState.UNOPENED
+        child._current = None
+        child._state_lost_pending = False
+        child._lock = anyio.Lock()
+        child._isolation = "not started"
+        child.fork_report = None
+        return child
 
     def _runner_init(self) -> InitRequest:
         """The runner's `init` request for this executor's options (a backend may adjust a copy)."""
@@ -479,6 +505,57 @@ class Executor(ABC):
 
     async def _call_tool(self, call: ToolCall) -> ToolResult:
         return await call_tool(self.tools, call)
+
+    # ----------------------------------------------------------------- fork
+
+    async def fork(self) -> Self:
+        """A new, independent executor whose session starts as a copy of this one's: its variables,
+        imports and loaded data, and the working directory's files. The two diverge from then on.
+
+        The caller owns the child (close it, or use it as an async context manager); closing either
+        leaves the other running. The child has this executor's options (policy, limits, timeout,
+        tools, which it calls in this process as the parent does) and its own channel.
+        `child.fork_report` says what was copied and what a fork cannot copy (the code's threads and
+        child processes; open sockets end up shared by both). See docs/fork.md for each backend.
+
+        Raises `ExecutorBusy` while a run or another operation is in progress, `ExecutorClosed`
+        before `open()` or after `close()`, and `ForkError` where the backend or this session cannot
+        fork, or the fork failed (then this session is replaced unless the fork was refused with
+        an answer, and the next run says `state_lost`)."""
+        self._check_usable()
+        if self._lock.locked():
+            raise ExecutorBusy(
+                "fork() needs the session idle, and a run or another operation is in progress; "
+                "fork after it returns"
+            )
+        async with self._lock:
+            session = self._current
+            if session is None or not await session.alive():
+                raise ForkError(
+                    "this executor's session was lost, so there is no state to copy (its next run "
+                    "starts a fresh session); run again, then fork"
+                )
+            limit = HANDSHAKE_TIMEOUT + self.timeout + session.timeout_backstop
+            try:
+                with anyio.fail_after(limit):
+                    forked, report = await session.fork()
+            except ForkError:
+                raise  # refused with an answer: this session is intact
+            except (TimeoutError, SessionLost, ProtocolError) as exc:
+                await self._discard(session)
+                raise ForkError(
+                    f"the fork did not complete ({type(exc).__name__}: {exc}); this session was "
+                    "replaced and its next run says state_lost"
+                ) from exc
+            except BaseException:
+                await self._discard(session)
+                raise
+        child = self._forked_executor()
+        child._current = forked
+        child._isolation = forked.isolation
+        child._state = ExecutorState.OPEN
+        child.fork_report = report
+        return child
 
     # ----------------------------------------------------------------- state and files
 

@@ -25,6 +25,22 @@ class ExecutionError(BaseModel):
         return f"{self.type}: {self.message}"
 
 
+class ForkReport(BaseModel):
+    """What `Executor.fork()` copied, and what it could not (see docs/fork.md).
+
+    A fork copies the interpreter's memory (copy-on-write) and the working directory. It cannot copy
+    the code's own threads (only the thread that forks survives a fork), its child processes (they
+    stay the parent's), or its open sockets (both sessions then hold the same connection).
+    """
+
+    threads_not_copied: int = 0
+    child_processes_not_copied: int = 0
+    shared_sockets: int = 0
+    files_copied: int = 0
+    bytes_copied: int = 0
+    seconds: float = 0.0
+
+
 class Artifact(BaseModel):
     """A file the run created or changed in the working directory (path relative to it)."""
 

@@ -10,7 +10,8 @@ of `Executor`:
   `close()` and after a failed `open()`.
 
 A `Session` implements every operation of the protocol: run (optionally streaming its output to an
-`on_output` callable while it runs), reset, upload, download, close and discard (fork comes next). Most backends run our
+`on_output` callable while it runs), reset, upload, download, close, discard, and fork where the
+backend can copy a live session (the default refuses with `ForkError`). Most backends run our
 runner inside their boundary and reach it through a `Worker` (a byte channel): they return a
 `RunnerSession`, the one implementation of the runner's protocol. A backend that forwards whole
 sessions to an executor elsewhere (Ray: a node runs its own executor, with its own lock, timeout and
@@ -45,11 +46,19 @@ from typing import Any, cast
 
 import anyio
 
-from .errors import ProtocolError, SandboxFileError, WorkerStartError
+from .errors import ForkError, ProtocolError, SandboxFileError, WorkerStartError
 from .events import DEFAULT_STREAM_CHARS, DEFAULT_STREAM_RATE, OutputEvent
-from .models import Artifact, ExecutionError, ExecutionResult, RunUsage
+from .models import Artifact, ExecutionError, ExecutionResult, ForkReport, RunUsage
 from .runtime import bounds
-from .runtime.protocol import InitRequest, Request, RunRequest, StreamOptions, ToolCall, ToolResult
+from .runtime.protocol import (
+    ForkRequest,
+    InitRequest,
+    Request,
+    RunRequest,
+    StreamOptions,
+    ToolCall,
+    ToolResult,
+)
 from .worker import Worker, WorkerExited
 
 HANDSHAKE_TIMEOUT = 30.0
@@ -143,6 +152,12 @@ class Session(ABC):
     @abstractmethod
     async def close(self) -> None:
         """End an idle session normally (it may be recycled where the backend can prove it clean)."""
+
+    async def fork(self) -> tuple[Session, ForkReport]:
+        """A new, independent session that starts with a copy of this one's state and files (the
+        session is idle). Raise `ForkError` for a fork refused with this session intact; anything
+        else leaves this session's state unknown."""
+        raise ForkError(f"sessions of this backend ({type(self).__name__}) cannot be forked")
 
     async def discard(self) -> None:
         """End a session whose state is unknown: kill it and all it started. Idempotent, bounded,
@@ -244,6 +259,76 @@ class RunnerSession(Session):
         with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
             await self.worker.kill()
 
+    async def fork(self) -> tuple[Session, ForkReport]:
+        """Fork the runner (`runtime/sessionfork.py`): the worker supplies the new channel and the
+        copy's working directory; the child greets on its channel with a token of its own."""
+        started = time.monotonic()
+        worker = self.worker
+        plan = await worker.prepare_fork()
+        try:
+            request: ForkRequest = {"op": "fork", "workdir": plan.workdir, "channel": plan.channel}
+            await worker.send(_encode(request))
+            ask = await self._receive()
+            if ask.get("op") == "fork_channel":
+                await worker.hand_over(plan)
+                reply = await self._receive()
+            else:
+                reply = ask
+            if reply.get("op") != "reply":
+                raise ProtocolError(f"unexpected answer to a fork: {bounds.clipped(repr(reply), 200)}")
+        except WorkerExited as exc:
+            await worker.abandon_fork(plan)
+            info = await worker.exit_info()
+            raise SessionLost(info.detail, oom=info.oom) from exc
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await worker.abandon_fork(plan)
+            raise
+        if "error" in reply:
+            await worker.abandon_fork(plan)
+            raise ForkError(f"the session could not be forked: {bounds.clipped(str(reply['error']), 500)}")
+        child = worker.forked(plan, int(reply["pid"]))
+        session = RunnerSession(child, self.output_limit)
+        try:
+            with anyio.fail_after(HANDSHAKE_TIMEOUT):
+                hello = await session._receive(learn_token=True)
+        except BaseException as exc:
+            with anyio.CancelScope(shield=True):
+                await child.kill()
+            if isinstance(exc, (WorkerExited, TimeoutError, ProtocolError)):
+                raise ForkError(f"the forked session did not start ({type(exc).__name__}: {exc})") from exc
+            raise
+        report = ForkReport(
+            threads_not_copied=int(reply.get("threads", 0)),
+            child_processes_not_copied=int(reply.get("processes", 0)),
+            shared_sockets=int(reply.get("sockets", 0)),
+            files_copied=int(hello.get("files", 0)),
+            bytes_copied=int(hello.get("bytes", 0)),
+            seconds=time.monotonic() - started,
+        )
+        return session, report
+
+    async def _receive(self, learn_token: bool = False) -> dict[str, Any]:
+        """The runner's next message, its token checked (with `learn_token`: learnt, for a greeting)."""
+        worker = self.worker
+        line = await worker.receive_line()
+        try:
+            reply = json.loads(line)
+        except ValueError as exc:
+            raise ProtocolError(f"the runner sent a line that is not JSON: {line[:200]!r}") from exc
+        if not isinstance(reply, dict):
+            raise ProtocolError(f"the runner sent a line that is not a message: {line[:200]!r}")
+        token = reply.pop("token", None)
+        known = worker.channel_token
+        if known is None and learn_token and isinstance(token, str):
+            worker.channel_token = token  # learnt before any code runs
+        elif known is None or token != known:
+            raise ProtocolError(
+                "a message on the sandbox channel did not come from the runner "
+                "(the code wrote to the channel's descriptor)"
+            )
+        return reply
+
     async def _exchange(
         self, message: Request, call_tool: ToolCaller, gate: OutputGate | None = None
     ) -> dict[str, Any]:
@@ -260,22 +345,7 @@ class RunnerSession(Session):
         worker = self.worker
         await worker.send(_encode(message))
         while True:
-            line = await worker.receive_line()
-            try:
-                reply = json.loads(line)
-            except ValueError as exc:
-                raise ProtocolError(f"the runner sent a line that is not JSON: {line[:200]!r}") from exc
-            if not isinstance(reply, dict):
-                raise ProtocolError(f"the runner sent a line that is not a message: {line[:200]!r}")
-            token = reply.pop("token", None)
-            known = worker.channel_token
-            if known is None and message["op"] == "init" and isinstance(token, str):
-                worker.channel_token = token  # learnt before any code runs
-            elif known is None or token != known:
-                raise ProtocolError(
-                    "a message on the sandbox channel did not come from the runner "
-                    "(the code wrote to the channel's descriptor)"
-                )
+            reply = await self._receive(learn_token=message["op"] == "init")
             op = reply.get("op")
             if op == "output" and gate is not None:
                 gate.receive(reply)

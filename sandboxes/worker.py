@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import socket
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -36,6 +36,17 @@ class WorkerExit:
 
     detail: str
     oom: bool = False
+
+
+@dataclass
+class ForkPlan:
+    """A fork in preparation (`Worker.prepare_fork`): where the copy lives inside the sandbox, how
+    its channel reaches the runner (``"fd"``: a descriptor passed on the channel socket), and what the
+    backend keeps until `Worker.forked` or `Worker.abandon_fork`."""
+
+    workdir: str
+    channel: Literal["fd", "listen"] = "fd"
+    state: dict[str, Any] = field(default_factory=dict)
 
 
 class Worker(ABC):
@@ -73,6 +84,23 @@ class Worker(ABC):
     @abstractmethod
     async def exit_info(self) -> WorkerExit:
         """After the channel closed: why the worker ended (exit code, signal, OOM kill...)."""
+
+    async def prepare_fork(self) -> ForkPlan:
+        """Make what a fork of this runner needs (its working directory, its channel's other end);
+        raise `ForkError` where this worker cannot be forked. Default: it cannot."""
+        from .errors import ForkError
+
+        raise ForkError(f"this backend's workers ({type(self).__name__}) cannot be forked")
+
+    async def hand_over(self, plan: ForkPlan) -> None:  # noqa: B027 - optional: "fd" channels only
+        """The runner asked for the fork's channel (``fork_channel``): give it."""
+
+    def forked(self, plan: ForkPlan, pid: int) -> Worker:
+        """The fork's own worker, once the runner said it forked (`pid`, as the runner sees it)."""
+        raise NotImplementedError
+
+    async def abandon_fork(self, plan: ForkPlan) -> None:  # noqa: B027 - optional: nothing to undo
+        """Undo `prepare_fork` for a fork that did not happen. Never raises."""
 
     @abstractmethod
     async def write_file(self, path: str, data: bytes) -> None:

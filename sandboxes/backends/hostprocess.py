@@ -33,11 +33,11 @@ import time
 
 import anyio
 
-from ..errors import SandboxFileError, WorkerStartError
+from ..errors import ForkError, SandboxFileError, WorkerStartError
 from ..runtime import RUNTIME_DIR
 from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
 from ..usage import ProcessProbe, ProcessTree, find_in_namespace
-from ..worker import SocketLineReader, Worker, WorkerExit
+from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited
 from .bubblewrap import Bubblewrap, choose
 
 RUNNER = RUNTIME_DIR / "runner.py"
@@ -75,6 +75,9 @@ class HostWorker(Worker):
         self._killed = False
         self.server_pid = server_pid  # the fork server's bwrap, under which a forked runner lives
         self._tree: ProcessTree | None = None
+        # The sessions sharing this one's private user: it and its forks (`Executor.fork`). The kill
+        # that sweeps a user's processes runs only for the last of them; the others end by their tree.
+        self.family: set[HostWorker] = {self}
 
     def usage_probe(self) -> ProcessProbe:
         return ProcessProbe(self.process_tree())
@@ -120,17 +123,26 @@ class HostWorker(Worker):
     def kill_now(self) -> None:
         """Synchronous kill, for `atexit` and `kill()`."""
         if not self._killed:
+            self.family.discard(self)
+            last = not self.family  # no fork shares this session's user any more
+            own_tree = not last and self.process is None and self.isolation == "namespaces"
+            tree = self.process_tree() if own_tree else None
             self._killed = True
             if self.pid is not None and (self.process is not None or self._still_ours()):
                 if self.isolation == "process":
                     kill_process_tree(self.pid)
                 signal_group(self.pid, signal.SIGKILL)
-            if self.uid is not None and (self.isolation == "process" or self.process is None):
+            elif tree is not None and not last and tree.alive():
+                kill_process_tree(tree.pid, include_root=True)  # its own tree: not its forks'
+                signal_group(tree.pid, signal.SIGKILL)
+            if self.uid is not None and last and (self.isolation == "process" or self.process is None):
                 _kill_user_processes(self.uid)
             self.channel.sock.close()
             if self.process is None:
                 _wait_until_reaped(
-                    self.pid if self.isolation == "process" else None, self.start_time, self.uid
+                    self.pid if self.isolation == "process" else None,
+                    self.start_time,
+                    self.uid if last else None,
                 )
         if self.process is not None:
             try:
@@ -139,6 +151,66 @@ class HostWorker(Worker):
                 pass
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ fork (runtime/sessionfork.py)
+
+    async def prepare_fork(self) -> ForkPlan:
+        if self.process is not None and self.isolation == "namespaces":
+            raise ForkError(
+                "this session runs in a sandbox of its own (an explicit workdir=, or no fork server "
+                "here), whose processes all end with it, so a fork could not outlive it; fork sessions "
+                "opened without workdir="
+            )
+        return await anyio.to_thread.run_sync(self._prepare_fork)
+
+    def _prepare_fork(self) -> ForkPlan:
+        parent = os.path.dirname(self.workdir)
+        if self.owns_workdir:  # a session directory: its sibling, under the same (sandbox-visible) base
+            directory = tempfile.mkdtemp(dir=parent)
+        else:  # the caller's own directory: the copy is ours, in the system's temporary directory
+            directory = tempfile.mkdtemp(prefix="kodeagent-fork-")
+        os.chmod(directory, 0o700)
+        if self.uid is not None:
+            os.lchown(directory, self.uid, self.uid)
+        ours, theirs = socket.socketpair()
+        return ForkPlan(directory, "fd", {"ours": ours, "theirs": theirs})
+
+    async def hand_over(self, plan: ForkPlan) -> None:
+        theirs: socket.socket = plan.state["theirs"]
+        sock = self.channel.sock
+        while True:
+            try:
+                socket.send_fds(sock, [b"F"], [theirs.fileno()])
+                break
+            except BlockingIOError:
+                await anyio.wait_writable(sock)
+            except OSError as exc:
+                raise WorkerExited(f"the runner's channel is closed ({exc})") from exc
+        theirs.close()
+
+    def forked(self, plan: ForkPlan, pid: int) -> HostWorker:
+        plan.state["theirs"].close()
+        child = HostWorker(
+            None,
+            plan.state.pop("ours"),
+            plan.workdir,
+            self.uid,
+            self.isolation,
+            owns_workdir=True,
+            pid=pid,
+            server_pid=self.server_pid if self.isolation == "namespaces" else None,
+        )
+        child.family = self.family
+        self.family.add(child)
+        _LIVE_WORKERS.add(child)
+        return child
+
+    async def abandon_fork(self, plan: ForkPlan) -> None:
+        for key in ("ours", "theirs"):
+            end = plan.state.pop(key, None)
+            if end is not None:
+                end.close()
+        shutil.rmtree(plan.workdir, ignore_errors=True)
 
     def _still_ours(self) -> bool:
         """A fork-server child's host pid still names that child (process level only)."""

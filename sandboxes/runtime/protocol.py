@@ -118,7 +118,16 @@ class ToolResult(TypedDict):
     error: NotRequired[ErrorDetail]
 
 
-Request = WarmupRequest | InitRequest | RunRequest | ResetRequest
+class ForkRequest(TypedDict):
+    """Fork the session's runner (`runtime/sessionfork.py`): the copy lives in `workdir`, and its
+    channel comes as `channel` says (``"fd"``: a descriptor the parent passes on asking)."""
+
+    op: Literal["fork"]
+    workdir: str
+    channel: Literal["fd", "listen"]
+
+
+Request = WarmupRequest | InitRequest | RunRequest | ResetRequest | ForkRequest
 
 
 # ---------------------------------------------------------------------- replies (runner -> parent)

@@ -20,6 +20,7 @@ Requests and replies::
                                                "artifacts", "artifacts_omitted"}
                                                   (every part bounded: bounds.py)
     {"op": "reset"}                        -> {"op": "reply"}
+    {"op": "fork", "workdir": DIR, "channel": "fd"}  -> a new session's runner (`sessionfork.py`)
     during a run:  {"op": "tool_call", "id", "name", "args", "kwargs"}  <- {"op": "tool_result", ...}
     during a run with "stream": {"chars", "chars_per_second"}:
                    {"op": "output", "stream": "stdout"|"stderr", "text", "dropped"}  (no answer)
@@ -104,6 +105,7 @@ def _load_sibling(name: str) -> Any:
 
 
 bounds = _load_sibling("bounds")
+sessionfork = _load_sibling("sessionfork")
 omission_marker = bounds.omission_marker
 
 
@@ -118,12 +120,25 @@ class Channel:
         # descriptor (with `os` allowed) but cannot forge a message.
         self.token = os.urandom(16).hex()
         self.forked_child = False
+        self.own_fork = False  # set while the runner forks a new session (`sessionfork.py`)
         # One writer at a time: the stream's sender thread, tool calls and replies never interleave.
         self.lock = threading.Lock()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._close_in_child)
 
+    def rebind(self, fd: int) -> None:
+        """In a forked session's runner: leave the old channel and speak on `fd`, with a new token."""
+        self.reader.close()
+        os.close(self.write_fd)
+        self.reader = open(fd, "rb", buffering=1 << 16, closefd=True)
+        self.write_fd = os.dup(fd)
+        self.token = os.urandom(16).hex()
+        self.forked_child = False
+        self.lock = threading.Lock()
+
     def _close_in_child(self) -> None:
+        if self.own_fork:  # the runner's own fork: `rebind` leaves the old channel in order
+            return
         # A process the code forked must never speak on (or read from) the parent's channel.
         self.forked_child = True
         for fd in (self.reader.fileno(), self.write_fd):
@@ -164,17 +179,27 @@ class Capture:
     def __init__(self, target_fd: int, name: str) -> None:
         self.target_fd = target_fd
         self.name = name
+        self.limit = 64_000
+        self.sink: Any = None
+        """Called with (name, text) for every decoded piece (the stream of a streamed run)."""
+        self.open_pipe()
+
+    def open_pipe(self) -> None:
+        """A new pipe behind the target descriptor (at start, and in a forked session's runner)."""
         self.read_fd, self.fd = os.pipe()
         os.set_blocking(self.read_fd, False)
         try:  # a larger pipe: fewer wake-ups of the drain thread under a flood of output
             fcntl.fcntl(self.fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
         except OSError:
             pass
-        self.limit = 64_000
-        self.sink: Any = None
-        """Called with (name, text) for every decoded piece (the stream of a streamed run)."""
         self.clear()
         self.attach()
+
+    def reopen(self) -> None:
+        """Leave the pipe shared with the runner this one was forked from, for a pipe of its own."""
+        for fd in (self.read_fd, self.fd):
+            os.close(fd)
+        self.open_pipe()
 
     def attach(self) -> None:
         """(Re)point the target descriptor at the pipe, even if the code closed or moved it."""
@@ -434,6 +459,7 @@ class Runner:
         self.has_final = False
         self.workdir = os.path.realpath(os.getcwd())
         self.reserve = MemoryReserve(0, self.system)
+        self.subreaper = False  # set by `main` when the runner took orphans (a fork restores it)
 
     # ------------------------------------------------------------------ requests
 
@@ -459,6 +485,11 @@ class Runner:
             elif op == "reset":
                 self.namespace = self.fresh_namespace()  # finalizers of the old one run confined
                 self.channel.send(_reply())
+            elif op == "fork" and self.initialised:
+                with self.system.trusted():
+                    forked = sessionfork.fork(self, message, self.subreaper)
+                if forked is not None:  # None: this is the new session's runner, already greeted
+                    self.channel.send(forked)
             elif op == "warmup" and not self.initialised:
                 self.warm_up()
                 self.channel.send(_reply())
@@ -532,6 +563,30 @@ class Runner:
                     self.stderr.read_fd,
                 ),
             )
+
+    def restart_capture(self) -> None:
+        """In a forked session's runner: pipes, a drain and a stream sender of its own (threads do
+        not survive a fork, and the pipes are still the parent's)."""
+        for capture in (self.stdout, self.stderr):
+            capture.reopen()
+        self.drain = Drain((self.stdout, self.stderr))
+        self.streamer = Streamer(self.channel)
+        self.stdout.sink = self.stderr.sink = self.streamer.offer
+
+    def moved_to(self, workdir: str) -> None:
+        """The session now lives in `workdir` (a fork's copy): files and protected descriptors follow."""
+        self.workdir = os.path.realpath(workdir)
+        self.system.workdir = self.workdir
+        self.system.protected_fds = frozenset(
+            (
+                self.channel.reader.fileno(),
+                self.channel.write_fd,
+                self.stdout.fd,
+                self.stderr.fd,
+                self.stdout.read_fd,
+                self.stderr.read_fd,
+            )
+        )
 
     def fresh_namespace(self) -> dict[str, Any]:
         return {"__builtins__": self.builtins, "__name__": "__main__", "__doc__": None}
@@ -942,7 +997,7 @@ def _take_channel() -> Channel:
     return Channel(read_fd, write_fd)
 
 
-def _become_subreaper() -> None:
+def _become_subreaper() -> bool:
     """Orphans of the code's processes (a `setsid` double fork) are re-parented to the runner rather
     than to init, so the supervisor finds every one of them in the runner's process tree (Linux)."""
     if sys.platform.startswith("linux"):
@@ -950,12 +1005,15 @@ def _become_subreaper() -> None:
             import ctypes
 
             ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+            return True
         except (OSError, AttributeError):
             pass
+    return False
 
 
 def main(argv: list[str]) -> None:
     uid = gid = 0
+    subreaper = False
     args = iter(argv)
     for flag in args:
         if flag == "--sys-path":
@@ -965,7 +1023,7 @@ def main(argv: list[str]) -> None:
         elif flag == "--gid":
             gid = int(next(args))
         elif flag == "--subreaper":
-            _become_subreaper()
+            subreaper = _become_subreaper()
     channel = _take_channel()
     try:
         _drop_privileges(uid, gid or uid)
@@ -975,6 +1033,7 @@ def main(argv: list[str]) -> None:
             frozenset(), frozenset()
         )  # import RestrictedPython before the first run
         runner = Runner(channel, guard_module, audit_module)
+        runner.subreaper = subreaper
     except BaseException as exc:
         channel.send({"op": "fatal", "message": f"{type(exc).__name__}: {exc}"})
         raise SystemExit(3) from None
