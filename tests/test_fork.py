@@ -225,3 +225,35 @@ def test_the_sync_facade_forks() -> None:
             seen = child.run("print(x)").stdout
         kept = parent.run("print(x)").stdout
     assert (seen, kept) == ("4\n", "3\n")
+
+
+async def test_unrelated_sessions_stay_separated_from_a_fork_at_the_os_layer() -> None:
+    # Without the Python guards only the OS boundary holds: a fork shares its parent's user, but an
+    # unrelated session still cannot read, write or signal into the fork's files and processes.
+    unguarded = Policy(python_guards=False)
+    async with HostExecutor(isolation="namespaces", timeout=10, policy=unguarded) as parent:
+        await parent.run("open('secret.txt', 'w').write('family')")
+        async with (
+            await parent.fork() as child,
+            HostExecutor(isolation="namespaces", timeout=10, policy=unguarded) as stranger,
+        ):
+            where = (await child.run("import os\nprint(os.getcwd(), os.getpid())")).stdout.split()
+            workdir, pid = where[0], int(where[1])
+            probe = (
+                "import os\n"
+                "for attempt in ('read', 'write', 'signal'):\n"
+                "    try:\n"
+                f"        if attempt == 'read': open({workdir!r} + '/secret.txt').read()\n"
+                f"        elif attempt == 'write': open({workdir!r} + '/planted.txt', 'w').write('x')\n"
+                f"        else: os.kill({pid}, 0)\n"
+                "        print(attempt, 'reached')\n"
+                "    except OSError as e:\n"
+                "        print(attempt, type(e).__name__)"
+            )
+            attempts = await stranger.run(probe)
+            listing = await child.run("print(sorted(os.listdir('.')))")
+            shared = await child.run(f"print(open({workdir!r} + '/secret.txt').read())")
+    assert "reached" not in attempts.stdout, attempts.stdout
+    assert attempts.stdout.count("PermissionError") + attempts.stdout.count("ProcessLookupError") == 3
+    assert listing.stdout == "['secret.txt']\n"  # nothing was planted
+    assert shared.stdout == "family\n"  # (the control: the fork itself reads its own copy)
