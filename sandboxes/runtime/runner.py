@@ -41,7 +41,6 @@ import json
 import linecache
 import mmap
 import os
-import re
 import select
 import sys
 import threading
