@@ -607,7 +607,7 @@ class Runner:
     def compile_tree(self, tree: ast.AST, filename: str, mode: str) -> Any:
         if self.python_guards:
             return self.guard.compile_tree(tree, filename, mode)
-        return compile(tree, filename, mode, dont_inherit=True)
+        return compile(tree, filename, mode, dont_inherit=True)  # type: ignore[call-overload]  # a Module or an Expression
 
     def compile_cell(self, source: str, filename: str) -> tuple[Any, Any]:
         """The code of a run, and apart from it its last statement when that is an expression, whose
