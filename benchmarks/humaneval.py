@@ -190,15 +190,27 @@ def harness_policy() -> Any:
     )
 
 
+DRIVER_PATH = Path(__file__).parent / "humaneval_driver.py"
+
+
 @functools.cache
 def driver_source() -> str:
-    """The text of `humaneval_driver.py`, sent as the head of every harness-semantics snippet."""
-    return (Path(__file__).parent / "humaneval_driver.py").read_text(encoding="utf-8")
+    """The text of `humaneval_driver.py`, sent as the head of every harness-semantics snippet where
+    the backend cannot preload it."""
+    return DRIVER_PATH.read_text(encoding="utf-8")
 
 
-def harness_snippet(program: str, timeout: float) -> str:
-    """The driver, then one call line with the program and the timeout as literals."""
-    return f"{driver_source()}\nfinal_answer(check_program({program!r}, {float(timeout)!r}))\n"
+def harness_snippet(program: str, timeout: float, preloaded: bool = False) -> str:
+    """One call line with the program and the timeout as literals, after the driver: imported from
+    the session's preloaded modules (`preloaded`: host, `HostExecutor(preload=...)`, compiled once in
+    the fork server), else its whole text."""
+    head = f"from {DRIVER_PATH.stem} import check_program" if preloaded else driver_source()
+    return f"{head}\nfinal_answer(check_program({program!r}, {float(timeout)!r}))\n"
+
+
+def preloads_driver(backend: str, options: dict[str, Any]) -> bool:
+    """Whether the harness sessions of `backend` import the driver from their preloaded modules."""
+    return backend == "host" and str(DRIVER_PATH) in [str(p) for p in options.get("preload", ())]
 
 
 def harness_verdict(result: Any) -> str:
@@ -257,6 +269,8 @@ def session_options(
     options = dict(backend_options or {})
     if semantics == "harness":
         options.setdefault("env", HARNESS_ENV)
+        if backend == "host":  # the driver compiled and loaded once, in the fork server
+            options.setdefault("preload", [str(DRIVER_PATH)])
         return {"timeout": timeout + 1 + SESSION_SLACK, **options}
     return {"timeout": timeout, **options}
 
@@ -296,6 +310,7 @@ async def run_sandbox(
 
     harness = semantics == "harness"
     options = session_options(backend, semantics, timeout, backend_options)
+    preloaded = harness and preloads_driver(backend, options)
     limiter = anyio.CapacityLimiter(concurrency)
     outcomes: list[Outcome | None] = [None] * len(jobs)
     shared_policy = harness_policy() if harness else None
@@ -321,7 +336,7 @@ async def run_sandbox(
         policy = shared_policy or policies.get(job.task_id)
         if policy is None:
             policy = policies[job.task_id] = policy_for(job.problem, extra_imports)
-        code = harness_snippet(job.program, timeout) if harness else job.program
+        code = harness_snippet(job.program, timeout, preloaded) if harness else job.program
         executor = None
         async with limiter:
             started = time.perf_counter()

@@ -106,3 +106,30 @@ async def test_namespaces_alone_hide_host_files_from_native_code():
         result = await ex.run(code)
     assert result.ok, result.error
     assert result.stdout == "FileNotFoundError\n"
+
+
+async def test_preloaded_modules_are_imported_once_and_each_session_has_its_own_copy(tmp_path):
+    module = tmp_path / "shared_helpers.py"
+    module.write_text(
+        "import os\nLOADED_BY = os.getpid()\ncalls = []\ndef note(x):\n    calls.append(x)\n    return len(calls)\n"
+    )
+    allowed = Policy(allowed_imports=["shared_helpers"])
+    seen = []
+    for _ in range(3):
+        async with HostExecutor(timeout=10, preload=[module], policy=allowed) as ex:
+            seen.append(
+                (
+                    await ex.run(
+                        "import shared_helpers\nprint(shared_helpers.note('x'), shared_helpers.LOADED_BY)"
+                    )
+                ).stdout
+            )
+    async with HostExecutor(timeout=10, preload=[module]) as guarded:
+        refused = await guarded.run("import shared_helpers")
+    counts = {line.split()[0] for line in seen}
+    loaders = {line.split()[1] for line in seen}
+    assert counts == {"1"}  # a session's changes to the module never reach the next session
+    assert len(loaders) == 1  # imported once, by the fork server, before the sessions were forked
+    assert refused.error is not None and refused.error.type == "PolicyViolation"  # the allowlist still rules
+    with pytest.raises(ValueError, match="name.py"):
+        HostExecutor(preload=[tmp_path / "not-a-module.txt"])

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import json
 import os
 import pathlib
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 
 import anyio
 
@@ -488,6 +490,45 @@ def _runner_flags(uid: int | None, isolation: str) -> list[str]:
     return flags
 
 
+# ---------------------------------------------------------------------- preloaded trusted modules
+
+
+@functools.cache
+def _preload_root() -> pathlib.Path:
+    root = pathlib.Path(tempfile.mkdtemp(prefix="kodeagent-preload-"))
+    os.chmod(root, 0o755)
+    atexit.register(shutil.rmtree, root, True)
+    return root
+
+
+def stage_preload(paths: Iterable[str | os.PathLike[str]]) -> tuple[str, ...]:
+    """Copies of trusted module files where every sandbox can read them (never write them), named
+    by content: what `HostExecutor(preload=...)` imports in the fork server before any session."""
+    staged = []
+    for path in paths:
+        source = pathlib.Path(path)
+        if source.suffix != ".py" or not source.stem.isidentifier():
+            raise ValueError(f"preload takes Python files named like modules (name.py), not {str(path)!r}")
+        try:
+            data = source.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"cannot read the preload file {str(path)!r}: {exc}") from exc
+        folder = _preload_root() / hashlib.sha256(data).hexdigest()[:16]
+        target = folder / source.name
+        if not target.exists():
+            folder.mkdir(mode=0o755, exist_ok=True)
+            partial = folder / f".{source.name}.{os.getpid()}.{threading.get_ident()}"
+            partial.write_bytes(data)
+            os.chmod(partial, 0o644)
+            os.replace(partial, target)
+        staged.append(str(target))
+    return tuple(staged)
+
+
+def _preload_flags(preload: tuple[str, ...]) -> list[str]:
+    return [arg for path in preload for arg in ("--preload", path)]
+
+
 def _python(script: pathlib.Path) -> list[str]:
     command = [sys.executable, "-I", "-S", str(script)]
     for path in _site_dirs():
@@ -495,10 +536,14 @@ def _python(script: pathlib.Path) -> list[str]:
     return command
 
 
-def _sandboxed(command: list[str], isolation: str, network: bool, writable: str) -> list[str]:
-    """Wrap `command` in bubblewrap at the namespaces level; `writable` is the one writable directory."""
+def _sandboxed(
+    command: list[str], isolation: str, network: bool, writable: str, preload: tuple[str, ...] = ()
+) -> list[str]:
+    """Wrap `command` in bubblewrap at the namespaces level; `writable` is the one writable directory
+    (and staged `preload` files are readable)."""
     if isolation != "namespaces":
         return command
+    readable = _bind_with_parents(str(_preload_root())) if preload else []
     return [
         bubblewrap().path or "bwrap",
         *_bwrap_filesystem(),
@@ -509,6 +554,7 @@ def _sandboxed(command: list[str], isolation: str, network: bool, writable: str)
         *([] if network else ["--unshare-net"]),
         "--die-with-parent",
         "--new-session",
+        *readable,
         *_bind_with_parents(writable, writable=True),
         "--chdir",
         writable,
@@ -516,13 +562,16 @@ def _sandboxed(command: list[str], isolation: str, network: bool, writable: str)
     ]
 
 
-def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWorker:
+def spawn_worker(
+    isolation: str, workdir: str | None, network: bool, preload: tuple[str, ...] = ()
+) -> HostWorker:
     """Start a runner in a new interpreter (blocking; call it from the spawner thread)."""
     owns_workdir = workdir is None
     directory = tempfile.mkdtemp(prefix="kodeagent-") if workdir is None else os.path.realpath(workdir)
     os.makedirs(directory, exist_ok=True)
     uid = _private_user(directory, isolation)
-    command = _sandboxed(_python(RUNNER) + _runner_flags(uid, isolation), isolation, network, directory)
+    flags = _runner_flags(uid, isolation) + _preload_flags(preload)
+    command = _sandboxed(_python(RUNNER) + flags, isolation, network, directory, preload)
     parent_end, child_end = socket.socketpair()
     try:
         process = subprocess.Popen(
@@ -548,7 +597,7 @@ def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWork
 class ForkServer:
     """A pre-imported server that forks runners (see `runtime/forkserver.py`). Thread-safe."""
 
-    def __init__(self, isolation: str, network: bool) -> None:
+    def __init__(self, isolation: str, network: bool, preload: tuple[str, ...] = ()) -> None:
         self.isolation = isolation
         # Sessions' working directories live under one base the sandbox can see; each is mode 0700
         # and owned by its session's private user, so sessions cannot read each other's files.
@@ -558,8 +607,8 @@ class ForkServer:
         # Sessions of one server share its sandbox; without their own network (the policy's network
         # is the host's) each child takes network and IPC namespaces of its own (`runtime/netns.py`).
         self.private_network = isolation == "namespaces" and not network
-        flags = ["--private-network"] if self.private_network else []
-        command = _sandboxed(_python(FORKSERVER) + flags, isolation, network, self.base)
+        flags = (["--private-network"] if self.private_network else []) + _preload_flags(preload)
+        command = _sandboxed(_python(FORKSERVER) + flags, isolation, network, self.base, preload)
         try:
             self.process = subprocess.Popen(
                 command,
@@ -643,19 +692,20 @@ class ForkServer:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-_FORK_SERVERS: dict[tuple[str, bool], ForkServer] = {}
+_FORK_SERVERS: dict[tuple[str, bool, tuple[str, ...]], ForkServer] = {}
 _FORK_SERVERS_LOCK = threading.Lock()
 
 
-def fork_worker(isolation: str, network: bool) -> HostWorker:
-    """A runner forked from the (lazily started) fork server of this isolation level and network."""
-    key = (isolation, network)
+def fork_worker(isolation: str, network: bool, preload: tuple[str, ...] = ()) -> HostWorker:
+    """A runner forked from the (lazily started) fork server of this isolation level, network and
+    preloaded modules."""
+    key = (isolation, network, preload)
     with _FORK_SERVERS_LOCK:
         server = _FORK_SERVERS.get(key)
         if server is None or not server.usable():
             if server is not None:
                 server.stop()
-            server = _FORK_SERVERS[key] = ForkServer(isolation, network)
+            server = _FORK_SERVERS[key] = ForkServer(isolation, network, preload)
     return server.fork_worker()
 
 
