@@ -98,6 +98,10 @@ class Outcome:
     close_seconds: float | None = None
     cpu_seconds: float | None = None
     """CPU seconds of the program and all it started, as the sandbox measured it (`ExecutionResult.usage`)."""
+    run_call_seconds: float | None = None
+    """The parent's `run()` call: the runner's own time (`run_seconds`) plus the request and reply."""
+    handshake_seconds: float | None = None
+    """Of `open_seconds`, the runner's answer to `init` (the rest: taking a worker from the pool)."""
 
 
 def build_program(problem: dict[str, Any], completion: str) -> str:
@@ -317,7 +321,9 @@ async def run_sandbox(
     policies: dict[str, Any] = {}
     idle: dict[Any, list[Any]] = {}
     opened: list[Any] = []
-    phases: dict[int, tuple[float, float]] = {}  # job index -> (open seconds, close seconds)
+    phases: dict[int, tuple[float, float, float]] = {}  # job index -> (open, run call, close) seconds
+    closed: list[Any] = []
+    handshakes: dict[int, float | None] = {}
 
     async def run_reused(policy: Any, code: str) -> Any:
         free = idle.setdefault(policy, [])
@@ -347,7 +353,9 @@ async def run_sandbox(
                 try:
                     await executor.open()
                     opened_at = time.perf_counter()
+                    handshakes[index] = getattr(executor.session, "handshake_seconds", None)
                     result = await executor.run(code)
+                    ran_at = time.perf_counter()
                 except BaseException:
                     with anyio.CancelScope(shield=True):
                         await executor.close()
@@ -358,9 +366,10 @@ async def run_sandbox(
             # waiting, and the task group (so the wall time) still waits for every close.
             closing_at = time.perf_counter()
             await executor.close()
-            phases[index] = (opened_at - started, time.perf_counter() - closing_at)
+            closed.append(executor)
+            phases[index] = (opened_at - started, ran_at - opened_at, time.perf_counter() - closing_at)
         verdict = harness_verdict(result) if harness else policy_verdict(result)
-        open_s, close_s = phases.get(index, (None, None))
+        open_s, run_call_s, close_s = phases.get(index, (None, None, None))
         outcomes[index] = Outcome(
             job.task_id,
             job.completion_id,
@@ -371,6 +380,8 @@ async def run_sandbox(
             open_s,
             close_s,
             result.usage.cpu_seconds if result.usage is not None else None,
+            run_call_s,
+            handshakes.get(index),
         )
         advance(1)
 
@@ -378,6 +389,9 @@ async def run_sandbox(
         async with anyio.create_task_group() as group:
             for index, job in enumerate(jobs):
                 group.start_soon(one, index, job)
+        # close() returns before the worker is reaped (host): the wall time includes every reap.
+        for executor in closed:
+            await executor.wait_closed()
     finally:
         for executor in opened:
             await executor.close()
@@ -560,7 +574,9 @@ def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[s
     }
     for key, attribute in (
         ("per_program_run_only", "run_seconds"),
+        ("run_call", "run_call_seconds"),
         ("session_open", "open_seconds"),
+        ("handshake", "handshake_seconds"),
         ("session_close", "close_seconds"),
         ("per_program_cpu", "cpu_seconds"),
     ):
@@ -736,10 +752,13 @@ def report(console: Console, result: dict[str, Any]) -> None:
                 *(["-"] * (len(sides) - 1)),
             ]
         )
-    # the sandbox's time split: opening a session, running the program, closing the session
+    # the sandbox's time split: opening a session (pool take and handshake), the run() call, of it
+    # the runner's own time (the driver's work), and closing the session (the reap is off this path)
     for key, label in (
         ("session_open", "open()"),
-        ("per_program_run_only", "run()"),
+        ("handshake", "  of it the handshake"),
+        ("run_call", "run() call"),
+        ("per_program_run_only", "  in the runner"),
         ("session_close", "close()"),
     ):
         part = result["sandbox"].get(key)

@@ -186,15 +186,19 @@ class RunnerSession(Session):
         self.output_limit = output_limit
         self._release = release
         self.isolation = worker.isolation
+        self.handshake_seconds: float | None = None
+        """How long the runner took to answer `init` (for breakdowns: `bench humaneval`)."""
         worker.line_limit = bounds.line_limit(output_limit)
 
     @classmethod
     async def start(cls, worker: Worker, init: InitRequest, release: Release | None = None) -> RunnerSession:
         """Shake hands with a started runner; on any failure the worker is killed before this raises."""
         session = cls(worker, init["output_limit"], release)
+        started = time.perf_counter()
         try:
             with anyio.fail_after(HANDSHAKE_TIMEOUT):
                 await session._request(init, _no_tools)
+            session.handshake_seconds = time.perf_counter() - started
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await worker.kill()
