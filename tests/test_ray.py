@@ -538,3 +538,22 @@ async def test_a_crash_or_timeout_in_a_fork_leaves_its_parent_untouched(cluster:
             assert stuck.timed_out and stuck.state_lost, stuck
             after = await parent.run("print(x)")
             assert after.ok and after.stdout == "41\n" and not after.state_lost, after
+
+
+async def test_a_fork_the_nodes_backend_refuses_leaves_the_parent_on_its_node(
+    cluster: Any, tmp_path: Any
+) -> None:
+    """The node's executor refuses (a session with a sandbox of its own cannot be forked there): the
+    driver raises its `ForkError`, the parent runs on, and no session was added on the node."""
+    from sandboxes import ForkError
+    from sandboxes.backends.raycluster import agent
+
+    async with executor(timeout=10, isolation="namespaces", workdir=str(tmp_path)) as parent:
+        assert (await parent.run("x = 1")).ok
+        node = agent(parent.node_id)
+        before = (await node.info.remote())["sessions"]
+        with pytest.raises(ForkError, match="sandbox of its own"):
+            await parent.fork()
+        after = await parent.run("print(x)")
+        assert after.ok and after.stdout == "1\n" and not after.state_lost, after
+        assert (await node.info.remote())["sessions"] == before
