@@ -557,3 +557,31 @@ async def test_a_fork_the_nodes_backend_refuses_leaves_the_parent_on_its_node(
         after = await parent.run("print(x)")
         assert after.ok and after.stdout == "1\n" and not after.state_lost, after
         assert (await node.info.remote())["sessions"] == before
+
+
+async def test_a_snapshot_holds_a_unit_of_its_node_and_closes_with_its_executor(cluster: Any) -> None:
+    """A snapshot is a kept fork: a session on its parent's node, holding a unit there. With the parent
+    and its snapshot, a node of 2 is full: opening from the snapshot waits for a unit on that node and
+    is refused past the wait, the snapshot and the parent intact. (Opening one where there is room is a
+    fork of the kept copy: `test_closing_the_parent_leaves_its_fork_running_and_a_fork_of_a_fork_works`.)"""
+    from sandboxes import ExecutorClosed, ForkError, open_executor
+    from sandboxes.backends.raycluster import agent
+
+    assert backend_ray.PER_NODE == 2
+    parent = await executor(timeout=10, placement_timeout=1).open()
+    try:
+        assert (await parent.run("x = 1")).ok
+        node = agent(parent.node_id)
+        before = (await node.info.remote())["sessions"]
+        snapshot = await parent.snapshot()
+        assert (await node.info.remote())["sessions"] == before + 1  # the kept copy is a session there
+        assert (await parent.run("x = 2")).ok
+        with pytest.raises(ForkError, match="capacity on its parent's node"):
+            await open_executor("ray", from_snapshot=snapshot).open()
+        assert not snapshot.closed and (await parent.run("print(x)")).stdout == "2\n"
+    finally:
+        await parent.close()
+    assert snapshot.closed
+    with pytest.raises(ExecutorClosed):
+        snapshot.executor()
+    assert (await node.info.remote())["sessions"] == before - 1
