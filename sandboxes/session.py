@@ -153,6 +153,10 @@ class Session(ABC):
     async def close(self) -> None:
         """End an idle session normally (it may be recycled where the backend can prove it clean)."""
 
+    async def wait_closed(self) -> None:  # noqa: B027 - optional: most closes end everything at once
+        """After `close()`: wait until everything of the session is gone, where the backend ends
+        sessions in the background (host: the reaper thread)."""
+
     async def fork(self) -> tuple[Session, ForkReport]:
         """A new, independent session that starts with a copy of this one's state and files (the
         session is idle). Raise `ForkError` for a fork refused with this session intact; anything
@@ -258,6 +262,9 @@ class RunnerSession(Session):
     async def discard(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
             await self.worker.kill()
+
+    async def wait_closed(self) -> None:
+        await self.worker.wait_reaped()
 
     async def fork(self) -> tuple[Session, ForkReport]:
         """Fork the runner (`runtime/sessionfork.py`): the worker supplies the new channel and the

@@ -79,10 +79,13 @@ async def test_explicit_workdir_is_used_and_kept(tmp_path):
 
 @pytest.mark.parametrize("isolation", ["process", "auto"])
 async def test_close_leaves_no_worker_process(isolation):
+    # close() hands the worker to the reaper thread and returns; wait_closed() waits for the reap.
     async with HostExecutor(timeout=10, pool=False, isolation=isolation) as ex:
         await ex.run("print(1)")
         worker = ex.session.worker
         pid, uid = worker.pid, worker.uid
+    await ex.wait_closed()
+    assert worker.reaped.is_set()
     if worker.isolation == "process":
         assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
     elif uid is None:  # a namespaced fork-server child is found only by its private user (as root)

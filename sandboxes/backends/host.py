@@ -33,6 +33,7 @@ import anyio
 from ..errors import BackendUnavailable, WorkerStartError
 from ..executor import Executor, ExecutorOptions
 from ..session import Session
+from ..worker import Worker
 from .hostprocess import _LIVE_WORKERS, HostWorker, fork_worker, namespaces_available, spawn_worker
 
 Isolation = Literal["auto", "namespaces", "process"]
@@ -96,6 +97,12 @@ def _kill_pooled_workers() -> None:
             worker.kill_now()
 
 
+async def _retire(worker: Worker) -> None:
+    """A normal close: the worker is killed and reaped off the caller's path (`hostreap.py`)."""
+    assert isinstance(worker, HostWorker)
+    await worker.retire()
+
+
 class HostExecutor(Executor):
     """Runs code in a worker process on this machine. See the module docs for the isolation levels.
 
@@ -140,4 +147,4 @@ class HostExecutor(Executor):
             _LIVE_WORKERS.add(worker)
         if self.use_pool:
             _refill(key)
-        return await self._runner_session(worker)
+        return await self._runner_session(worker, release=_retire)

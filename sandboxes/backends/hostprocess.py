@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import itertools
 import json
 import os
 import pathlib
@@ -39,11 +38,12 @@ from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, s
 from ..usage import ProcessProbe, ProcessTree, find_in_namespace
 from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited
 from .bubblewrap import Bubblewrap, choose
+from .hostreap import REAPER, PrivateUsers
 
 RUNNER = RUNTIME_DIR / "runner.py"
 FORKSERVER = RUNTIME_DIR / "forkserver.py"
 UID_BASE = 200_000 + (os.getpid() % 500) * 1000
-_uid_counter = itertools.count(1)
+PRIVATE_USERS = PrivateUsers(UID_BASE)
 
 
 class HostWorker(Worker):
@@ -78,6 +78,8 @@ class HostWorker(Worker):
         # The sessions sharing this one's private user: it and its forks (`Executor.fork`). The kill
         # that sweeps a user's processes runs only for the last of them; the others end by their tree.
         self.family: set[HostWorker] = {self}
+        self.reaped = threading.Event()  # set once killed and reaped (`kill_now` has finished)
+        self._free_uid = False
 
     def usage_probe(self) -> ProcessProbe:
         return ProcessProbe(self.process_tree())
@@ -121,7 +123,14 @@ class HostWorker(Worker):
             return False
 
     def kill_now(self) -> None:
-        """Synchronous kill, for `atexit` and `kill()`."""
+        """Synchronous kill and reap, for `atexit`, `kill()` and the reaper thread (`retire`)."""
+        try:
+            self._kill_now()
+        finally:
+            _LIVE_WORKERS.discard(self)
+            self.reaped.set()
+
+    def _kill_now(self) -> None:
         if not self._killed:
             self.family.discard(self)
             last = not self.family  # no fork shares this session's user any more
@@ -138,19 +147,24 @@ class HostWorker(Worker):
             if self.uid is not None and last and (self.isolation == "process" or self.process is None):
                 _kill_user_processes(self.uid)
             self.channel.sock.close()
+            gone = True
             if self.process is None:
-                _wait_until_reaped(
+                gone = _wait_until_reaped(
                     self.pid if self.isolation == "process" else None,
                     self.start_time,
                     self.uid if last else None,
                 )
+            self._free_uid = self.uid is not None and last and gone
         if self.process is not None:
             try:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                pass
+                self._free_uid = False
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._free_uid and self.uid is not None:
+            self._free_uid = False
+            PRIVATE_USERS.release(self.uid)
 
     # ------------------------------------------------------------------ fork (runtime/sessionfork.py)
 
@@ -239,9 +253,16 @@ class HostWorker(Worker):
             sock.setblocking(False)
 
     async def kill(self) -> None:
-        _LIVE_WORKERS.discard(self)
         self.channel.wake_waiters()
         await anyio.to_thread.run_sync(self.kill_now)
+
+    async def retire(self) -> None:
+        """End an idle worker off the caller's path: the reaper thread kills and reaps it
+        (`hostreap.py`); `wait_reaped` waits for that."""
+        await REAPER.submit(self.kill_now)
+
+    async def wait_reaped(self, timeout: float = 30.0) -> bool:
+        return await anyio.to_thread.run_sync(self.reaped.wait, timeout)
 
     async def exit_info(self) -> WorkerExit:
         if self.process is None:
@@ -403,9 +424,9 @@ def _start_time(pid: int | None) -> int | None:
         return None
 
 
-def _wait_until_reaped(pid: int | None, start: int | None, uid: int | None, limit: float = 2.0) -> None:
+def _wait_until_reaped(pid: int | None, start: int | None, uid: int | None, limit: float = 2.0) -> bool:
     """Wait (briefly) until a fork-server child and its user's processes are gone, zombies included,
-    so that `close()` returning means nothing of the session is left in the process table."""
+    so that a reaped session has nothing left in the process table; False if some are still there."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if pid is not None and start is not None and _start_time(pid) == start:
@@ -416,7 +437,8 @@ def _wait_until_reaped(pid: int | None, start: int | None, uid: int | None, limi
         ):
             time.sleep(0.002)
             continue
-        return
+        return True
+    return False
 
 
 def _owner(entry: os.DirEntry[str]) -> int | None:
@@ -450,7 +472,7 @@ def _private_user(directory: str, isolation: str) -> int | None:
     )
     if os.getuid() != 0 or not (isolation == "namespaces" or reachable):
         return None
-    uid = UID_BASE + next(_uid_counter) % 1000
+    uid = PRIVATE_USERS.take()
     for root, dirs, files in os.walk(directory):
         for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
             os.lchown(name, uid, uid)
