@@ -99,7 +99,8 @@ async def test_first_success_keeps_the_winner_alone_and_closes_the_rest(parent: 
     try:
         assert branch.index == 2 and branch.code == WINS and branch.result.stdout == "42\n"
         failed, waiting, won = branch.results
-        assert failed is not None and failed.error is not None and failed.error.type == "ZeroDivisionError"
+        # the failing one ran as fast as the winner: finished first (its error) or cancelled
+        assert failed is None or (failed.error is not None and failed.error.type == "ZeroDivisionError")
         assert waiting is None  # cancelled when the winner came in: it never saw the winner's file
         assert won is branch.result
         # only the parent and the kept fork run as the session's user: the two losers are gone
