@@ -130,24 +130,35 @@ async def first_success(
     `succeeded` decides what counts (default: `result.ok`, no error and no timeout). The moment one
     succeeds the other runs are cancelled and their forks closed. Raises `BranchError` (with every
     result) when none succeeds, `ForkError`/`ExecutorBusy`/`ExecutorClosed` when `executor` cannot be
-    forked; `TypeError`/`ValueError` for an empty or malformed list."""
+    forked; `TypeError`/`ValueError` for an empty or malformed list. What a run raises (it raises
+    only for misuse, or a sandbox that cannot be restarted) ends the race and is raised as itself,
+    every fork closed."""
     codes = _candidates(candidates)
     forks = await _fork(executor, len(codes))
     results: list[ExecutionResult | None] = [None] * len(codes)
+    failure: list[Exception] = []
     winner: int | None = None
     try:
         async with anyio.create_task_group() as group:
 
             async def attempt(index: int) -> None:
                 nonlocal winner
-                result = await forks[index].run(codes[index])
+                try:
+                    result = await forks[index].run(codes[index])
+                    won = winner is None and succeeded(result)
+                except Exception as exc:  # re-raised below as itself, not inside an exception group
+                    failure.append(exc)
+                    group.cancel_scope.cancel()
+                    return
                 results[index] = result
-                if winner is None and succeeded(result):
+                if won:
                     winner = index
                     group.cancel_scope.cancel()
 
             for index in range(len(codes)):
                 group.start_soon(attempt, index)
+        if failure:
+            raise failure[0]
     except BaseException:
         await _close(forks)
         raise
@@ -175,18 +186,25 @@ async def best_of(executor: Executor, candidates: Sequence[str], *, rank: Rank =
     `rank(code, result)` (sync or async) scores a candidate, higher is better (default: 1 for a
     success, 0 otherwise; ties go to the earlier candidate; a NaN score ranks last). The best is kept
     even when it failed: look at `branch.result`. The other forks are closed; so are all of them if
-    ranking raises."""
+    a run or the ranking raises (raised as itself)."""
     codes = _candidates(candidates)
     forks = await _fork(executor, len(codes))
     results: list[ExecutionResult | None] = [None] * len(codes)
+    failure: list[Exception] = []
     try:
         async with anyio.create_task_group() as group:
 
             async def attempt(index: int) -> None:
-                results[index] = await forks[index].run(codes[index])
+                try:
+                    results[index] = await forks[index].run(codes[index])
+                except Exception as exc:  # re-raised below as itself, not inside an exception group
+                    failure.append(exc)
+                    group.cancel_scope.cancel()
 
             for index in range(len(codes)):
                 group.start_soon(attempt, index)
+        if failure:
+            raise failure[0]
         scores: list[float] = []
         for code, result in zip(codes, results, strict=True):
             assert result is not None  # every run finished: the group waited for them all

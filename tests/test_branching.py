@@ -142,6 +142,18 @@ async def test_first_success_counts_what_the_caller_calls_success(parent: Execut
         assert branch.index == 1
 
 
+async def test_a_failing_success_check_is_raised_as_itself_and_closes_every_fork(parent: Executor) -> None:
+    uid = uid_of(parent)
+
+    def broken(result: object) -> bool:
+        raise LookupError("the check broke")
+
+    with pytest.raises(LookupError, match="the check broke"):  # itself, not an exception group
+        await first_success(parent, ["a = 1", "b = 2"], succeeded=broken)
+    assert settle(uid, [runner(parent)]) == [runner(parent)]
+    assert (await parent.run("print(base)")).stdout == "41\n"
+
+
 async def test_no_success_raises_with_every_result_and_leaves_no_fork(parent: Executor) -> None:
     uid = uid_of(parent)
     with pytest.raises(BranchError, match="none of the 2 candidates succeeded") as caught:
