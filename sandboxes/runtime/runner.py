@@ -487,7 +487,7 @@ class Runner:
             elif op == "fork" and self.initialised:
                 with self.system.trusted():
                     forked = sessionfork.fork(self, message, self.subreaper)
-                if forked is not None:  # None: this is the new session's runner, already greeted
+                if forked is not None:  # a refusal; a fork (or the new session's runner) has answered
                     self.channel.send(forked)
             elif op == "warmup" and not self.initialised:
                 self.warm_up()
