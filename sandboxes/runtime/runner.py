@@ -33,18 +33,14 @@ from __future__ import annotations
 
 import ast
 import builtins
-import codecs
-import fcntl
 import importlib.util
 import io
 import json
 import linecache
 import mmap
 import os
-import select
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -53,7 +49,6 @@ if TYPE_CHECKING:  # the wire's types, for the type checker only: the runner imp
     from .protocol import (
         InitReply,
         InitRequest,
-        OutputMessage,
         Reply,
         RunError,
         RunReply,
@@ -84,8 +79,6 @@ def _private_json() -> Any:
 
 json = _private_json()  # noqa: F811
 MAX_ARTIFACT_SCAN = 5000
-PIPE_BYTES = 1 << 20
-READ_BYTES = 1 << 20
 RESERVE_BYTES = 32 << 20
 """Address space the runner keeps back for itself under a memory limit (added to the limit)."""
 
@@ -104,8 +97,9 @@ def _load_sibling(name: str) -> Any:
 
 
 bounds = _load_sibling("bounds")
+capture = _load_sibling("capture")
 sessionfork = _load_sibling("sessionfork")
-omission_marker = bounds.omission_marker
+Capture, Drain, Streamer = capture.Capture, capture.Drain, capture.Streamer
 
 
 class Channel:
@@ -164,236 +158,6 @@ class Channel:
         if not line:
             return None
         return json.loads(line)  # a request, or a tool's result: the caller knows which
-
-
-class Capture:
-    """One output stream (fd 1 or 2) drained from a pipe; head and tail kept, the middle counted.
-
-    The target descriptor is the write end of a pipe that the runner's drain thread empties as the
-    code writes, so a program may print any amount without an error and without the sandbox holding
-    more than `limit` characters: the first half is kept, then a rolling last half, and every
-    character in between is counted. (A file would hit RLIMIT_FSIZE or grow without bound.)
-    """
-
-    def __init__(self, target_fd: int, name: str) -> None:
-        self.target_fd = target_fd
-        self.name = name
-        self.limit = 64_000
-        self.sink: Any = None
-        """Called with (name, text) for every decoded piece (the stream of a streamed run)."""
-        self.open_pipe()
-
-    def open_pipe(self) -> None:
-        """A new pipe behind the target descriptor (at start, and in a forked session's runner)."""
-        self.read_fd, self.fd = os.pipe()
-        os.set_blocking(self.read_fd, False)
-        try:  # a larger pipe: fewer wake-ups of the drain thread under a flood of output
-            fcntl.fcntl(self.fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
-        except OSError:
-            pass
-        self.clear()
-        self.attach()
-
-    def reopen(self) -> None:
-        """Leave the pipe shared with the runner this one was forked from, for a pipe of its own."""
-        for fd in (self.read_fd, self.fd):
-            os.close(fd)
-        self.open_pipe()
-
-    def attach(self) -> None:
-        """(Re)point the target descriptor at the pipe, even if the code closed or moved it."""
-        os.dup2(self.fd, self.target_fd)
-
-    def clear(self, limit: int | None = None) -> None:
-        """Forget what was captured (call with the drain lock held, or before the drain runs)."""
-        if limit is not None:
-            self.limit = limit
-        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self.head: list[str] = []
-        self.head_size = 0
-        self.tail: list[str] = []
-        self.tail_size = 0
-        self.total = 0
-
-    def drain(self) -> bool:
-        """Read what is in the pipe now, without blocking; False once the pipe has no writer left."""
-        while True:
-            try:
-                chunk = os.read(self.read_fd, READ_BYTES)
-            except BlockingIOError:
-                return True
-            except OSError:
-                return False
-            if not chunk:
-                return False
-            self.add(self.decoder.decode(chunk))
-
-    def add(self, text: str) -> None:
-        if self.sink is not None and text:
-            self.sink(self.name, text)
-        self.total += len(text)
-        half = self.limit // 2
-        if self.head_size < half:
-            taken = text[: half - self.head_size]
-            self.head.append(taken)
-            self.head_size += len(taken)
-            text = text[len(taken) :]
-        if text:
-            self.tail.append(text)
-            self.tail_size += len(text)
-            if self.tail_size > 2 * half:  # amortised: join and cut only when twice the need
-                kept = "".join(self.tail)[-half:]
-                self.tail, self.tail_size = [kept], len(kept)
-
-    def collect(self) -> tuple[str, int]:
-        """The captured text (head, marker, tail when cut) and how many characters were left out."""
-        self.add(self.decoder.decode(b"", final=True))
-        head = "".join(self.head)
-        if self.total <= self.limit:
-            return head + "".join(self.tail), 0
-        tail = "".join(self.tail)[-(self.limit // 2) :]
-        omitted = self.total - len(head) - len(tail)
-        return head + omission_marker(omitted) + tail, omitted
-
-
-class Drain:
-    """The thread that empties the capture pipes while the code writes (and between runs).
-
-    `lock` orders it with the main thread: a collect drains what is left under the lock, so no chunk
-    read before the collect can land after it.
-    """
-
-    def __init__(self, captures: tuple[Capture, ...]) -> None:
-        self.captures = captures
-        self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._loop, name="kodeagent-drain", daemon=True)
-        self.thread.start()
-
-    def _loop(self) -> None:
-        poller = select.poll()
-        for capture in self.captures:
-            poller.register(capture.read_fd, select.POLLIN)
-        while True:
-            try:
-                poller.poll()
-                with self.lock:
-                    for capture in self.captures:
-                        capture.drain()
-            except Exception:  # never let the drain stop: a writer would then block for ever
-                time.sleep(0.01)
-
-    def restart(self, limit: int) -> None:
-        """Drop what was written before this run (a background thread's output) and start counting."""
-        with self.lock:
-            for capture in self.captures:
-                capture.drain()
-                capture.clear(limit)
-
-    def collect(self) -> list[tuple[str, int]]:
-        with self.lock:
-            for capture in self.captures:
-                capture.drain()
-            return [capture.collect() for capture in self.captures]
-
-
-class Streamer:
-    """Sends a streamed run's output over the channel while the code runs, from a thread of its own.
-
-    The drain thread hands it every decoded piece (`offer`) and never waits for the channel: pieces go
-    to a buffer of at most `bounds.STREAM_BUFFER_CHARS` characters, within a token bucket of the run's
-    budget; what does not fit is dropped and counted, and the count rides on the stream's next message
-    (or on a final notice with empty text). So a slow parent never makes the code's writes wait, and a
-    long loop keeps showing its latest output as the budget refills. `finish` waits until the sender
-    has written everything of the run, so the reply always comes last.
-    """
-
-    def __init__(self, channel: Channel) -> None:
-        self.channel = channel
-        self.cond = threading.Condition()
-        self.active = False
-        self.sending = False
-        self.queue: list[list[Any]] = []  # [stream, [texts], chars, dropped before it]
-        self.queued = 0
-        self.dropped = {"stdout": 0, "stderr": 0}
-        self.bucket: Any = None
-        # Started before any code runs (the audit hook then has nothing to say about it).
-        self.thread = threading.Thread(target=self._loop, name="kodeagent-stream", daemon=True)
-        self.thread.start()
-
-    def start(self, options: Mapping[str, Any] | None) -> None:
-        if not options:
-            return
-        with self.cond:
-            self.queue, self.queued = [], 0
-            self.dropped = {"stdout": 0, "stderr": 0}
-            self.bucket = bounds.TokenBucket(
-                int(options.get("chars", 0)), float(options.get("chars_per_second", 0)), time.monotonic()
-            )
-            self.active = True
-
-    def offer(self, stream: str, text: str) -> None:
-        with self.cond:
-            if not self.active:
-                return
-            room = max(0, bounds.STREAM_BUFFER_CHARS - self.queued)
-            granted = self.bucket.take(min(len(text), room), time.monotonic())
-            if granted:
-                kept = text[:granted]
-                last = self.queue[-1] if self.queue else None
-                if last is not None and last[0] == stream and not self.dropped[stream]:
-                    last[1].append(kept)
-                    last[2] += granted
-                else:
-                    self.queue.append([stream, [kept], granted, self.dropped[stream]])
-                    self.dropped[stream] = 0
-                self.queued += granted
-                self.cond.notify_all()
-            self.dropped[stream] += len(text) - granted
-
-    def wait_sent(self) -> None:
-        """Until the sender wrote what it holds (before a tool call, so the stream stays in order)."""
-        with self.cond:
-            while self.active and (self.queue or self.sending):
-                self.cond.wait()
-
-    def finish(self) -> None:
-        """End the run's stream: wait for the sender, then send the counts still to report."""
-        with self.cond:
-            if not self.active:
-                return
-            self.active = False
-            while self.queue or self.sending:
-                self.cond.wait()
-            notices = [(name, count) for name, count in self.dropped.items() if count]
-            self.dropped = {"stdout": 0, "stderr": 0}
-        for name, count in notices:
-            self.channel.send({"op": "output", "stream": name, "text": "", "dropped": count})
-
-    def _loop(self) -> None:
-        step = bounds.STREAM_MESSAGE_CHARS
-        while True:
-            with self.cond:
-                while not self.queue:
-                    self.cond.wait()
-                batch, self.queue, self.queued = self.queue, [], 0
-                self.sending = True
-            try:
-                for stream, texts, _, dropped in batch:
-                    text = "".join(texts)
-                    for start in range(0, len(text), step):
-                        message: OutputMessage = {
-                            "op": "output",
-                            "stream": stream,
-                            "text": text[start : start + step],
-                            "dropped": dropped if start == 0 else 0,
-                        }
-                        self.channel.send(message)
-            except Exception:  # the channel broke: the main loop finds out and ends
-                pass
-            finally:
-                with self.cond:
-                    self.sending = False
-                    self.cond.notify_all()
 
 
 class MemoryReserve:
