@@ -269,8 +269,9 @@ async def test_fork_refusals():
 def test_listen_channel_refuses_a_connection_without_the_secret(secret: str | None, tmp_path: Any):
     """The runner's side of a listen fork, in this process: only the relay that knows the secret gets
     the channel (a wrong line, or a connection closed early, is refused and leaves nothing behind)."""
-    from sandboxes.runtime import RUNTIME_DIR
     import importlib.util
+
+    from sandboxes.runtime import RUNTIME_DIR
 
     spec = importlib.util.spec_from_file_location("sessionfork_under_test", RUNTIME_DIR / "sessionfork.py")
     assert spec is not None and spec.loader is not None
@@ -307,8 +308,9 @@ def test_listen_channel_refuses_a_connection_without_the_secret(secret: str | No
 
 
 def test_listen_channel_accepts_the_secret(tmp_path: Any):
-    from sandboxes.runtime import RUNTIME_DIR
     import importlib.util
+
+    from sandboxes.runtime import RUNTIME_DIR
 
     spec = importlib.util.spec_from_file_location("sessionfork_under_test2", RUNTIME_DIR / "sessionfork.py")
     assert spec is not None and spec.loader is not None
@@ -367,3 +369,38 @@ async def test_a_fork_refused_by_the_runner_leaves_the_session_intact():
             await parent.fork()
         result = await parent.run("print(x)")
         assert result.stdout == "7\n" and not result.state_lost
+
+
+def relays(container_id: str) -> int:
+    """How many `forkrelay.py relay` processes run in the container (live or spare, not zombies)."""
+    code = (
+        "import os\nn = 0\nfor p in os.listdir('/proc'):\n    try:\n"
+        "        cmd = open('/proc/' + p + '/cmdline', 'rb').read().split(b'\\0')\n"
+        "        state = open('/proc/' + p + '/stat').read().rsplit(')', 1)[1].split()[0]\n"
+        "    except OSError:\n        continue\n"
+        "    n += b'/opt/kodeagent/runtime/forkrelay.py' in cmd and b'relay' in cmd and state != 'Z'\n"
+        "print(n)"
+    )
+    return int(in_container(container_id, code))
+
+
+async def test_relays_end_with_their_sessions():
+    """Each fork's relay, and the spare a forking session keeps for its next fork, end with it."""
+    async with make() as parent:
+        await parent.run("x = 1")
+        container = parent.container_id
+        assert relays(container) == 0, "no relay before the first fork"
+        child = await parent.fork()
+        assert wait_for(lambda: relays(container) == 2)  # the child's, and the parent's spare
+        grandchild = await child.fork()
+        assert wait_for(lambda: relays(container) == 4)
+        again = await parent.fork()  # takes the parent's spare, starts the next one
+        assert (await again.run("print(x)")).stdout == "1\n"
+        assert wait_for(lambda: relays(container) == 5)
+        await child.close()
+        assert wait_for(lambda: relays(container) == 3), "the child's relay and spare end with it"
+        assert (await grandchild.run("print(x)")).stdout == "1\n"
+        await grandchild.close()
+        await again.close()
+        assert wait_for(lambda: relays(container) == 1)  # the parent's spare, for its next fork
+    assert wait_for(lambda: state(container) is None)

@@ -42,6 +42,8 @@ FORKS_DIR = "/forks"
 so the parent's /workspace never lists them and the files API reaches them)."""
 RUNNER_COMMAND = ("python3", "-I", "/opt/kodeagent/runtime/runner.py")
 HELPER_COMMAND = ("python3", "-I", "-S", "/opt/kodeagent/runtime/forkrelay.py")
+HANDOVER_TIMEOUT = 15.0
+"""Seconds a fork waits for its relay's ``docker exec`` to start."""
 SANDBOX_UID = "1000:1000"
 POOL_SIZE = 2
 GO_MODE_SYMLINK = 1 << 27
@@ -199,6 +201,7 @@ class DockerWorker(Worker):
         self.runner_pid: int | None = None  # as the container sees it; learnt at the first fork
         self.family: Family | None = None  # set at the first fork
         self.member = 0
+        self._spare: concurrent.futures.Future[Any] | None = None  # a relay started for the next fork
         self._attach = attach  # the SDK's socket object; holding it keeps the HTTP response alive
         raw = getattr(attach, "_sock", attach)
         self.sock: socket.socket = raw
@@ -263,6 +266,7 @@ class DockerWorker(Worker):
         if not self._removed:
             self._removed = True
             self._finalizer.detach()
+            self._drop_spare()
             if self.family is None:
                 _remove(self.container_id, self.sock)
             else:
@@ -345,33 +349,44 @@ class DockerWorker(Worker):
             raise ForkError(f"the runner's fork_channel answer is malformed: {str(plan.answer)[:200]}")
         if self.runner_pid is None:
             self.runner_pid = pid
-        plan.state["relay"] = await anyio.to_thread.run_sync(self._start_relay, path, secret)
+        if any(c in path for c in "\n ") or not secret.isalnum():
+            raise ForkError("the runner's fork_channel answer is malformed")
+        plan.state["relay"] = await anyio.to_thread.run_sync(self._connect_relay, path, secret)
 
-    def _start_relay(self, path: str, secret: str) -> Any:
-        """`forkrelay.py relay` in this container, as the session's user; its attach socket, the secret
-        already sent on its stdin (never in its command line, which the code could read)."""
-        import docker.errors
+    def _connect_relay(self, path: str, secret: str) -> Any:
+        """A relay for this fork (the spare one started after the previous fork, if it is still there:
+        starting a process with ``docker exec`` costs most of a fork), told where to connect."""
+        attach = None
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                attach = spare.result(timeout=HANDOVER_TIMEOUT)
+            except Exception:
+                attach = None
+        for _ in range(2):  # a spare that died meanwhile: one fresh try
+            if attach is None:
+                attach = _start_relay(self.container_id, self.user)
+            raw: socket.socket = getattr(attach, "_sock", attach)
+            try:
+                raw.sendall(f"{path} {secret}\n".encode())
+                return attach
+            except OSError:
+                raw.close()
+                attach = None
+        raise ForkError("the fork's relay closed its stream at once")
 
-        api = client().api
-        try:
-            created = api.exec_create(
-                self.container_id,
-                [*HELPER_COMMAND, "relay", path],
-                stdin=True,
-                stdout=True,
-                stderr=True,
-                user=self.user,
-            )
-            attach = api.exec_start(created["Id"], socket=True)
-        except docker.errors.APIError as exc:
-            raise ForkError(f"Docker could not start the fork's relay: {exc.explanation or exc}") from exc
-        raw: socket.socket = getattr(attach, "_sock", attach)
-        try:
-            raw.sendall(secret.encode() + b"\n")
-        except OSError as exc:
-            raw.close()
-            raise ForkError(f"the fork's relay closed its stream at once ({exc})") from exc
-        return attach
+    def _spare_soon(self) -> None:
+        """Start the relay of this session's next fork in the background (one idle process)."""
+        if self._spare is None and not self._removed:
+            try:
+                self._spare = _BACKGROUND.submit(_start_relay, self.container_id, self.user)
+            except RuntimeError:  # interpreter shutting down
+                pass
+
+    def _drop_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:  # closing its stream ends it (end-of-file before its first line)
+            spare.add_done_callback(_close_relay)
 
     def forked(self, plan: ForkPlan, pid: int) -> ForkedDockerWorker:
         if self.family is None:
@@ -383,9 +398,11 @@ class DockerWorker(Worker):
                 self, _leave_later, self.family, self.member, self.user, self.sock, self._ending()
             )
             self._finalizer.atexit = False
-        return ForkedDockerWorker(
+        child = ForkedDockerWorker(
             self.container_id, plan.state.pop("relay"), self.user, self.family, pid, plan.workdir
         )
+        self._spare_soon()
+        return child
 
     async def abandon_fork(self, plan: ForkPlan) -> None:
         relay = plan.state.pop("relay", None)
@@ -505,6 +522,7 @@ class ForkedDockerWorker(DockerWorker):
         self.demux = Demultiplexer()
         self._removed = False
         self._cgroups = None
+        self._spare = None
         self.stats_peak = None
         self._finalizer = weakref.finalize(self, _leave_later, family, self.member, user, raw, self._ending())
         self._finalizer.atexit = False
@@ -536,6 +554,32 @@ class ForkedDockerWorker(DockerWorker):
             detail="the forked session's runner ended (killed, crashed, or killed for memory: the "
             "container's memory limit is shared by its family)" + suffix
         )
+
+
+def _start_relay(container_id: str, user: str) -> Any:
+    """``forkrelay.py relay`` in the container, as the session's user: its attach socket (blocking).
+    It waits for its first line (where to connect) on that stream."""
+    import docker.errors
+
+    api = client().api
+    try:
+        created = api.exec_create(
+            container_id, [*HELPER_COMMAND, "relay"], stdin=True, stdout=True, stderr=True, user=user
+        )
+        return api.exec_start(created["Id"], socket=True)
+    except docker.errors.APIError as exc:
+        raise ForkError(f"Docker could not start the fork's relay: {exc.explanation or exc}") from exc
+
+
+def _close_relay(future: concurrent.futures.Future[Any]) -> None:
+    try:
+        attach = future.result()
+    except Exception:
+        return
+    try:
+        getattr(attach, "_sock", attach).close()
+    except OSError:
+        pass
 
 
 def _run_helper(container_id: str, user: str, args: tuple[str, ...]) -> None:

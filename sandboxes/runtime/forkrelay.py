@@ -1,11 +1,14 @@
 """Inside a sandbox: the far end of a forked session's channel, and the kills that end one session of
 a family sharing the sandbox (stdlib only; started by the parent, as the session's user).
 
-    forkrelay.py relay PATH        read the secret line from stdin, connect to the unix socket PATH
+    forkrelay.py relay             read a line ``PATH SECRET`` from stdin (the parent may start the
+                                   relay before the fork it serves), connect to the unix socket PATH
                                    (a runner's ``listen`` fork, `sessionfork.py`), send the secret,
                                    then pump bytes stdin -> socket and socket -> stdout until either
                                    side closes. stdin/stdout are the parent's stream (a ``docker exec``
                                    attach, an E2B command), so the fork gets a channel of its own.
+                                   Neither the path nor the secret is ever in a command line, which
+                                   the sessions' code could read.
     forkrelay.py end PID [DIR]     a fork's runner PID (its own session and process group, it called
                                    setsid) and every process in its group or below it: SIGKILL; then
                                    remove its working directory DIR.
@@ -29,16 +32,17 @@ import sys
 CHUNK = 1 << 16
 
 
-def relay(path: str) -> int:
-    secret = b""
-    while not secret.endswith(b"\n"):
-        byte = os.read(0, 1)  # byte by byte: nothing past the secret line may be taken from stdin
-        if not byte or len(secret) > 256:
-            return 2
-        secret += byte
+def relay() -> int:
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(0, 1)  # byte by byte: nothing past the first line may be taken from stdin
+        if not byte or len(line) > 4096:
+            return 2  # the parent closed a spare relay it did not need
+        line += byte
+    path, _, secret = line.decode().rstrip("\n").rpartition(" ")
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(path)
-    sock.sendall(secret)
+    sock.sendall(secret.encode() + b"\n")
     ends = {0: sock.fileno(), sock.fileno(): 1}  # source -> destination
     while ends:
         readable, _, _ = select.select(list(ends), [], [])
@@ -122,13 +126,13 @@ def retire(pid: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "relay":
-        return relay(argv[1])
+    if argv == ["relay"]:
+        return relay()
     if len(argv) in (2, 3) and argv[0] == "end" and argv[1].isdigit():
         return end(int(argv[1]), argv[2] if len(argv) == 3 else None)
     if len(argv) == 2 and argv[0] == "retire" and argv[1].isdigit():
         return retire(int(argv[1]))
-    print("usage: forkrelay.py relay PATH | end PID [DIR] | retire PID", file=sys.stderr)
+    print("usage: forkrelay.py relay | end PID [DIR] | retire PID", file=sys.stderr)
     return 2
 
 
