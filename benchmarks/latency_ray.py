@@ -163,7 +163,7 @@ async def throughput(backend: str, code: str, programs: int, concurrency: int) -
     seconds this process (the driver: its event loop and Ray's threads) spent meanwhile."""
     from sandboxes import open_executor
 
-    options = {"node_backend": "host"} if backend == "ray" else {}
+    options: dict[str, Any] = {"node_backend": "host"} if backend == "ray" else {}
     limiter = anyio.CapacityLimiter(concurrency)
     failures: list[str] = []
 

@@ -27,7 +27,7 @@ from .events import (
     ToolCallEvent,
     ToolResultEvent,
 )
-from .executor import Executor, ExecutorOptions, ExecutorState
+from .executor import Executor, ExecutorOptions, ExecutorState, Snapshot
 from .models import Artifact, ExecutionError, ExecutionResult, ForkReport, RunUsage
 from .policy import DEFAULT_ALLOWED_IMPORTS, Limits, Policy
 from .sync import SyncEventStream, SyncExecutor, open_executor_sync
@@ -81,6 +81,7 @@ __all__ = [
     "RunUsage",
     "SandboxError",
     "SandboxFileError",
+    "Snapshot",
     "StreamBudget",
     "SyncEventStream",
     "SyncExecutor",

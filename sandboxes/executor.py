@@ -80,6 +80,7 @@ __all__ = [
     "ExecutorOptions",
     "ExecutorState",
     "KILL_TIMEOUT",
+    "Snapshot",
 ]
 
 DEFAULT_TIMEOUT = 30.0
@@ -171,6 +172,8 @@ class Executor(ABC):
         self._isolation = "not started"
         self.fork_report: ForkReport | None = None
         """For an executor made by `fork()`: what the fork copied and what it could not."""
+        self._snapshots: list[Snapshot] = []
+        self._from_snapshot: Snapshot | None = None
 
     # ----------------------------------------------------------------- backend hooks
 
@@ -192,6 +195,8 @@ class Executor(ABC):
         child._lock = anyio.Lock()
         child._isolation = "not started"
         child.fork_report = None
+        child._snapshots = []
+        child._from_snapshot = None
         return child
 
     def _runner_init(self) -> InitRequest:
@@ -248,6 +253,10 @@ class Executor(ABC):
             raise ExecutorClosed("this executor was closed; create a new one")
         if self._state is ExecutorState.UNOPENED:
             async with self._lock:
+                if self._state is ExecutorState.UNOPENED and self._from_snapshot is not None:
+                    forked, self.fork_report = await self._from_snapshot.kept._fork_session()
+                    self._current, self._isolation = forked, forked.isolation
+                    self._state = ExecutorState.OPEN
                 if self._state is ExecutorState.UNOPENED:
                     try:
                         await self._live_session()
@@ -265,6 +274,8 @@ class Executor(ABC):
             return
         self._state = ExecutorState.CLOSED
         with anyio.CancelScope(shield=True):
+            for snapshot in self._snapshots:
+                await snapshot.close()
             session, self._current = self._current, None
             if session is not None:
                 if self._lock.locked():  # an operation is in progress: its state is unknown
@@ -522,6 +533,26 @@ class Executor(ABC):
         before `open()` or after `close()`, and `ForkError` where the backend or this session cannot
         fork, or the fork failed (then this session is replaced unless the fork was refused with
         an answer, and the next run says `state_lost`)."""
+        forked, report = await self._fork_session()
+        child = self._forked_executor()
+        child._current = forked
+        child._isolation = forked.isolation
+        child._state = ExecutorState.OPEN
+        child.fork_report = report
+        return child
+
+    async def snapshot(self) -> Snapshot:
+        """Keep a copy of this session as it is now, to open sessions from later: each
+        `open_executor(backend, from_snapshot=snapshot)` (or `snapshot.executor()`) is a fork of the
+        kept copy, which never runs code itself. A snapshot lives as long as this executor: its
+        `close()` closes the snapshot too (executors already opened from it go on). Raises as
+        `fork()` does; a backend that cannot fork cannot keep snapshots (`ForkError`)."""
+        kept = await self.fork()
+        snapshot = Snapshot(kept)
+        self._snapshots.append(snapshot)
+        return snapshot
+
+    async def _fork_session(self) -> tuple[Session, ForkReport]:
         self._check_usable()
         if self._lock.locked():
             raise ExecutorBusy(
@@ -550,12 +581,7 @@ class Executor(ABC):
             except BaseException:
                 await self._discard(session)
                 raise
-        child = self._forked_executor()
-        child._current = forked
-        child._isolation = forked.isolation
-        child._state = ExecutorState.OPEN
-        child.fork_report = report
-        return child
+        return forked, report
 
     # ----------------------------------------------------------------- state and files
 
@@ -609,6 +635,36 @@ class Executor(ABC):
         except BaseException:
             await self._discard(session)
             raise
+
+
+class Snapshot:
+    """A session's state kept for later (`Executor.snapshot()`): a paused fork that never runs code.
+    Every executor opened from it starts as a fork of it; it closes with the executor that made it."""
+
+    def __init__(self, kept: Executor) -> None:
+        self.kept = kept
+
+    @property
+    def backend(self) -> str:
+        return self.kept.backend
+
+    @property
+    def closed(self) -> bool:
+        return self.kept.state is ExecutorState.CLOSED
+
+    def executor(self) -> Executor:
+        """An unopened executor that opens as a fork of this snapshot (its options are the
+        snapshot's: the policy and limits are part of the state it copies)."""
+        if self.closed:
+            raise ExecutorClosed(
+                "this snapshot was closed (with the executor that made it); take a new snapshot"
+            )
+        opened = self.kept._forked_executor()
+        opened._from_snapshot = self
+        return opened
+
+    async def close(self) -> None:
+        await self.kept.close()
 
 
 async def _stop_probe(probe: UsageProbe | None) -> RunUsage | None:

@@ -66,6 +66,11 @@ class SyncExecutor:
             self._portal, self._portal.wrap_async_context_manager(self.executor.stream(code, **budget))
         )
 
+    def fork(self) -> SyncExecutor:
+        """A copy of this session as a new executor (on an event loop of its own); see `Executor.fork`."""
+        child: Executor = self._call(self.executor.fork)
+        return SyncExecutor(child)
+
     def reset(self) -> None:
         """Forget the session's variables; see `Executor.reset`."""
         self._call(self.executor.reset)

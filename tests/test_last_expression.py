@@ -101,11 +101,11 @@ async def test_a_hostile_repr_cannot_break_the_reply_or_end_the_run():
     assert after.stdout == "still here\n"
 
 
-async def test_code_the_split_cannot_take_runs_whole():
+async def test_a_starred_tuple_has_its_value_and_code_that_does_not_parse_its_error():
     async with HostExecutor(timeout=10) as ex:
-        starred = await ex.run("a = [1]\n*a, 2")  # valid as a statement, not as an eval expression
+        starred = await ex.run("a = [1]\n*a, 2")  # valid as a statement, not as eval() text: split as a tree
         broken = await ex.run("x = (1,\n")
-    assert starred.ok and starred.value is None
+    assert starred.ok and starred.value == [1, 2]
     assert broken.error is not None and broken.error.type == "SyntaxError"
 
 

@@ -10,7 +10,7 @@ import importlib
 from typing import Any, Final, Literal, get_args
 
 from ..errors import UnknownBackend
-from ..executor import Executor
+from ..executor import Executor, Snapshot
 
 BackendName = Literal["host", "docker", "e2b", "ray"]
 """A backend's name: the one list every reader (kodeagent's `RunEnv`, the CLI, the benchmarks) takes."""
@@ -35,12 +35,26 @@ def executor_class(backend: str) -> type[Executor]:
     return cls
 
 
-def open_executor(backend: str = "host", **options: Any) -> Executor:
+def open_executor(
+    backend: str = "host", *, from_snapshot: Snapshot | None = None, **options: Any
+) -> Executor:
     """Create the executor of `backend` ("host", "docker", "e2b" or "ray") with its options.
 
     Use the result as an async context manager; it opens on entry and closes on exit::
 
         async with open_executor("host", timeout=10) as ex:
             print((await ex.run("print(1)")).stdout)
+
+    With `from_snapshot` (from `Executor.snapshot()`), the executor opens as a fork of the snapshot
+    and takes its options, so no others may be given.
     """
+    if from_snapshot is not None:
+        if options:
+            raise TypeError(
+                "open_executor(from_snapshot=...) takes the snapshot's options (policy and limits are "
+                f"part of the state it copies); drop {', '.join(sorted(options))}"
+            )
+        if from_snapshot.backend != backend:
+            raise ValueError(f"this snapshot is of the {from_snapshot.backend!r} backend, not {backend!r}")
+        return from_snapshot.executor()
     return executor_class(backend)(**options)

@@ -632,6 +632,10 @@ class Guard:
             raise PolicyViolation(
                 f"Line {exc.lineno}: {type(exc).__name__}: {exc.msg} at statement: {text!r}"
             ) from None
+        return self.compile_tree(tree, filename, mode)
+
+    def compile_tree(self, tree: ast.AST, filename: str, mode: str = "exec") -> types.CodeType:
+        """`compile` of an already parsed tree (which the transformer changes in place)."""
         errors: list[str] = []
         self.transformer(errors, [], {}).visit(tree)
         if errors:

@@ -41,7 +41,6 @@ import json
 import linecache
 import mmap
 import os
-import re
 import select
 import sys
 import threading
@@ -605,17 +604,30 @@ class Runner:
             return self.guard.compile(source, filename, mode)
         return compile(source, filename, mode, dont_inherit=True)
 
+    def compile_tree(self, tree: ast.AST, filename: str, mode: str) -> Any:
+        if self.python_guards:
+            return self.guard.compile_tree(tree, filename, mode)
+        return compile(tree, filename, mode, dont_inherit=True)  # type: ignore[call-overload]  # a Module or an Expression
+
     def compile_cell(self, source: str, filename: str) -> tuple[Any, Any]:
         """The code of a run, and apart from it its last statement when that is an expression, whose
-        value the reply carries (as a notebook's cell has a value). Where the split does not compile
-        (a starred tuple at the start of a line), the code compiles whole: it runs, without a value."""
-        split = _split_last_expression(source)
-        if split is not None:
-            try:
-                return self.compile(split[0], filename), self.compile(split[1], filename, "eval")
-            except Exception:  # compiled whole below: its error names every problem of the code
-                pass
-        return self.compile(source, filename), None
+        value the reply carries (as a notebook's cell has a value). The source is parsed once and
+        split as a tree (the nodes keep their lines and columns, so tracebacks point at the code as
+        written). Where the split does not compile, the code compiles whole: it runs, without a value;
+        and code that does not parse compiles whole, so its error names every problem."""
+        try:
+            tree = ast.parse(source, filename)
+        except Exception:
+            return self.compile(source, filename), None
+        split = _split_last_expression(tree)
+        if split is None:
+            return self.compile_tree(tree, filename, "exec"), None
+        try:
+            return self.compile_tree(split[0], filename, "exec"), self.compile_tree(
+                split[1], filename, "eval"
+            )
+        except Exception:  # compiled whole below: its error names every problem of the code
+            return self.compile(source, filename), None
 
     # ------------------------------------------------------------------ running code
 
@@ -922,33 +934,13 @@ def _library_roots() -> list[str]:
     return sorted(roots)
 
 
-_NEWLINE = re.compile(r"\r\n|\r|\n")  # what the tokenizer counts as line ends (not \f, \v, ...)
-
-
-def _split_last_expression(source: str) -> tuple[str, str] | None:
-    """`source` as the text before its last statement and that statement as an expression, when it
-    is one; else None. The expression keeps its place (blank lines before it and, where it shares
-    its line with an earlier statement, a parenthesis and spaces), so tracebacks and carets point at
-    the code as written."""
-    try:
-        tree = ast.parse(source)
-    except Exception:  # the whole code then compiles (or fails) as it is
-        return None
+def _split_last_expression(tree: ast.Module) -> tuple[ast.Module, ast.Expression] | None:
+    """A parsed cell as the statements before its last one and that statement as an expression, when
+    it is one; else None. (Split as trees, not text: nothing is parsed twice.)"""
     node = tree.body[-1] if tree.body else None
-    if not isinstance(node, ast.Expr) or node.end_lineno is None or node.end_col_offset is None:
+    if not isinstance(node, ast.Expr):
         return None
-    starts = [0] + [m.end() for m in _NEWLINE.finditer(source)]
-
-    def offset(line: int, byte_column: int) -> int:  # ast columns count UTF-8 bytes
-        text = source[starts[line - 1] : starts[line] if line < len(starts) else len(source)]
-        return starts[line - 1] + len(text.encode("utf-8")[:byte_column].decode("utf-8"))
-
-    begin = offset(node.lineno, node.col_offset)
-    end = offset(node.end_lineno, node.end_col_offset)
-    text = source[begin:end]
-    if node.col_offset:
-        text = "(" + " " * (node.col_offset - 1) + text + ")"
-    return source[:begin], "\n" * (node.lineno - 1) + text
+    return ast.Module(body=tree.body[:-1], type_ignores=tree.type_ignores), ast.Expression(body=node.value)
 
 
 def _snapshot(root: str) -> dict[str, tuple[int, int]]:
