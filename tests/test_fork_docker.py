@@ -404,3 +404,32 @@ async def test_relays_end_with_their_sessions():
         await again.close()
         assert wait_for(lambda: relays(container) == 1)  # the parent's spare, for its next fork
     assert wait_for(lambda: state(container) is None)
+
+
+async def test_the_parents_directory_by_its_absolute_path_stays_out_of_reach():
+    async with make() as parent:
+        await parent.run("import os\nhere = os.getcwd()\nopen('secret.txt', 'w').write('p')")
+        async with await parent.fork() as child:
+            result = await child.run("print(open(here + '/secret.txt').read())")
+            assert result.error is not None and result.error.type == "PermissionError", result
+            assert (await child.run("print(open('secret.txt').read())")).stdout == "p\n"
+
+
+async def test_snapshots_open_forks_in_the_container_and_close_with_their_executor():
+    from sandboxes import open_executor
+
+    parent = make()
+    await parent.open()
+    await parent.run("counter = 10")
+    container = parent.container_id
+    snapshot = await parent.snapshot()
+    await parent.run("counter = 99")
+    outputs = []
+    for _ in range(2):
+        async with open_executor("docker", from_snapshot=snapshot) as opened:
+            assert opened.container_id == container
+            outputs.append((await opened.run("counter += 1\nprint(counter)")).stdout)
+    assert outputs == ["11\n", "11\n"]
+    await parent.close()
+    assert snapshot.closed
+    assert wait_for(lambda: state(container) is None), "the snapshot's container goes with it"
