@@ -27,6 +27,10 @@ can be installed (once per sandbox, as root, arguments quoted after ``--``); unl
 network, egress is then closed (``deny_out 0.0.0.0/0``) before any user code runs, and a failure to
 close it fails the open rather than running the code with a network the policy forbids.
 
+Fork (`fork()`, snapshots): the runner forks itself inside the sandbox; the copy's channel is
+`runtime/forkrelay.py`, started as a command like the runner. The family of executors that share the
+sandbox is counted on it (`_Sandbox.users`), and the last one to close kills it (docs/fork.md).
+
 Concurrency: sessions share one event loop; each sandbox holds a slot of a capacity limiter shared by
 all executors with the same API key (``max_concurrent_sandboxes``; the latest value set wins), since
 E2B limits concurrent sandboxes per account. The SDK itself is asyncio-only (its command handles
