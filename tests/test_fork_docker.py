@@ -47,7 +47,8 @@ def state(container_id: str) -> dict | None:
         return None
 
 
-def wait_for(predicate: Any, seconds: float = 15.0) -> bool:
+def wait_for(predicate: Any, seconds: float = 45.0) -> bool:
+    # Generous: removals and kills run in background threads, behind others on a loaded machine.
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if predicate():
@@ -433,3 +434,41 @@ async def test_snapshots_open_forks_in_the_container_and_close_with_their_execut
     await parent.close()
     assert snapshot.closed
     assert wait_for(lambda: state(container) is None), "the snapshot's container goes with it"
+
+
+def test_a_family_nobody_closed_is_removed_at_interpreter_exit():
+    """The root closed (retired), its forks never closed: the container goes when the process exits."""
+    import subprocess
+    import sys
+    import textwrap
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = textwrap.dedent(
+        f"""
+        import anyio
+        from sandboxes.backends.docker import DockerExecutor
+
+        async def main():
+            ex = DockerExecutor(image={backend_docker.IMAGE!r}, timeout=10)
+            await ex.open()
+            await ex.run("x = 1")
+            child = await ex.fork()
+            grandchild = await child.fork()
+            print(child.container_id, flush=True)
+            await ex.close()
+            assert (await grandchild.run("print(x)")).stdout == "1\\n"
+
+        anyio.run(main)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    assert done.returncode == 0, done.stderr
+    container = done.stdout.strip()
+    assert len(container) == 64
+    assert wait_for(lambda: state(container) is None), "removed at exit, forks and all"
