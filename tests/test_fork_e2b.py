@@ -179,3 +179,45 @@ async def test_snapshots_open_forks_in_the_sandbox_and_close_with_their_executor
     await parent.close()
     assert snapshot.closed
     assert sandbox not in standin().running_ids(), "the snapshot's sandbox goes with its executor"
+
+
+def relays(sandbox_id: str) -> int:
+    """How many `forkrelay.py relay` processes run in the stand-in's sandbox (not zombies)."""
+    marker = f"HOME={standin().home_dir(sandbox_id)}".encode()
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                command = handle.read().rstrip(b"\0").split(b"\0")
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                environment = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if marker in environment and command[-1:] == [b"relay"] and running(int(name)):
+            count += any(part.endswith(b"forkrelay.py") for part in command)
+    return count
+
+
+async def test_relays_end_with_their_sessions():
+    """Each fork's relay, and the spare a forking session keeps for its next fork, end with it."""
+    async with make() as parent:
+        await parent.run("x = 1")
+        sandbox = parent.sandbox_id
+        assert sandbox is not None
+        assert relays(sandbox) == 0, "no relay before the first fork"
+        child = await parent.fork()
+        assert await eventually(lambda: relays(sandbox) == 2)  # the child's, and the parent's spare
+        grandchild = await child.fork()
+        assert await eventually(lambda: relays(sandbox) == 4)
+        again = await parent.fork()  # takes the parent's spare, starts the next one
+        assert (await again.run("print(x)")).stdout == "1\n"
+        assert await eventually(lambda: relays(sandbox) == 5)
+        await child.close()
+        assert await eventually(lambda: relays(sandbox) == 3), "the child's relay and spare end with it"
+        assert (await grandchild.run("print(x)")).stdout == "1\n"
+        await grandchild.close()
+        await again.close()
+        assert await eventually(lambda: relays(sandbox) == 1)  # the parent's spare, for its next fork
+    assert await eventually(lambda: relays(sandbox) == 0)

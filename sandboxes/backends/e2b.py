@@ -202,6 +202,7 @@ class E2BWorker(Worker):
         self.handle: Any = None
         self._watcher: asyncio.Task[None] | None = None
         self.workdir = DEFAULT_WORKDIR
+        self._spare: asyncio.Task[E2BForkWorker] | None = None  # the relay of this session's next fork
 
     def usage_probe(self) -> MetricsProbe:
         return MetricsProbe(self.session.sandbox)
@@ -326,6 +327,7 @@ class E2BWorker(Worker):
     async def detach(self) -> None:
         """Stop listening to the runner without touching it (the sandbox is about to be killed)."""
         self._killed = True
+        self._drop_spare()
         if self._watcher is not None and not self._watcher.done():
             self._watcher.cancel()
         if self.handle is not None and not self.ended:
@@ -360,10 +362,8 @@ class E2BWorker(Worker):
         path, secret = plan.answer.get("path"), plan.answer.get("secret")
         if not isinstance(path, str) or not isinstance(secret, str) or not secret.isalnum() or "\n" in path:
             raise ForkError(f"the runner's fork_channel answer is malformed: {str(plan.answer)[:200]}")
-        relay = E2BForkWorker(self.session)
-        plan.state["relay"] = relay
         try:
-            await relay.start(f"exec python3 -I -S {FORKRELAY} relay", {})
+            relay = plan.state["relay"] = await self._take_relay()
             # Where to connect and the secret go on its stdin, never on a command line.
             await relay.send(f"{path} {secret}\n".encode())
         except WorkerExited as exc:
@@ -375,7 +375,41 @@ class E2BWorker(Worker):
         relay: E2BForkWorker = plan.state.pop("relay")
         relay.runner_pid = pid
         relay.workdir = plan.workdir
+        self._spare_soon()
         return relay
+
+    async def _new_relay(self) -> E2BForkWorker:
+        relay = E2BForkWorker(self.session)
+        await relay.start(f"exec python3 -I -S {FORKRELAY} relay", {})
+        return relay
+
+    async def _take_relay(self) -> E2BForkWorker:
+        """The spare relay started after this session's previous fork (starting a command is most of
+        a fork's cost), if it is still there; else a new one. It waits for its first line."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                relay = await spare
+            except Exception:
+                relay = None
+            if relay is not None:
+                if await relay.alive():
+                    return relay
+                await relay.kill()
+        return await self._new_relay()
+
+    def _spare_soon(self) -> None:
+        if self._spare is None and not self._killed and not self.session.gone:
+            self._spare = asyncio.get_running_loop().create_task(self._new_relay())
+
+    def _drop_spare(self) -> None:
+        """End the spare relay (in the background; at once if the sandbox is being killed anyway)."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return
+        if self.session.users <= 1 and spare.done():
+            return  # the sandbox goes with this session: its end takes the relay
+        spare.add_done_callback(_kill_spare)
 
     async def abandon_fork(self, plan: ForkPlan) -> None:
         relay = plan.state.pop("relay", None)
@@ -712,6 +746,18 @@ async def _runtime_files() -> list[tuple[str, bytes]]:
 
         _runtime_cache = await anyio.to_thread.run_sync(read)
     return _runtime_cache
+
+
+_ending: set[asyncio.Task[None]] = set()
+"""Kills of spare relays under way (held here so that the loop does not drop them)."""
+
+
+def _kill_spare(spare: asyncio.Task[E2BForkWorker]) -> None:
+    if spare.cancelled() or spare.exception() is not None:
+        return
+    task = asyncio.get_running_loop().create_task(spare.result().kill())
+    _ending.add(task)
+    task.add_done_callback(_ending.discard)
 
 
 async def _detach(worker: Worker) -> None:
