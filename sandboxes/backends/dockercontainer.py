@@ -345,12 +345,16 @@ class DockerWorker(Worker):
 
     async def hand_over(self, plan: ForkPlan) -> None:
         path, secret, pid = plan.answer.get("path"), plan.answer.get("secret"), plan.answer.get("pid")
-        if not isinstance(path, str) or not isinstance(secret, str) or not isinstance(pid, int):
+        if (
+            not isinstance(path, str)
+            or not isinstance(secret, str)
+            or not isinstance(pid, int)
+            or any(c in path for c in "\n ")  # one line "PATH SECRET" for the relay
+            or not secret.isalnum()
+        ):
             raise ForkError(f"the runner's fork_channel answer is malformed: {str(plan.answer)[:200]}")
         if self.runner_pid is None:
             self.runner_pid = pid
-        if any(c in path for c in "\n ") or not secret.isalnum():
-            raise ForkError("the runner's fork_channel answer is malformed")
         plan.state["relay"] = await anyio.to_thread.run_sync(self._connect_relay, path, secret)
 
     def _connect_relay(self, path: str, secret: str) -> Any:
