@@ -8,8 +8,6 @@ its family; the container goes with the family's last session, and nothing is le
 from __future__ import annotations
 
 import os
-import socket
-import threading
 import time
 from typing import Any
 
@@ -264,92 +262,6 @@ async def test_fork_refusals():
         await parent.run("x = 1")
     with pytest.raises(Exception, match="closed"):
         await parent.fork()
-
-
-@pytest.mark.parametrize("secret", ["wrong", None])
-def test_listen_channel_refuses_a_connection_without_the_secret(secret: str | None, tmp_path: Any):
-    """The runner's side of a listen fork, in this process: only the relay that knows the secret gets
-    the channel (a wrong line, or a connection closed early, is refused and leaves nothing behind)."""
-    import importlib.util
-
-    from sandboxes.runtime import RUNTIME_DIR
-
-    spec = importlib.util.spec_from_file_location("sessionfork_under_test", RUNTIME_DIR / "sessionfork.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    asked: list[dict] = []
-
-    class Channel:
-        def send(self, message: dict) -> None:
-            asked.append(message)
-
-    class Runner:
-        channel = Channel()
-
-    def connect() -> None:
-        while not asked:
-            time.sleep(0.01)
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(asked[0]["path"])
-            if secret is not None:
-                sock.sendall(secret.encode() + b"\n")
-
-    os.environ["TMPDIR"] = str(tmp_path)
-    try:
-        thread = threading.Thread(target=connect)
-        thread.start()
-        with pytest.raises(OSError, match="secret"):
-            module.listen_channel(Runner(), str(tmp_path))
-        thread.join()
-    finally:
-        del os.environ["TMPDIR"]
-    assert asked[0]["op"] == "fork_channel" and len(asked[0]["secret"]) == 64
-    assert list(tmp_path.iterdir()) == [], "the socket and its directory are removed"
-
-
-def test_listen_channel_accepts_the_secret(tmp_path: Any):
-    import importlib.util
-
-    from sandboxes.runtime import RUNTIME_DIR
-
-    spec = importlib.util.spec_from_file_location("sessionfork_under_test2", RUNTIME_DIR / "sessionfork.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    asked: list[dict] = []
-
-    class Runner:
-        class channel:  # noqa: N801
-            @staticmethod
-            def send(message: dict) -> None:
-                asked.append(message)
-
-    got: list[bytes] = []
-
-    def connect() -> None:
-        while not asked:
-            time.sleep(0.01)
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(asked[0]["path"])
-            sock.sendall(asked[0]["secret"].encode() + b"\nhello")
-            got.append(sock.recv(10))
-
-    os.environ["TMPDIR"] = str(tmp_path)
-    try:
-        thread = threading.Thread(target=connect)
-        thread.start()
-        fd = module.listen_channel(Runner(), str(tmp_path))
-        try:
-            assert os.read(fd, 5) == b"hello", "nothing past the secret line is eaten"
-            os.write(fd, b"ok")
-        finally:
-            os.close(fd)
-        thread.join()
-    finally:
-        del os.environ["TMPDIR"]
-    assert got == [b"ok"]
-    assert list(tmp_path.iterdir()) == []
 
 
 async def test_a_fork_refused_by_the_runner_leaves_the_session_intact():
