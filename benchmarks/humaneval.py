@@ -98,6 +98,10 @@ class Outcome:
     close_seconds: float | None = None
     cpu_seconds: float | None = None
     """CPU seconds of the program and all it started, as the sandbox measured it (`ExecutionResult.usage`)."""
+    run_call_seconds: float | None = None
+    """The parent's `run()` call: the runner's own time (`run_seconds`) plus the request and reply."""
+    handshake_seconds: float | None = None
+    """Of `open_seconds`, the runner's answer to `init` (the rest: taking a worker from the pool)."""
 
 
 def build_program(problem: dict[str, Any], completion: str) -> str:
@@ -190,15 +194,27 @@ def harness_policy() -> Any:
     )
 
 
+DRIVER_PATH = Path(__file__).parent / "humaneval_driver.py"
+
+
 @functools.cache
 def driver_source() -> str:
-    """The text of `humaneval_driver.py`, sent as the head of every harness-semantics snippet."""
-    return (Path(__file__).parent / "humaneval_driver.py").read_text(encoding="utf-8")
+    """The text of `humaneval_driver.py`, sent as the head of every harness-semantics snippet where
+    the backend cannot preload it."""
+    return DRIVER_PATH.read_text(encoding="utf-8")
 
 
-def harness_snippet(program: str, timeout: float) -> str:
-    """The driver, then one call line with the program and the timeout as literals."""
-    return f"{driver_source()}\nfinal_answer(check_program({program!r}, {float(timeout)!r}))\n"
+def harness_snippet(program: str, timeout: float, preloaded: bool = False) -> str:
+    """One call line with the program and the timeout as literals, after the driver: imported from
+    the session's preloaded modules (`preloaded`: host, `HostExecutor(preload=...)`, compiled once in
+    the fork server), else its whole text."""
+    head = f"from {DRIVER_PATH.stem} import check_program" if preloaded else driver_source()
+    return f"{head}\nfinal_answer(check_program({program!r}, {float(timeout)!r}))\n"
+
+
+def preloads_driver(backend: str, options: dict[str, Any]) -> bool:
+    """Whether the harness sessions of `backend` import the driver from their preloaded modules."""
+    return backend == "host" and str(DRIVER_PATH) in [str(p) for p in options.get("preload", ())]
 
 
 def harness_verdict(result: Any) -> str:
@@ -257,6 +273,8 @@ def session_options(
     options = dict(backend_options or {})
     if semantics == "harness":
         options.setdefault("env", HARNESS_ENV)
+        if backend == "host":  # the driver compiled and loaded once, in the fork server
+            options.setdefault("preload", [str(DRIVER_PATH)])
         return {"timeout": timeout + 1 + SESSION_SLACK, **options}
     return {"timeout": timeout, **options}
 
@@ -296,13 +314,16 @@ async def run_sandbox(
 
     harness = semantics == "harness"
     options = session_options(backend, semantics, timeout, backend_options)
+    preloaded = harness and preloads_driver(backend, options)
     limiter = anyio.CapacityLimiter(concurrency)
     outcomes: list[Outcome | None] = [None] * len(jobs)
     shared_policy = harness_policy() if harness else None
     policies: dict[str, Any] = {}
     idle: dict[Any, list[Any]] = {}
     opened: list[Any] = []
-    phases: dict[int, tuple[float, float]] = {}  # job index -> (open seconds, close seconds)
+    phases: dict[int, tuple[float, float, float]] = {}  # job index -> (open, run call, close) seconds
+    closed: list[Any] = []
+    handshakes: dict[int, float | None] = {}
 
     async def run_reused(policy: Any, code: str) -> Any:
         free = idle.setdefault(policy, [])
@@ -321,7 +342,7 @@ async def run_sandbox(
         policy = shared_policy or policies.get(job.task_id)
         if policy is None:
             policy = policies[job.task_id] = policy_for(job.problem, extra_imports)
-        code = harness_snippet(job.program, timeout) if harness else job.program
+        code = harness_snippet(job.program, timeout, preloaded) if harness else job.program
         executor = None
         async with limiter:
             started = time.perf_counter()
@@ -332,7 +353,9 @@ async def run_sandbox(
                 try:
                     await executor.open()
                     opened_at = time.perf_counter()
+                    handshakes[index] = getattr(executor.session, "handshake_seconds", None)
                     result = await executor.run(code)
+                    ran_at = time.perf_counter()
                 except BaseException:
                     with anyio.CancelScope(shield=True):
                         await executor.close()
@@ -343,9 +366,10 @@ async def run_sandbox(
             # waiting, and the task group (so the wall time) still waits for every close.
             closing_at = time.perf_counter()
             await executor.close()
-            phases[index] = (opened_at - started, time.perf_counter() - closing_at)
+            closed.append(executor)
+            phases[index] = (opened_at - started, ran_at - opened_at, time.perf_counter() - closing_at)
         verdict = harness_verdict(result) if harness else policy_verdict(result)
-        open_s, close_s = phases.get(index, (None, None))
+        open_s, run_call_s, close_s = phases.get(index, (None, None, None))
         outcomes[index] = Outcome(
             job.task_id,
             job.completion_id,
@@ -356,6 +380,8 @@ async def run_sandbox(
             open_s,
             close_s,
             result.usage.cpu_seconds if result.usage is not None else None,
+            run_call_s,
+            handshakes.get(index),
         )
         advance(1)
 
@@ -363,6 +389,9 @@ async def run_sandbox(
         async with anyio.create_task_group() as group:
             for index, job in enumerate(jobs):
                 group.start_soon(one, index, job)
+        # close() returns before the worker is reaped (host): the wall time includes every reap.
+        for executor in closed:
+            await executor.wait_closed()
     finally:
         for executor in opened:
             await executor.close()
@@ -545,7 +574,9 @@ def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[s
     }
     for key, attribute in (
         ("per_program_run_only", "run_seconds"),
+        ("run_call", "run_call_seconds"),
         ("session_open", "open_seconds"),
+        ("handshake", "handshake_seconds"),
         ("session_close", "close_seconds"),
         ("per_program_cpu", "cpu_seconds"),
     ):
@@ -721,10 +752,13 @@ def report(console: Console, result: dict[str, Any]) -> None:
                 *(["-"] * (len(sides) - 1)),
             ]
         )
-    # the sandbox's time split: opening a session, running the program, closing the session
+    # the sandbox's time split: opening a session (pool take and handshake), the run() call, of it
+    # the runner's own time (the driver's work), and closing the session (the reap is off this path)
     for key, label in (
         ("session_open", "open()"),
-        ("per_program_run_only", "run()"),
+        ("handshake", "  of it the handshake"),
+        ("run_call", "run() call"),
+        ("per_program_run_only", "  in the runner"),
         ("session_close", "close()"),
     ):
         part = result["sandbox"].get(key)

@@ -20,6 +20,11 @@ Host backend rows (medians and p95, milliseconds):
   alternately with the row above).
 - stream rows (`benchmarks.streaming`, on every backend): time from a write in the sandbox to its
   chunk's arrival (target p50 <= 50 ms), and a 10 MB flood's chunk and byte rates.
+- fork rows (`benchmarks.forking`): `fork()` of a session holding about 1 MB, 100 MB and 1 GB of
+  state (`--fork-sizes`), beside rebuilding that state in a fresh session (open + the run that builds
+  it), and the memory each fork added once it read its state. Target on host: fork p50 >= 10x faster
+  than the rebuild. Host and Docker sessions are made here; another backend gives fork rows through
+  `<backend>_fork_rows(sizes, **repetitions)` in its latency module. `--fork-sizes none` skips them.
 
 Docker and E2B rows come from `benchmarks.latency_docker` and `benchmarks.latency_e2b` when those
 modules and their backends are available here; otherwise the table says why not. Ray rows
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import io
 import math
@@ -45,6 +51,7 @@ from rich.console import Console
 
 from sandboxes.backends import BACKEND_NAMES
 
+from . import forking
 from .common import (
     fmt_ms,
     fmt_ratio,
@@ -61,6 +68,9 @@ TARGETS_MS = {"warm run": 1.0, "session from the pool": 5.0, "cold session": 50.
 WARM_RATIO_TARGET = 10.0
 ALL_BACKENDS = tuple(name for name in BACKEND_NAMES if name != "ray")
 """What `--backend all` measures: every backend but Ray, whose rows start a local cluster (asked for by name)."""
+FORK_HERE = ("host", "docker")
+"""Backends whose forkable sessions `open_executor(name)` makes with no more setup (fork rows of the
+others come from their latency module's `<backend>_fork_rows`)."""
 POOL_REFILL_WAIT = 5.0
 """Longest wait for the pool to refill between two pool-open samples (so each sample is a pool hit)."""
 
@@ -291,6 +301,45 @@ def other_backend_rows(backend: str, n: int) -> tuple[list[dict[str, Any]], str 
     return rows, None
 
 
+def fork_repetitions(fork_n: int) -> dict[str, int]:
+    """`fork_n` forks per size below `forking.BIG` and half as many rebuilds; from `forking.BIG` on
+    (seconds per rebuild) a quarter and a sixth of it; at least one of each."""
+    return {
+        "n": max(1, fork_n),
+        "rebuild_n": max(1, fork_n // 2),
+        "big_n": max(1, fork_n // 4),
+        "big_rebuild_n": max(1, fork_n // 6),
+    }
+
+
+def backend_fork_rows(
+    backend: str, sizes: Sequence[int], fork_n: int, log: Callable[[str], None]
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Fork rows of `backend`, or none and why (the backend cannot fork yet, or is not here)."""
+    repetitions = fork_repetitions(fork_n)
+    function: Callable[..., tuple[list[dict[str, Any]], str | None]] | None
+    if backend in FORK_HERE:
+        function = functools.partial(forking.fork_rows, backend, log=log)
+    else:
+        try:
+            module = importlib.import_module(f"benchmarks.latency_{backend}")
+        except ImportError as exc:
+            return [], f"benchmarks/latency_{backend}.py cannot be imported ({exc})"
+        function = getattr(module, f"{backend}_fork_rows", None)
+        if function is None:
+            return [], f"benchmarks/latency_{backend}.py has no {backend}_fork_rows() yet"
+    try:
+        return function(
+            sizes,
+            n=repetitions["n"],
+            rebuild_n=repetitions["rebuild_n"],
+            big_n=repetitions["big_n"],
+            big_rebuild_n=repetitions["big_rebuild_n"],
+        )
+    except Exception as exc:  # noqa: BLE001 - any failure means "not measured here", reported with its reason
+        return [], f"{type(exc).__name__}: {exc}".strip()
+
+
 # ---------------------------------------------------------------------- the benchmark
 
 
@@ -301,9 +350,12 @@ def run(
     sessions: int = 30,
     baseline_n: int = 100,
     other_n: int = 100,
+    fork_sizes: Sequence[int] = forking.SIZES,
+    fork_n: int = 20,
     console: Console | None = None,
 ) -> dict[str, Any]:
-    """Measure every requested backend; return the JSON-ready result."""
+    """Measure every requested backend; return the JSON-ready result (no fork rows if `fork_sizes`
+    is empty; see `fork_repetitions` for what `fork_n` counts)."""
     console = console or make_console()
 
     def log(message: str) -> None:
@@ -319,6 +371,12 @@ def run(
             rows, reason = other_backend_rows(backend, other_n)
             if reason:
                 result["unavailable"][backend] = reason
+        if fork_sizes and backend not in result["unavailable"]:
+            log(f"{backend}: fork beside rebuild, states of {', '.join(map(forking.size_label, fork_sizes))}")
+            fork_rows, reason = backend_fork_rows(backend, fork_sizes, fork_n, log)
+            rows = [*rows, *fork_rows]
+            if reason:
+                result["unavailable"][f"{backend} fork"] = reason
         for entry in rows:
             entry.setdefault("backend", backend)
         result["rows"].extend(rows)
@@ -326,6 +384,9 @@ def run(
 
 
 def _target_text(entry: dict[str, Any]) -> str:
+    if "target_speedup" in entry:
+        met = "met" if entry.get("meets_target") else "NOT met"
+        return f">= {entry['target_speedup']:g}x faster than the rebuild: {met}"
     if "target_p50_ms" not in entry:
         return ""
     text = f"p50 <= {entry['target_p50_ms']:g} ms"
@@ -382,6 +443,26 @@ def report(console: Console, result: dict[str, Any]) -> None:
         note,
         left=(0, 4, 5),
     )
+    memory_rows = [
+        [
+            _label(entry),
+            f"{entry['state_bytes'] / forking.MB:.0f} MB",
+            f"{entry['memory_per_fork']['added_mb']:.1f} MB",
+            f"{entry['memory_per_fork']['rss_mb']:.1f} MB",
+            f"{entry['memory_per_fork']['pss_mb']:.1f} MB",
+        ]
+        for entry in result["rows"]
+        if "memory_per_fork" in entry
+    ]
+    if memory_rows:
+        print_table(
+            console,
+            "Memory per fork (medians, after the child read its whole state)",
+            ["fork", "state", "added (private)", "child RSS", "child PSS"],
+            memory_rows,
+            "added: the child runner's Private_Clean + Private_Dirty in /proc/<pid>/smaps_rollup, the "
+            "pages that are its alone (copied on write, or new); RSS counts the pages it shares too",
+        )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -400,21 +481,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--other-n", type=int, default=100, help="samples for the docker and e2b rows (default 100)"
     )
     parser.add_argument(
+        "--fork-sizes",
+        default=",".join(forking.size_label(size).replace(" ", "") for size in forking.SIZES),
+        help="state sizes of the fork rows, comma-separated, or 'none' (default 1MB,100MB,1GB)",
+    )
+    parser.add_argument(
+        "--fork-n",
+        type=int,
+        default=20,
+        help="forks per state size (default 20; rebuilds half as many; from 512MB a quarter and a sixth)",
+    )
+    parser.add_argument(
         "--output", metavar="PATH", help="result JSON path (default results/latency-<time>.json)"
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def parse_fork_sizes(text: str) -> tuple[int, ...]:
+    """``"1MB,100MB,1GB"`` -> bytes; ``"none"`` (or nothing) -> no fork rows."""
+    if text.strip().lower() in ("", "none"):
+        return ()
+    return tuple(forking.parse_size(part) for part in text.split(","))
 
 
 def execute(args: argparse.Namespace) -> int:
     """Run from parsed arguments; exit 0 when the measurements were taken (targets are only reported)."""
     console = make_console(args.json)
     backends = ALL_BACKENDS if args.backend == "all" else (args.backend,)
+    try:
+        fork_sizes = parse_fork_sizes(args.fork_sizes)
+    except ValueError as exc:
+        console.print(f"--fork-sizes: {exc}", markup=False, highlight=False)
+        return 2
     result = run(
         backends=backends,
         n=args.n,
         sessions=args.sessions,
         baseline_n=args.baseline_n,
         other_n=args.other_n,
+        fork_sizes=fork_sizes,
+        fork_n=args.fork_n,
         console=console,
     )
     publish("latency", result, args, console, report)

@@ -15,6 +15,7 @@ a CodeAct run opens it.
 """
 
 from .agent import Agent
+from .branching import Branch, BranchError, adopt_branch, best_of, first_success, observer_rank
 from .codeact import CodeActAgent
 from .conversation import validate_openai_history
 from .errors import (
@@ -59,6 +60,8 @@ __all__ = [
     "AgentOptions",
     "AgentResponse",
     "AgentRun",
+    "Branch",
+    "BranchError",
     "ChatMessage",
     "CodeActAgent",
     "CodeActChatMessage",
@@ -84,12 +87,16 @@ __all__ = [
     "TracingUnavailable",
     "UsageRecord",
     "UsageTracker",
+    "adopt_branch",
     "as_tool",
+    "best_of",
     "call_llm",
+    "first_success",
     "format_observation",
     "llm_vision_support",
     "mcp_stdio_tools",
     "neutralize_control",
+    "observer_rank",
     "print_response",
     "select_tools",
     "tool",

@@ -174,6 +174,7 @@ class Executor(ABC):
         """For an executor made by `fork()`: what the fork copied and what it could not."""
         self._snapshots: list[Snapshot] = []
         self._from_snapshot: Snapshot | None = None
+        self._closed_session: Session | None = None
 
     # ----------------------------------------------------------------- backend hooks
 
@@ -197,6 +198,7 @@ class Executor(ABC):
         child.fork_report = None
         child._snapshots = []
         child._from_snapshot = None
+        child._closed_session = None
         return child
 
     def _runner_init(self) -> InitRequest:
@@ -269,7 +271,11 @@ class Executor(ABC):
 
     async def close(self) -> None:
         """End the session and everything it started. Safe to call twice, and during a run (which then
-        ends with the session lost)."""
+        ends with the session lost).
+
+        An idle session may be ended in the background (host: its worker is killed and reaped by a
+        reaper thread, so `close()` returns at once); `wait_closed()` waits until nothing of it is
+        left, and the process waits for every such session at exit."""
         if self._state is ExecutorState.CLOSED:
             return
         self._state = ExecutorState.CLOSED
@@ -277,12 +283,21 @@ class Executor(ABC):
             for snapshot in self._snapshots:
                 await snapshot.close()
             session, self._current = self._current, None
+            self._closed_session = session
             if session is not None:
                 if self._lock.locked():  # an operation is in progress: its state is unknown
                     await session.discard()
                 else:
                     await session.close()
             await self._close_backend()
+
+    async def wait_closed(self) -> None:
+        """After `close()`: wait until nothing of the session is left (its processes killed and
+        reaped, its private user and directory released). Returns at once before a close."""
+        session = self._closed_session
+        if session is not None:
+            with anyio.move_on_after(KILL_TIMEOUT * 3):
+                await session.wait_closed()
 
     async def __aenter__(self) -> Self:
         return await self.open()

@@ -153,6 +153,10 @@ class Session(ABC):
     async def close(self) -> None:
         """End an idle session normally (it may be recycled where the backend can prove it clean)."""
 
+    async def wait_closed(self) -> None:  # noqa: B027 - optional: most closes end everything at once
+        """After `close()`: wait until everything of the session is gone, where the backend ends
+        sessions in the background (host: the reaper thread)."""
+
     async def fork(self) -> tuple[Session, ForkReport]:
         """A new, independent session that starts with a copy of this one's state and files (the
         session is idle). Raise `ForkError` for a fork refused with this session intact; anything
@@ -182,15 +186,19 @@ class RunnerSession(Session):
         self.output_limit = output_limit
         self._release = release
         self.isolation = worker.isolation
+        self.handshake_seconds: float | None = None
+        """How long the runner took to answer `init` (for breakdowns: `bench humaneval`)."""
         worker.line_limit = bounds.line_limit(output_limit)
 
     @classmethod
     async def start(cls, worker: Worker, init: InitRequest, release: Release | None = None) -> RunnerSession:
         """Shake hands with a started runner; on any failure the worker is killed before this raises."""
         session = cls(worker, init["output_limit"], release)
+        started = time.perf_counter()
         try:
             with anyio.fail_after(HANDSHAKE_TIMEOUT):
                 await session._request(init, _no_tools)
+            session.handshake_seconds = time.perf_counter() - started
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await worker.kill()
@@ -258,6 +266,9 @@ class RunnerSession(Session):
     async def discard(self) -> None:
         with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
             await self.worker.kill()
+
+    async def wait_closed(self) -> None:
+        await self.worker.wait_reaped()
 
     async def fork(self) -> tuple[Session, ForkReport]:
         """Fork the runner (`runtime/sessionfork.py`): the worker supplies the new channel and the

@@ -88,11 +88,14 @@ class SyncExecutor:
     def isolation(self) -> str:
         return self.executor.isolation
 
-    def close(self) -> None:
-        """Close the executor and stop the private event loop."""
+    def close(self, wait: bool = False) -> None:
+        """Close the executor and stop the private event loop; with `wait`, return only once nothing
+        of the session is left (see `Executor.wait_closed`)."""
         if self._portal is not None:
             try:
                 self._portal.call(self.executor.close)
+                if wait:
+                    self._portal.call(self.executor.wait_closed)
             finally:
                 self._stack.close()
                 self._portal = None

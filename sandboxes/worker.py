@@ -89,6 +89,11 @@ class Worker(ABC):
     async def exit_info(self) -> WorkerExit:
         """After the channel closed: why the worker ended (exit code, signal, OOM kill...)."""
 
+    async def wait_reaped(self, timeout: float = 30.0) -> bool:
+        """After a close that ends the worker in the background: wait until nothing of it is left
+        (False past `timeout`). Default: closes end everything before they return."""
+        return True
+
     async def prepare_fork(self) -> ForkPlan:
         """Make what a fork of this runner needs (its working directory, its channel's other end);
         raise `ForkError` where this worker cannot be forked. Default: it cannot."""

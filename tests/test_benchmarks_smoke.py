@@ -101,12 +101,40 @@ def test_faithful_harness_really_executes() -> None:
 
 
 def test_latency_smoke() -> None:
-    result = latency.run(backends=("host",), n=5, sessions=2, baseline_n=2, console=quiet())
+    result = latency.run(backends=("host",), n=5, sessions=2, baseline_n=2, fork_sizes=(), console=quiet())
     names = [row["name"] for row in result["rows"]]
     assert names[:2] == ["warm run", "(a) python3 -I -S -c subprocess"]
     assert {"session from the pool", "cold session", "(b) fork per snippet"} <= set(names)
     assert all(row["n"] > 0 and row["p50_ms"] > 0 for row in result["rows"])
     assert result["host_isolation"] in ("namespaces", "process")
+
+
+def test_latency_fork_rows_smoke() -> None:
+    from benchmarks import forking
+
+    console = Console(file=io.StringIO(), force_terminal=False, width=200)
+    sizes = (forking.MB, 4 * forking.MB)
+    result = latency.run(
+        backends=("host",), n=2, sessions=1, baseline_n=1, fork_sizes=sizes, fork_n=2, console=console
+    )
+    rows = {row["name"]: row for row in result["rows"] if "fork" in row["benchmark"]}
+    assert "host fork" not in result["unavailable"], result["unavailable"]
+    for label, size in (("1 MB", sizes[0]), ("4 MB", sizes[1])):
+        fork, rebuild = rows[f"fork, {label} state"], rows[f"rebuild {label} state (open + build)"]
+        assert fork["backend"] == rebuild["backend"] == "host"
+        assert fork["n"] == 2 and rebuild["n"] == 1  # fork_n forks, half as many rebuilds
+        assert fork["state_bytes"] == rebuild["state_bytes"] == size
+        assert fork["p50_ms"] > 0 and fork["p95_ms"] >= fork["p50_ms"] and rebuild["p50_ms"] > 0
+        assert fork["baseline"] == rebuild["name"] and fork["speedup_p50"] > 0
+        assert isinstance(fork["meets_target"], bool) and fork["target_speedup"] == forking.SPEEDUP_TARGET
+        memory = fork["memory_per_fork"]  # read from the child runner's smaps_rollup
+        assert 0 < memory["added_mb"] <= memory["rss_mb"] and 0 < memory["pss_mb"] <= memory["rss_mb"]
+    # copy-on-write: the child read all its 4 MB state, and at least 3 MB of it is still shared
+    big = rows["fork, 4 MB state"]["memory_per_fork"]
+    assert big["rss_mb"] - big["added_mb"] >= 3, big
+    latency.report(console, result)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "host: fork, 4 MB state" in text and "Memory per fork" in text
 
 
 def test_security_smoke_files_on_process_isolation() -> None:
@@ -133,6 +161,10 @@ def test_bench_through_the_cli_prints_json(tmp_path: Path) -> None:
             "1",
             "--baseline-n",
             "1",
+            "--fork-sizes",
+            "1MB",
+            "--fork-n",
+            "1",
             "--json",
             "--output",
             str(tmp_path / "l.json"),
@@ -144,6 +176,7 @@ def test_bench_through_the_cli_prints_json(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert data["rows"][0]["name"] == "warm run"
+    assert {"fork, 1 MB state", "rebuild 1 MB state (open + build)"} <= {row["name"] for row in data["rows"]}
     assert json.loads((tmp_path / "l.json").read_text())["benchmark"] == "latency"
 
 

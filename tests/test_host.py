@@ -79,10 +79,13 @@ async def test_explicit_workdir_is_used_and_kept(tmp_path):
 
 @pytest.mark.parametrize("isolation", ["process", "auto"])
 async def test_close_leaves_no_worker_process(isolation):
+    # close() hands the worker to the reaper thread and returns; wait_closed() waits for the reap.
     async with HostExecutor(timeout=10, pool=False, isolation=isolation) as ex:
         await ex.run("print(1)")
         worker = ex.session.worker
         pid, uid = worker.pid, worker.uid
+    await ex.wait_closed()
+    assert worker.reaped.is_set()
     if worker.isolation == "process":
         assert subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
     elif uid is None:  # a namespaced fork-server child is found only by its private user (as root)
@@ -103,3 +106,30 @@ async def test_namespaces_alone_hide_host_files_from_native_code():
         result = await ex.run(code)
     assert result.ok, result.error
     assert result.stdout == "FileNotFoundError\n"
+
+
+async def test_preloaded_modules_are_imported_once_and_each_session_has_its_own_copy(tmp_path):
+    module = tmp_path / "shared_helpers.py"
+    module.write_text(
+        "import os\nLOADED_BY = os.getpid()\ncalls = []\ndef note(x):\n    calls.append(x)\n    return len(calls)\n"
+    )
+    allowed = Policy(allowed_imports=["shared_helpers"])
+    seen = []
+    for _ in range(3):
+        async with HostExecutor(timeout=10, preload=[module], policy=allowed) as ex:
+            seen.append(
+                (
+                    await ex.run(
+                        "import shared_helpers\nprint(shared_helpers.note('x'), shared_helpers.LOADED_BY)"
+                    )
+                ).stdout
+            )
+    async with HostExecutor(timeout=10, preload=[module]) as guarded:
+        refused = await guarded.run("import shared_helpers")
+    counts = {line.split()[0] for line in seen}
+    loaders = {line.split()[1] for line in seen}
+    assert counts == {"1"}  # a session's changes to the module never reach the next session
+    assert len(loaders) == 1  # imported once, by the fork server, before the sessions were forked
+    assert refused.error is not None and refused.error.type == "PolicyViolation"  # the allowlist still rules
+    with pytest.raises(ValueError, match="name.py"):
+        HostExecutor(preload=[tmp_path / "not-a-module.txt"])

@@ -127,7 +127,7 @@ async def main():
             await listen(a, port, name)
             await assert_unreachable(a, b, port, name)
             isolation = a.isolation
-    server = hostprocess._FORK_SERVERS[("namespaces", False)]
+    server = hostprocess._FORK_SERVERS[("namespaces", False, ())]
     print(json.dumps({"isolation": isolation, "hello": server.hello}))
 
 anyio.run(main)

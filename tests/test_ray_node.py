@@ -105,3 +105,108 @@ async def test_misuse_and_unknown_sessions_are_answered_not_raised() -> None:
         assert done["kind"] == "done" and done["result"]["stdout"] == "1\n"
     finally:
         await agent.close("s")
+
+
+async def forked(agent: NodeAgent, parent: str, child: str) -> dict[str, Any]:
+    answer = await agent.fork(parent, child, "child-group")
+    assert answer["kind"] == "opened", answer
+    return dict(answer)
+
+
+async def test_a_fork_is_a_new_node_session_with_a_copy_of_the_state_and_its_own_tool_queue() -> None:
+    agent = NodeAgent()
+    await opened(agent, "p", ["ask"])
+    try:
+        assert (await agent.run("p", "x = [1, 2]"))["kind"] == "done"
+        answer = await forked(agent, "p", "c")
+        assert answer["isolation"] in ("namespaces", "process")
+        assert answer["report"]["seconds"] > 0 and answer["report"]["threads_not_copied"] == 0
+        assert (await agent.info())["sessions"] == 2
+        # Both ways independent: each changes its copy, and sees only its own change.
+        child = await agent.run("c", "x.append('child')\nprint(x)")
+        parent = await agent.run("p", "x.append('parent')\nprint(x)")
+        assert child["kind"] == "done" and child["result"]["stdout"] == "[1, 2, 'child']\n"
+        assert parent["kind"] == "done" and parent["result"]["stdout"] == "[1, 2, 'parent']\n"
+        # The child's tool call is the child's event; the parent's queue stays empty.
+        event = await agent.run("c", "print(ask('q'))")
+        assert event == {"kind": "tool", "id": 1, "name": "ask", "args": ["q"], "kwargs": {}}
+        assert agent.sessions["p"].events.empty() and not agent.sessions["p"].pending
+        await agent.answer("c", 1, {"value": "for the child"})
+        done = await agent.next_event("c")
+        assert done["kind"] == "done" and done["result"]["stdout"] == "for the child\n"
+        # The parent's own tool calls still reach the parent's queue.
+        event = await agent.run("p", "print(ask('p'))")
+        assert event["kind"] == "tool" and event["args"] == ["p"]
+        assert agent.sessions["c"].events.empty()
+        await agent.answer("p", event["id"], {"value": "for the parent"})
+        done = await agent.next_event("p")
+        assert done["kind"] == "done" and done["result"]["stdout"] == "for the parent\n"
+    finally:
+        await agent.close("c")
+        await agent.close("p")
+    assert (await agent.info())["sessions"] == 0
+
+
+async def test_closing_either_side_of_a_fork_leaves_the_other_running() -> None:
+    agent = NodeAgent()
+    await opened(agent, "p")
+    try:
+        await agent.run("p", "x = 1")
+        await forked(agent, "p", "c1")
+        await agent.close("p")
+        assert (await agent.run("p", "print(x)"))["kind"] == "lost"
+        alive = await agent.run("c1", "x += 1\nprint(x)")
+        assert alive["kind"] == "done" and alive["result"]["stdout"] == "2\n"
+        # A fork of the fork; then the middle one closes and the last one still runs.
+        await forked(agent, "c1", "c2")
+        await agent.close("c1")
+        last = await agent.run("c2", "print(x * 10)")
+        assert last["kind"] == "done" and last["result"]["stdout"] == "20\n", last
+        assert not last["result"]["state_lost"]
+    finally:
+        for name in ("p", "c1", "c2"):
+            await agent.close(name)
+    assert (await agent.info())["sessions"] == 0
+
+
+async def test_a_fork_is_refused_during_a_run_and_of_a_missing_session() -> None:
+    agent = NodeAgent()
+    await opened(agent, "p", ["wait"])
+    try:
+        event = await agent.run("p", "x = wait()\nprint(x)")
+        busy = await agent.fork("p", "c", "g")
+        assert busy["kind"] == "error" and busy["type"] == "ExecutorBusy", busy
+        assert "in progress" in busy["message"]
+        await agent.answer("p", event["id"], {"value": 7})
+        done = await agent.next_event("p")
+        assert done["kind"] == "done" and done["result"]["stdout"] == "7\n"  # the refusal left it intact
+        assert (await agent.fork("nobody", "c", "g"))["kind"] == "lost"
+        existing = await agent.fork("p", "p", "g")
+        assert existing["kind"] == "error" and existing["type"] == "ValueError"
+        assert (await agent.info())["sessions"] == 1
+    finally:
+        await agent.close("p")
+
+
+async def test_a_child_closed_while_it_is_being_forked_is_ended_once_made() -> None:
+    agent = NodeAgent()
+    await opened(agent, "p")
+    try:
+        await agent.run("p", "x = 1")
+        async with anyio.create_task_group() as group:
+            answers: list[dict[str, Any]] = []
+
+            async def fork() -> None:
+                answers.append(dict(await agent.fork("p", "c", "g")))
+
+            group.start_soon(fork)
+            while "c" not in agent._forking:
+                await anyio.sleep(0)
+            await agent.close("c")  # as a driver whose fork was cancelled does
+        assert answers == [{"kind": "lost", "message": "this node no longer holds the session"}]
+        assert "c" not in agent.sessions and not agent._forking
+        after = await agent.run("p", "print(x)")
+        assert after["kind"] == "done" and after["result"]["stdout"] == "1\n"
+    finally:
+        await agent.close("p")
+    assert (await agent.info())["sessions"] == 0

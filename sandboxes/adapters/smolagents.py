@@ -267,7 +267,7 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
         self._session_tools = frozenset()
         self._variables_sent = not self._variables
         if session is not None:
-            session.close()
+            session.close(wait=True)  # cleanup() promises the worker gone when it returns
 
     def _define(self, variables: Mapping[str, Any]) -> None:
         """Bind `variables` in the session: one assignment of a literal each (JSON values only)."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import os
+from collections.abc import Sequence
 from typing import Literal, Unpack
 
 import anyio
@@ -33,7 +34,15 @@ import anyio
 from ..errors import BackendUnavailable, WorkerStartError
 from ..executor import Executor, ExecutorOptions
 from ..session import Session
-from .hostprocess import _LIVE_WORKERS, HostWorker, fork_worker, namespaces_available, spawn_worker
+from ..worker import Worker
+from .hostprocess import (
+    _LIVE_WORKERS,
+    HostWorker,
+    fork_worker,
+    namespaces_available,
+    spawn_worker,
+    stage_preload,
+)
 
 Isolation = Literal["auto", "namespaces", "process"]
 
@@ -42,28 +51,34 @@ Isolation = Literal["auto", "namespaces", "process"]
 _SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kodeagent-spawn")
 
 
-def make_worker(isolation: str, workdir: str | None, network: bool) -> HostWorker:
+PoolKey = tuple[str, bool, tuple[str, ...]]
+"""Workers are interchangeable when they have the same isolation level, network and preloads."""
+
+
+def make_worker(
+    isolation: str, workdir: str | None, network: bool, preload: tuple[str, ...] = ()
+) -> HostWorker:
     """A new worker: forked from the fork server when it can be, else a fresh interpreter."""
     if workdir is None:
         try:
-            return fork_worker(isolation, network)
+            return fork_worker(isolation, network, preload)
         except WorkerStartError:
             pass  # the fork server could not start or died: a slower, independent worker still works
-    return spawn_worker(isolation, workdir, network)
+    return spawn_worker(isolation, workdir, network, preload)
 
 
-async def _spawn(isolation: str, workdir: str | None, network: bool) -> HostWorker:
-    future = _SPAWNER.submit(make_worker, isolation, workdir, network)
+async def _spawn(key: PoolKey, workdir: str | None) -> HostWorker:
+    future = _SPAWNER.submit(make_worker, key[0], workdir, key[1], key[2])
     return await anyio.to_thread.run_sync(future.result)
 
 
 # ---------------------------------------------------------------------- the pool
 
-_POOLS: dict[tuple[str, bool], list[HostWorker]] = {}
+_POOLS: dict[PoolKey, list[HostWorker]] = {}
 POOL_SIZE = 2
 
 
-def _take_pooled(key: tuple[str, bool]) -> HostWorker | None:
+def _take_pooled(key: PoolKey) -> HostWorker | None:
     pool = _POOLS.get(key, [])
     while pool:
         worker = pool.pop()
@@ -73,13 +88,13 @@ def _take_pooled(key: tuple[str, bool]) -> HostWorker | None:
     return None
 
 
-def _refill(key: tuple[str, bool]) -> None:
+def _refill(key: PoolKey) -> None:
     """Top the pool up in the background spawner thread; nobody waits for it."""
 
     def fill() -> None:
         pool = _POOLS.setdefault(key, [])
         while len(pool) < POOL_SIZE:
-            worker = make_worker(key[0], None, key[1])
+            worker = make_worker(key[0], None, key[1], key[2])
             if not worker.warm_up():
                 worker.kill_now()
                 return
@@ -96,6 +111,12 @@ def _kill_pooled_workers() -> None:
             worker.kill_now()
 
 
+async def _retire(worker: Worker) -> None:
+    """A normal close: the worker is killed and reaped off the caller's path (`hostreap.py`)."""
+    assert isinstance(worker, HostWorker)
+    await worker.retire()
+
+
 class HostExecutor(Executor):
     """Runs code in a worker process on this machine. See the module docs for the isolation levels.
 
@@ -103,13 +124,23 @@ class HostExecutor(Executor):
         isolation: ``"auto"`` (namespaces when bubblewrap works here, else process), ``"namespaces"``
             (fail if unavailable) or ``"process"``.
         pool: take a pre-started worker from the warm pool (not possible with an explicit `workdir`).
+        preload: trusted Python files (``name.py``) imported once, in the fork server, before any
+            session: every session then has them in ``sys.modules`` (``import name`` costs nothing,
+            subject to the policy's import allowlist like any import). What many sessions share (a
+            harness driver) is compiled and loaded once instead of sent and compiled per session.
+            The files' code runs with the fork server's rights: only ever your own code.
         (and the common `ExecutorOptions`)
     """
 
     backend = "host"
 
     def __init__(
-        self, *, isolation: Isolation = "auto", pool: bool = True, **options: Unpack[ExecutorOptions]
+        self,
+        *,
+        isolation: Isolation = "auto",
+        pool: bool = True,
+        preload: Sequence[str | os.PathLike[str]] = (),
+        **options: Unpack[ExecutorOptions],
     ) -> None:
         super().__init__(**options)
         if isolation not in ("auto", "namespaces", "process"):
@@ -118,6 +149,7 @@ class HostExecutor(Executor):
             raise BackendUnavailable("the host backend needs a POSIX system (Linux or macOS)")
         self.requested_isolation = isolation
         self.use_pool = pool and self.workdir is None
+        self.preload = stage_preload(preload)
 
     def _isolation_level(self) -> str:
         if self.requested_isolation == "process":
@@ -132,12 +164,12 @@ class HostExecutor(Executor):
 
     async def _new_session(self) -> Session:
         level = await anyio.to_thread.run_sync(self._isolation_level)
-        key = (level, self.policy.network)
+        key = (level, self.policy.network, self.preload)
         worker = _take_pooled(key) if self.use_pool else None
         if worker is None:
-            worker = await _spawn(level, self.workdir, self.policy.network)
+            worker = await _spawn(key, self.workdir)
         else:
             _LIVE_WORKERS.add(worker)
         if self.use_pool:
             _refill(key)
-        return await self._runner_session(worker)
+        return await self._runner_session(worker, release=_retire)

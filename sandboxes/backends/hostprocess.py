@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import atexit
 import functools
-import itertools
+import hashlib
 import json
 import os
 import pathlib
@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 
 import anyio
 
@@ -39,11 +40,12 @@ from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, s
 from ..usage import ProcessProbe, ProcessTree, find_in_namespace
 from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited
 from .bubblewrap import Bubblewrap, choose
+from .hostreap import REAPER, PrivateUsers
 
 RUNNER = RUNTIME_DIR / "runner.py"
 FORKSERVER = RUNTIME_DIR / "forkserver.py"
 UID_BASE = 200_000 + (os.getpid() % 500) * 1000
-_uid_counter = itertools.count(1)
+PRIVATE_USERS = PrivateUsers(UID_BASE)
 
 
 class HostWorker(Worker):
@@ -78,6 +80,8 @@ class HostWorker(Worker):
         # The sessions sharing this one's private user: it and its forks (`Executor.fork`). The kill
         # that sweeps a user's processes runs only for the last of them; the others end by their tree.
         self.family: set[HostWorker] = {self}
+        self.reaped = threading.Event()  # set once killed and reaped (`kill_now` has finished)
+        self._free_uid = False
 
     def usage_probe(self) -> ProcessProbe:
         return ProcessProbe(self.process_tree())
@@ -121,7 +125,14 @@ class HostWorker(Worker):
             return False
 
     def kill_now(self) -> None:
-        """Synchronous kill, for `atexit` and `kill()`."""
+        """Synchronous kill and reap, for `atexit`, `kill()` and the reaper thread (`retire`)."""
+        try:
+            self._kill_now()
+        finally:
+            _LIVE_WORKERS.discard(self)
+            self.reaped.set()
+
+    def _kill_now(self) -> None:
         if not self._killed:
             self.family.discard(self)
             last = not self.family  # no fork shares this session's user any more
@@ -138,19 +149,24 @@ class HostWorker(Worker):
             if self.uid is not None and last and (self.isolation == "process" or self.process is None):
                 _kill_user_processes(self.uid)
             self.channel.sock.close()
+            gone = True
             if self.process is None:
-                _wait_until_reaped(
+                gone = _wait_until_reaped(
                     self.pid if self.isolation == "process" else None,
                     self.start_time,
                     self.uid if last else None,
                 )
+            self._free_uid = self.uid is not None and last and gone
         if self.process is not None:
             try:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                pass
+                self._free_uid = False
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._free_uid and self.uid is not None:
+            self._free_uid = False
+            PRIVATE_USERS.release(self.uid)
 
     # ------------------------------------------------------------------ fork (runtime/sessionfork.py)
 
@@ -239,9 +255,16 @@ class HostWorker(Worker):
             sock.setblocking(False)
 
     async def kill(self) -> None:
-        _LIVE_WORKERS.discard(self)
         self.channel.wake_waiters()
         await anyio.to_thread.run_sync(self.kill_now)
+
+    async def retire(self) -> None:
+        """End an idle worker off the caller's path: the reaper thread kills and reaps it
+        (`hostreap.py`); `wait_reaped` waits for that."""
+        await REAPER.submit(self.kill_now)
+
+    async def wait_reaped(self, timeout: float = 30.0) -> bool:
+        return await anyio.to_thread.run_sync(self.reaped.wait, timeout)
 
     async def exit_info(self) -> WorkerExit:
         if self.process is None:
@@ -403,9 +426,9 @@ def _start_time(pid: int | None) -> int | None:
         return None
 
 
-def _wait_until_reaped(pid: int | None, start: int | None, uid: int | None, limit: float = 2.0) -> None:
+def _wait_until_reaped(pid: int | None, start: int | None, uid: int | None, limit: float = 2.0) -> bool:
     """Wait (briefly) until a fork-server child and its user's processes are gone, zombies included,
-    so that `close()` returning means nothing of the session is left in the process table."""
+    so that a reaped session has nothing left in the process table; False if some are still there."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if pid is not None and start is not None and _start_time(pid) == start:
@@ -416,7 +439,8 @@ def _wait_until_reaped(pid: int | None, start: int | None, uid: int | None, limi
         ):
             time.sleep(0.002)
             continue
-        return
+        return True
+    return False
 
 
 def _owner(entry: os.DirEntry[str]) -> int | None:
@@ -450,7 +474,7 @@ def _private_user(directory: str, isolation: str) -> int | None:
     )
     if os.getuid() != 0 or not (isolation == "namespaces" or reachable):
         return None
-    uid = UID_BASE + next(_uid_counter) % 1000
+    uid = PRIVATE_USERS.take()
     for root, dirs, files in os.walk(directory):
         for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
             os.lchown(name, uid, uid)
@@ -466,6 +490,45 @@ def _runner_flags(uid: int | None, isolation: str) -> list[str]:
     return flags
 
 
+# ---------------------------------------------------------------------- preloaded trusted modules
+
+
+@functools.cache
+def _preload_root() -> pathlib.Path:
+    root = pathlib.Path(tempfile.mkdtemp(prefix="kodeagent-preload-"))
+    os.chmod(root, 0o755)
+    atexit.register(shutil.rmtree, root, True)
+    return root
+
+
+def stage_preload(paths: Iterable[str | os.PathLike[str]]) -> tuple[str, ...]:
+    """Copies of trusted module files where every sandbox can read them (never write them), named
+    by content: what `HostExecutor(preload=...)` imports in the fork server before any session."""
+    staged = []
+    for path in paths:
+        source = pathlib.Path(path)
+        if source.suffix != ".py" or not source.stem.isidentifier():
+            raise ValueError(f"preload takes Python files named like modules (name.py), not {str(path)!r}")
+        try:
+            data = source.read_bytes()
+        except OSError as exc:
+            raise ValueError(f"cannot read the preload file {str(path)!r}: {exc}") from exc
+        folder = _preload_root() / hashlib.sha256(data).hexdigest()[:16]
+        target = folder / source.name
+        if not target.exists():
+            folder.mkdir(mode=0o755, exist_ok=True)
+            partial = folder / f".{source.name}.{os.getpid()}.{threading.get_ident()}"
+            partial.write_bytes(data)
+            os.chmod(partial, 0o644)
+            os.replace(partial, target)
+        staged.append(str(target))
+    return tuple(staged)
+
+
+def _preload_flags(preload: tuple[str, ...]) -> list[str]:
+    return [arg for path in preload for arg in ("--preload", path)]
+
+
 def _python(script: pathlib.Path) -> list[str]:
     command = [sys.executable, "-I", "-S", str(script)]
     for path in _site_dirs():
@@ -473,10 +536,14 @@ def _python(script: pathlib.Path) -> list[str]:
     return command
 
 
-def _sandboxed(command: list[str], isolation: str, network: bool, writable: str) -> list[str]:
-    """Wrap `command` in bubblewrap at the namespaces level; `writable` is the one writable directory."""
+def _sandboxed(
+    command: list[str], isolation: str, network: bool, writable: str, preload: tuple[str, ...] = ()
+) -> list[str]:
+    """Wrap `command` in bubblewrap at the namespaces level; `writable` is the one writable directory
+    (and staged `preload` files are readable)."""
     if isolation != "namespaces":
         return command
+    readable = _bind_with_parents(str(_preload_root())) if preload else []
     return [
         bubblewrap().path or "bwrap",
         *_bwrap_filesystem(),
@@ -487,6 +554,7 @@ def _sandboxed(command: list[str], isolation: str, network: bool, writable: str)
         *([] if network else ["--unshare-net"]),
         "--die-with-parent",
         "--new-session",
+        *readable,
         *_bind_with_parents(writable, writable=True),
         "--chdir",
         writable,
@@ -494,13 +562,16 @@ def _sandboxed(command: list[str], isolation: str, network: bool, writable: str)
     ]
 
 
-def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWorker:
+def spawn_worker(
+    isolation: str, workdir: str | None, network: bool, preload: tuple[str, ...] = ()
+) -> HostWorker:
     """Start a runner in a new interpreter (blocking; call it from the spawner thread)."""
     owns_workdir = workdir is None
     directory = tempfile.mkdtemp(prefix="kodeagent-") if workdir is None else os.path.realpath(workdir)
     os.makedirs(directory, exist_ok=True)
     uid = _private_user(directory, isolation)
-    command = _sandboxed(_python(RUNNER) + _runner_flags(uid, isolation), isolation, network, directory)
+    flags = _runner_flags(uid, isolation) + _preload_flags(preload)
+    command = _sandboxed(_python(RUNNER) + flags, isolation, network, directory, preload)
     parent_end, child_end = socket.socketpair()
     try:
         process = subprocess.Popen(
@@ -526,7 +597,7 @@ def spawn_worker(isolation: str, workdir: str | None, network: bool) -> HostWork
 class ForkServer:
     """A pre-imported server that forks runners (see `runtime/forkserver.py`). Thread-safe."""
 
-    def __init__(self, isolation: str, network: bool) -> None:
+    def __init__(self, isolation: str, network: bool, preload: tuple[str, ...] = ()) -> None:
         self.isolation = isolation
         # Sessions' working directories live under one base the sandbox can see; each is mode 0700
         # and owned by its session's private user, so sessions cannot read each other's files.
@@ -536,8 +607,8 @@ class ForkServer:
         # Sessions of one server share its sandbox; without their own network (the policy's network
         # is the host's) each child takes network and IPC namespaces of its own (`runtime/netns.py`).
         self.private_network = isolation == "namespaces" and not network
-        flags = ["--private-network"] if self.private_network else []
-        command = _sandboxed(_python(FORKSERVER) + flags, isolation, network, self.base)
+        flags = (["--private-network"] if self.private_network else []) + _preload_flags(preload)
+        command = _sandboxed(_python(FORKSERVER) + flags, isolation, network, self.base, preload)
         try:
             self.process = subprocess.Popen(
                 command,
@@ -621,19 +692,20 @@ class ForkServer:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-_FORK_SERVERS: dict[tuple[str, bool], ForkServer] = {}
+_FORK_SERVERS: dict[tuple[str, bool, tuple[str, ...]], ForkServer] = {}
 _FORK_SERVERS_LOCK = threading.Lock()
 
 
-def fork_worker(isolation: str, network: bool) -> HostWorker:
-    """A runner forked from the (lazily started) fork server of this isolation level and network."""
-    key = (isolation, network)
+def fork_worker(isolation: str, network: bool, preload: tuple[str, ...] = ()) -> HostWorker:
+    """A runner forked from the (lazily started) fork server of this isolation level, network and
+    preloaded modules."""
+    key = (isolation, network, preload)
     with _FORK_SERVERS_LOCK:
         server = _FORK_SERVERS.get(key)
         if server is None or not server.usable():
             if server is not None:
                 server.stop()
-            server = _FORK_SERVERS[key] = ForkServer(isolation, network)
+            server = _FORK_SERVERS[key] = ForkServer(isolation, network, preload)
     return server.fork_worker()
 
 

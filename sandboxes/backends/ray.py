@@ -40,14 +40,14 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, Self, cast
 
 import anyio
 
-from ..errors import ProtocolError, WorkerStartError
+from ..errors import ForkError, ProtocolError, WorkerStartError
 from ..events import OutputEvent
 from ..executor import COMMON_OPTIONS, KILL_TIMEOUT, Executor, ExecutorOptions
-from ..models import ExecutionResult
+from ..models import ExecutionResult, ForkReport
 from ..runtime import bounds
 from ..runtime.protocol import (
     NodeAnswer,
@@ -88,6 +88,11 @@ NODE_BACKENDS = ("host", "docker")
 RUN_SLACK = 60.0
 """Seconds past the session's timeout before the parent gives up on a node that does not answer (the
 node enforces the timeout itself; this only catches a node that went silent)."""
+FORK_WAIT = 30.0
+"""Seconds a fork waits at most for a unit on its parent's node (`placement_timeout` when shorter). Why
+not `placement_timeout`: the parent's executor holds its lock meanwhile and gives up on a fork, and the
+parent session with it, past its timeout plus RUN_SLACK and the handshake's 30 s; a fork refused for
+capacity must end before that, with the parent intact."""
 
 
 # ---------------------------------------------------------------------- the executor
@@ -153,6 +158,14 @@ class RayExecutor(Executor):
         # refuses unknown or invalid options now, not at open
         executor_class(node_backend)(**self.node_options)
 
+    def _forked_executor(self) -> Self:
+        """The fork's executor: this one's options in dicts of its own (the node's options keep
+        pointing at the child's env, not at the parent's)."""
+        child = super()._forked_executor()
+        child.init_options = dict(self.init_options)
+        child.node_options = {**self.node_options, "env": child.env}
+        return child
+
     @property
     def node_id(self) -> str | None:
         """The Ray node id of the session's node (None before open, after close, after a lost node)."""
@@ -206,7 +219,9 @@ class RayExecutor(Executor):
             if answer["kind"] == "error":
                 keep_reservation(reservation)
                 raise RAISABLE.get(answer["type"], WorkerStartError)(answer["message"])
-            return RaySession(Placement(session_id, reservation, handle), answer["isolation"])
+            return RaySession(
+                Placement(session_id, reservation, handle), answer["isolation"], self.placement_timeout
+            )
         raise AssertionError("unreachable")
 
 
@@ -216,10 +231,60 @@ class RaySession(Session):
 
     timeout_backstop = RUN_SLACK
 
-    def __init__(self, placement: Placement, isolation: str) -> None:
+    def __init__(self, placement: Placement, isolation: str, placement_timeout: float = FORK_WAIT) -> None:
         self.placement = placement
         self.isolation = isolation
+        self.placement_timeout = placement_timeout
         self._ended = False
+
+    async def fork(self) -> tuple[Session, ForkReport]:
+        """Fork on the parent's node: reserve a unit there (the child holds its own capacity; a full
+        node is waited for, up to `FORK_WAIT`, then refused), then the node's executor forks its session.
+
+        A refusal (the node is full, its backend cannot fork, the node's executor refused or replaced
+        its session, which its `ForkError` then says) is a `ForkError` with this session on its node;
+        a lost node is `SessionLost`."""
+        from ray.exceptions import RayError
+
+        placement = self.placement
+        if self._ended:
+            raise ForkError("this session was closed on its node; there is nothing to fork")
+        node = placement.node_id
+        resource = placement.reservation.resource
+        wait = min(self.placement_timeout, FORK_WAIT)
+        try:
+            reservation = take_reservation(resource, node) or await reserve(resource, wait, node)
+        except WorkerStartError as exc:
+            raise ForkError(
+                f"the fork needs a unit of sandbox capacity on its parent's node {node[:12]}, and none "
+                f"became free within {wait:g} s: close a session on that node, or fork later"
+            ) from exc
+        session_id = uuid.uuid4().hex
+        try:
+            answer: NodeOpened | NodeError | NodeLost = await placement.agent.fork.remote(
+                placement.session_id, session_id, reservation.group.id.hex()
+            )
+        except RayError as exc:
+            remove_group(reservation.group)
+            self._forget_node(exc)
+            raise SessionLost(f"the cluster node holding the session was lost ({_describe(exc)})") from exc
+        except BaseException:
+            # Cancelled or failed while the node may be forking: end the child there if it came to be
+            # (bounded), and give its unit back; the executor drops this session too.
+            with anyio.CancelScope(shield=True):
+                await _release(Placement(session_id, reservation, placement.agent), timeout=5.0, keep=False)
+            raise
+        if answer["kind"] == "lost":
+            remove_group(reservation.group)
+            raise SessionLost(f"the cluster node holding the session was lost ({answer['message']})")
+        if answer["kind"] == "error":
+            keep_reservation(reservation)
+            # The node's executor answered: its own session is intact, or it replaced it and says so.
+            raise ForkError(f"the node could not fork the session ({answer['type']}: {answer['message']})")
+        child = RaySession(
+            Placement(session_id, reservation, placement.agent), answer["isolation"], self.placement_timeout
+        )
+        return child, ForkReport.model_validate(answer.get("report") or {})
 
     async def run(
         self,

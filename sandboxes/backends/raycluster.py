@@ -73,9 +73,10 @@ class Reservation:
 
 
 _idle: list[Reservation] = []
-_waiters: list[tuple[str, concurrent.futures.Future[Reservation]]] = []
-"""Sessions of this process waiting in Ray's queue for a unit: a closing session hands its unit to the
-first of them directly (Ray would see it free only at the node's next resource report, seconds later)."""
+_waiters: list[tuple[str, str | None, concurrent.futures.Future[Reservation]]] = []
+"""Sessions of this process waiting in Ray's queue for a unit (of a resource, on a node or any): a closing
+session hands its unit to the first that it fits directly (Ray would see it free only at the node's next
+resource report, seconds later)."""
 _sweeper: threading.Thread | None = None
 
 
@@ -311,10 +312,12 @@ def check_job() -> None:
             _job = job
 
 
-def take_reservation(resource: str) -> Reservation | None:
+def take_reservation(resource: str, node_id: str | None = None) -> Reservation | None:
+    """An idle reservation of this process (on `node_id`, or on any node), most recent first."""
     with _lock:
         for index in range(len(_idle) - 1, -1, -1):
-            if _idle[index].resource == resource:
+            held = _idle[index]
+            if held.resource == resource and node_id in (None, held.node_id):
                 return _idle.pop(index)
     return None
 
@@ -323,11 +326,11 @@ def keep_reservation(reservation: Reservation) -> None:
     """Hold a closed session's reservation for the next session of this process (see `LINGER`)."""
     global _sweeper
     with _lock:
-        while _waiters:
-            resource, waiter = _waiters[0]
-            if resource != reservation.resource:
-                break
-            del _waiters[0]
+        for entry in list(_waiters):
+            resource, node_id, waiter = entry
+            if resource != reservation.resource or node_id not in (None, reservation.node_id):
+                continue  # waits for another resource, or a unit on another node (a fork)
+            _waiters.remove(entry)
             if waiter.set_running_or_notify_cancel():
                 waiter.set_result(reservation)
                 return
@@ -381,15 +384,20 @@ def remove_group(group: Any) -> None:
         pass
 
 
-async def reserve(resource: str, timeout: float) -> Reservation:
-    """A new placement group of one unit; Ray's scheduler picks the node, or queues it while full.
-    While queued, a unit another session of this process gives up is taken instead."""
-    from ray.util.placement_group import placement_group, placement_group_table
+async def reserve(resource: str, timeout: float, node_id: str | None = None) -> Reservation:
+    """A new placement group of one unit; Ray's scheduler picks the node (`node_id`, when given: a
+    fork's unit on its parent's node), or queues it while full. While queued, a unit another session
+    of this process gives up (there) is taken instead."""
+    from ray.util.placement_group import NODE_ID_LABEL_KEY, placement_group, placement_group_table
 
-    group = placement_group([{resource: 1}])
+    if node_id is None:
+        group = placement_group([{resource: 1}])
+    else:  # every node carries its id as a label: the bundle fits that node alone
+        group = placement_group([{resource: 1}], bundle_label_selector=[{NODE_ID_LABEL_KEY: node_id}])
     handoff: concurrent.futures.Future[Reservation] = concurrent.futures.Future()
+    waiting = (resource, node_id, handoff)
     with _lock:
-        _waiters.append((resource, handoff))
+        _waiters.append(waiting)
     ready = asyncio.ensure_future(group.ready())
     handed = asyncio.wrap_future(handoff)
     finished = False
@@ -404,8 +412,8 @@ async def reserve(resource: str, timeout: float) -> Reservation:
         ) from None
     finally:
         with _lock:
-            if (resource, handoff) in _waiters:
-                _waiters.remove((resource, handoff))
+            if waiting in _waiters:
+                _waiters.remove(waiting)
             handed_over = not handoff.cancel()  # False once a closing session set it: the unit is ours
         ready.cancel()
         placed = ready.done() and not ready.cancelled() and ready.exception() is None

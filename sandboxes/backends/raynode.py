@@ -49,7 +49,9 @@ RAISABLE = {
     name: getattr(errors, name)
     for name in (
         "BackendUnavailable",
+        "ExecutorBusy",
         "ExecutorClosed",
+        "ForkError",
         "WorkerStartError",
         "ProtocolError",
         "SandboxFileError",
@@ -140,6 +142,8 @@ class NodeAgent:
 
     def __init__(self) -> None:
         self.sessions: dict[str, _Session] = {}
+        self._forking: dict[str, bool] = {}
+        """Sessions being forked, by their new id: True once the parent closed one before it was made."""
         self._reaper: asyncio.Task[None] | None = None
 
     async def info(self) -> dict[str, Any]:
@@ -168,6 +172,49 @@ class NodeAgent:
         session.executor = executor
         self.sessions[session_id] = session
         return {"kind": "opened", "isolation": executor.isolation}
+
+    async def fork(
+        self, session_id: str, new_session_id: str, placement_group: str
+    ) -> NodeOpened | NodeError | NodeLost:
+        """Fork session `session_id` into a new session `new_session_id` on this node (its capacity
+        held by `placement_group`); answers ``{"kind": "opened", "isolation": ..., "report": ...}``.
+
+        The node's executor forks its session (`Executor.fork`); the child's tools are rebound to stubs
+        of the child's own queue, so a tool the child calls reaches the parent process as the child's
+        event, never as the parent session's. A refusal (a run in progress, a backend that cannot
+        fork) is an ``ExecutorBusy`` or ``ForkError`` answer."""
+        session = self.sessions.get(session_id)
+        if session is None or session.executor is None:
+            return _LOST
+        if new_session_id in self.sessions:
+            return {"kind": "error", "type": "ValueError", "message": f"session {new_session_id!r} exists"}
+        if session.task is not None and not session.task.done():
+            return {
+                "kind": "error",
+                "type": "ExecutorBusy",
+                "message": "fork() needs the session idle, and a run of it is in progress; fork after it returns",
+            }
+        child = _Session(placement_group)
+        self._forking[new_session_id] = False
+        try:
+            executor = await session.executor.fork()
+        except Exception as exc:
+            return _failure(exc)
+        finally:
+            abandoned = self._forking.pop(new_session_id)
+        if abandoned:  # the parent closed the child while it was being made (a cancelled fork)
+            await executor.close()
+            return _LOST
+        # The fork copied the parent's tools: those stubs would put the child's calls on the parent's queue.
+        executor.tools = {name: child.stub(name) for name in session.executor.tools}
+        child.executor = executor
+        self.sessions[new_session_id] = child
+        report = executor.fork_report
+        return {
+            "kind": "opened",
+            "isolation": executor.isolation,
+            "report": report.model_dump(mode="json") if report is not None else {},
+        }
 
     async def run(self, session_id: str, code: str, stream: StreamOptions | None = None) -> NodeRunEvent:
         """Start a run; answers with its first event (a tool call, output when `stream`ed, or ``done``
@@ -243,6 +290,8 @@ class NodeAgent:
         """Close the session (kills its worker, returns it to nothing: workers are never handed on)."""
         session = self.sessions.pop(session_id, None)
         if session is None:
+            if session_id in self._forking:
+                self._forking[session_id] = True  # `fork` closes it once it is made
             return
         if session.task is not None and not session.task.done():
             session.task.cancel()  # the executor discards a worker whose run was cancelled

@@ -117,13 +117,18 @@ def _probe(netns: object) -> str | None:
 
 def main(argv: list[str]) -> None:
     private_network = False
+    preloads: list[str] = []
     args = iter(argv)
     for flag in args:
         if flag == "--sys-path":
             sys.path.append(next(args))
         elif flag == "--private-network":
             private_network = True
+        elif flag == "--preload":
+            preloads.append(next(args))
     runner = _load_runner()
+    for path in preloads:  # trusted code of the caller's (`HostExecutor(preload=...)`), never a session's
+        runner.preload(path)  # type: ignore[attr-defined]
     # Pay for every import now, once, instead of in each session.
     guard = runner._load_sibling("guard")  # type: ignore[attr-defined]
     runner._load_sibling("audit")  # type: ignore[attr-defined]

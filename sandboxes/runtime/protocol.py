@@ -214,8 +214,11 @@ class Fatal(TypedDict):
 
 
 class NodeOpened(TypedDict):
+    """A session was opened (or forked: then `report` is the fork's `ForkReport` as JSON)."""
+
     kind: Literal["opened"]
     isolation: str
+    report: NotRequired[dict[str, Any]]
 
 
 class NodeToolEvent(TypedDict):

@@ -487,7 +487,7 @@ class Runner:
             elif op == "fork" and self.initialised:
                 with self.system.trusted():
                     forked = sessionfork.fork(self, message, self.subreaper)
-                if forked is not None:  # None: this is the new session's runner, already greeted
+                if forked is not None:  # a refusal; a fork (or the new session's runner) has answered
                     self.channel.send(forked)
             elif op == "warmup" and not self.initialised:
                 self.warm_up()
@@ -980,6 +980,17 @@ def _drop_privileges(uid: int, gid: int) -> None:
         os.setuid(uid)
 
 
+def preload(path: str) -> None:
+    """Import a trusted module file (``--preload``) under its name, before any session: a session
+    that imports that name gets it from ``sys.modules``, already compiled and run."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
 def _take_channel() -> Channel:
     """Move stdin/stdout to private descriptors; fd 0 becomes /dev/null."""
     read_fd, write_fd = os.dup(0), os.dup(1)  # dup() makes them non-inheritable
@@ -1006,6 +1017,7 @@ def _become_subreaper() -> bool:
 def main(argv: list[str]) -> None:
     uid = gid = 0
     subreaper = False
+    preloads: list[str] = []
     args = iter(argv)
     for flag in args:
         if flag == "--sys-path":
@@ -1016,8 +1028,12 @@ def main(argv: list[str]) -> None:
             gid = int(next(args))
         elif flag == "--subreaper":
             subreaper = _become_subreaper()
+        elif flag == "--preload":
+            preloads.append(next(args))
     channel = _take_channel()
     try:
+        for path in preloads:
+            preload(path)
         _drop_privileges(uid, gid or uid)
         guard_module = _load_sibling("guard")
         audit_module = _load_sibling("audit")

@@ -186,8 +186,10 @@ def listen_channel(runner: Any, workdir: str) -> int:
 
 
 def fork(runner: Any, message: dict[str, Any], subreaper: bool) -> dict[str, Any] | None:
-    """Serve a ``fork`` request: in this runner, return the reply for the old channel; in the new
-    session's runner (the child), set everything up, greet on the new channel and return None."""
+    """Serve a ``fork`` request. A refusal is returned (the caller sends it); a fork is answered here,
+    as soon as the child's pid is known (the middle process's exit is reaped after the answer, off
+    the parent's path), and None returned. In the new session's runner (the child): set everything
+    up, greet on the new channel, return None."""
     workdir = str(message.get("workdir", ""))
     mode = message.get("channel", "fd")
     channel = runner.channel
@@ -244,18 +246,21 @@ def fork(runner: Any, message: dict[str, Any], subreaper: bool) -> dict[str, Any
             except BaseException:  # the parent sees the new channel close: `ForkError`
                 os._exit(70)
             return None
+    os.close(write_pid)
+    os.close(new_fd)
+    data = os.read(read_pid, 64)  # written right after the second fork (end-of-file if it failed)
+    os.close(read_pid)
+    if data:
+        channel.send({"op": "reply", "pid": int(data), **report})
+    # Subreaper again only once the middle is gone: the child must be re-parented above this runner.
     os.waitpid(middle, 0)
     if subreaper:
         _subreaper(True)
-    os.close(write_pid)
-    os.close(new_fd)
-    data = os.read(read_pid, 64)
-    os.close(read_pid)
     if not data:
         if mode == "listen":
             shutil.rmtree(workdir, ignore_errors=True)
         return {"op": "reply", "error": "the runner could not fork"}
-    return {"op": "reply", "pid": int(data), **report}
+    return None
 
 
 def _become_child(runner: Any, new_fd: int, workdir: str, subreaper: bool) -> None:

@@ -112,3 +112,28 @@ def test_corpus_covers_every_kind_of_behaviour() -> None:
     ):
         assert kinds[family] > 0, family
     assert len({s["task_id"] for s in samples}) == 164
+
+
+def test_fork_sizes_option_parses_and_refuses() -> None:
+    from benchmarks import forking
+
+    assert latency.parse_fork_sizes("1MB,100MB,1GB") == forking.SIZES
+    assert latency.parse_fork_sizes("512KB, 2 GiB") == (512 * 1024, 2 * 1024 * forking.MB)
+    assert latency.parse_fork_sizes("none") == () and latency.parse_fork_sizes("") == ()
+    with pytest.raises(ValueError, match="not a size"):
+        latency.parse_fork_sizes("lots")
+    with pytest.raises(ValueError, match="smaller than one"):
+        forking.parse_size("1KB")
+
+
+def test_fork_state_code_and_repetitions() -> None:
+    from benchmarks import forking
+
+    namespace: dict[str, object] = {}
+    exec(forking.build_code(2 * forking.MB).replace("print(len(state))", ""), namespace)  # noqa: S102
+    state = namespace["state"]
+    assert isinstance(state, list) and sum(map(len, state)) == forking.state_bytes(2 * forking.MB)
+    assert len(set(state)) == len(state)  # distinct chunks: no page is shared by construction
+    assert forking.size_label(forking.MB) == "1 MB" and forking.size_label(1024 * forking.MB) == "1 GB"
+    assert latency.fork_repetitions(20) == {"n": 20, "rebuild_n": 10, "big_n": 5, "big_rebuild_n": 3}
+    assert latency.fork_repetitions(1) == {"n": 1, "rebuild_n": 1, "big_n": 1, "big_rebuild_n": 1}
