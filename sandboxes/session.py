@@ -281,6 +281,7 @@ class RunnerSession(Session):
             await worker.send(_encode(request))
             ask = await self._receive()
             if ask.get("op") == "fork_channel":
+                plan.answer = ask
                 await worker.hand_over(plan)
                 reply = await self._receive()
             else:

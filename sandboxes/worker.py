@@ -41,12 +41,16 @@ class WorkerExit:
 @dataclass
 class ForkPlan:
     """A fork in preparation (`Worker.prepare_fork`): where the copy lives inside the sandbox, how
-    its channel reaches the runner (``"fd"``: a descriptor passed on the channel socket), and what the
-    backend keeps until `Worker.forked` or `Worker.abandon_fork`."""
+    its channel reaches the runner (``"fd"``: a descriptor passed on the channel socket; ``"listen"``:
+    the runner listens on a unix socket inside the sandbox, which a relay the backend starts there
+    connects to, see `runtime/sessionfork.py`), and what the backend keeps until `Worker.forked` or
+    `Worker.abandon_fork`. `answer` is the runner's ``fork_channel`` message, set before
+    `Worker.hand_over` (listen: the socket's path, the secret and the runner's pid)."""
 
     workdir: str
     channel: Literal["fd", "listen"] = "fd"
     state: dict[str, Any] = field(default_factory=dict)
+    answer: dict[str, Any] = field(default_factory=dict)
 
 
 class Worker(ABC):

@@ -23,6 +23,10 @@ attach socket closes, the daemon closes the container's stdin (``stdin_once``), 
 end-of-file and exits, so nothing keeps *running*; the stopped container is removed by the next
 process that uses this backend, or by ``python -m sandboxes.images cleanup``.
 
+Fork (`fork()`, snapshots): the new session lives in the parent's container (the runner forks
+itself; a ``docker exec`` relay carries its channel), and the container is removed when the last
+session of that family closes (`dockercontainer.Family`, docs/fork.md).
+
 Why opening a session is cheap: a small warm pool of started containers per configuration. A
 container serves exactly one session and is destroyed at its close; it is never handed on.
 

@@ -1,12 +1,14 @@
 """The Docker backend's containers: how one is configured, started (cold or from the warm pool),
-talked to (`DockerWorker`: the attach socket, demultiplexed) and removed. `docker.py` builds the
-executor on top; see its docstring for why the containers are made this way."""
+talked to (`DockerWorker`: the attach socket, demultiplexed), forked (`ForkedDockerWorker`: a
+session forked inside the same container, reached through a ``docker exec`` relay) and removed.
+`docker.py` builds the executor on top; see its docstring for why the containers are made this way."""
 
 from __future__ import annotations
 
 import atexit
 import concurrent.futures
 import io
+import itertools
 import os
 import socket
 import struct
@@ -19,7 +21,7 @@ from typing import Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
+from ..errors import BackendUnavailable, ForkError, SandboxFileError, WorkerStartError
 from ..images import (
     DEFAULT_IMAGE,
     LABEL_OWNER,
@@ -32,10 +34,16 @@ from ..images import (
 from ..models import RunUsage
 from ..session import UsageProbe
 from ..usage import CpuReading, cgroup_paths, make_usage, parse_cpuacct_stat, split_cpu
-from ..worker import SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
+from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 
 WORKDIR = "/workspace"
+FORKS_DIR = "/forks"
+"""Where forked sessions' working directories live in the container (an anonymous volume of its own,
+so the parent's /workspace never lists them and the files API reaches them)."""
 RUNNER_COMMAND = ("python3", "-I", "/opt/kodeagent/runtime/runner.py")
+HELPER_COMMAND = ("python3", "-I", "-S", "/opt/kodeagent/runtime/forkrelay.py")
+HANDOVER_TIMEOUT = 15.0
+"""Seconds a fork waits for its relay's ``docker exec`` to start."""
 SANDBOX_UID = "1000:1000"
 POOL_SIZE = 2
 GO_MODE_SYMLINK = 1 << 27
@@ -98,7 +106,7 @@ class ContainerSettings(BaseModel):
             network_mode="bridge" if self.network else "none",
             read_only=self.read_only,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmp_mb}m,mode=1777"},
-            mounts=[workspace],
+            mounts=[workspace, Mount(FORKS_DIR, None, type="volume")],
             cap_drop=["ALL"] if self.drop_capabilities else None,
             security_opt=["no-new-privileges"] if self.no_new_privileges else None,
             pids_limit=self.pids_limit,
@@ -155,6 +163,32 @@ class Demultiplexer:
                 del self.stderr_tail[:-STDERR_KEPT]
 
 
+class Family:
+    """The sessions sharing one container: its first session and the forks made in it (`fork()`).
+
+    Members are plain tokens (a finalizer may leave on a worker's behalf). Only the last member to
+    leave removes the container; the others end their own runner's processes (`forkrelay.py`)."""
+
+    _tokens = itertools.count(1)
+
+    def __init__(self, container_id: str) -> None:
+        self.container_id = container_id
+        self.members: set[int] = set()
+        self.lock = threading.Lock()
+
+    def join(self) -> int:
+        with self.lock:
+            token = next(self._tokens)
+            self.members.add(token)
+            return token
+
+    def leave(self, token: int) -> bool:
+        """Remove `token`; True when nobody is left (the caller then removes the container)."""
+        with self.lock:
+            self.members.discard(token)
+            return not self.members
+
+
 class DockerWorker(Worker):
     """One container running the runner, and the attach socket to it."""
 
@@ -163,6 +197,11 @@ class DockerWorker(Worker):
     def __init__(self, container_id: str, attach: Any, user: str = SANDBOX_UID) -> None:
         self.container_id = container_id
         self.user = user  # uploaded files get this owner, so the code can change them
+        self.workdir = WORKDIR
+        self.runner_pid: int | None = None  # as the container sees it; learnt at the first fork
+        self.family: Family | None = None  # set at the first fork
+        self.member = 0
+        self._spare: concurrent.futures.Future[Any] | None = None  # a relay started for the next fork
         self._attach = attach  # the SDK's socket object; holding it keeps the HTTP response alive
         raw = getattr(attach, "_sock", attach)
         self.sock: socket.socket = raw
@@ -171,7 +210,7 @@ class DockerWorker(Worker):
         self._removed = False
         self._cgroups: tuple[str, str] | None | bool = False  # False: not looked up yet
         self.stats_peak: int | None = None
-        self._finalizer = weakref.finalize(self, _remove_later, container_id, raw)
+        self._finalizer: weakref.finalize[Any, Any] = weakref.finalize(self, _remove_later, container_id, raw)
         self._finalizer.atexit = False  # at exit, `_remove_all_at_exit` removes it synchronously
         _LIVE[container_id] = self
 
@@ -219,12 +258,25 @@ class DockerWorker(Worker):
             return False
 
     def remove_now(self) -> None:
-        """Kill and remove the container and its volume (blocking). Idempotent, never raises."""
-        _LIVE.pop(self.container_id, None)
+        """Kill and remove the container and its volume (blocking); in a family with other live
+        members, end only this session's processes. Idempotent, never raises."""
+        if _LIVE.get(self.container_id) is self:
+            _LIVE.pop(self.container_id, None)
+        _LIVE_FORKS.discard(self)
         if not self._removed:
             self._removed = True
             self._finalizer.detach()
-            _remove(self.container_id, self.sock)
+            self._drop_spare()
+            if self.family is None:
+                _remove(self.container_id, self.sock)
+            else:
+                _leave(self.family, self.member, self.user, self.sock, self._ending())
+
+    def _ending(self) -> tuple[str, ...]:
+        """`forkrelay.py`'s arguments that end this session while others live in its container: the
+        first runner is the container's main process (its exit would stop the container), so it is
+        stopped, not killed, and its descendants killed; the container goes with the family's last."""
+        return ("retire", str(self.runner_pid))
 
     async def kill(self) -> None:
         self.channel.wake_waiters()
@@ -235,8 +287,15 @@ class DockerWorker(Worker):
 
         Only for an idle runner (it is blocked reading its stdin): the closed stream is end-of-file
         for it, so it exits at once and the container stops; the removal (a few hundred ms of daemon
-        work) then happens off the caller's path. A busy runner needs `kill()`.
+        work) then happens off the caller's path. A busy runner needs `kill()`. In a family, the
+        container stays for the others and this session's processes end in the background (`remove_now`).
         """
+        if self.family is not None:
+            try:
+                _REMOVER.submit(self.remove_now)
+            except RuntimeError:  # interpreter shutting down
+                self.remove_now()
+            return
         _LIVE.pop(self.container_id, None)
         if not self._removed:
             self._removed = True
@@ -276,6 +335,87 @@ class DockerWorker(Worker):
             return WorkerExit(detail="the container closed its stream but is still running" + suffix)
         return WorkerExit(detail=f"the container exited with code {state.get('ExitCode')}" + suffix)
 
+    # ------------------------------------------------------------------ fork (runtime/sessionfork.py)
+
+    async def prepare_fork(self) -> ForkPlan:
+        if self._removed:
+            raise ForkError("this session's container is being removed")
+        # The runner makes it (as the session's user): a fresh name in the container's fork volume.
+        return ForkPlan(f"{FORKS_DIR}/{os.urandom(8).hex()}", "listen")
+
+    async def hand_over(self, plan: ForkPlan) -> None:
+        path, secret, pid = plan.answer.get("path"), plan.answer.get("secret"), plan.answer.get("pid")
+        if (
+            not isinstance(path, str)
+            or not isinstance(secret, str)
+            or not isinstance(pid, int)
+            or any(c in path for c in "\n ")  # one line "PATH SECRET" for the relay
+            or not secret.isalnum()
+        ):
+            raise ForkError(f"the runner's fork_channel answer is malformed: {str(plan.answer)[:200]}")
+        if self.runner_pid is None:
+            self.runner_pid = pid
+        plan.state["relay"] = await anyio.to_thread.run_sync(self._connect_relay, path, secret)
+
+    def _connect_relay(self, path: str, secret: str) -> Any:
+        """A relay for this fork (the spare one started after the previous fork, if it is still there:
+        starting a process with ``docker exec`` costs most of a fork), told where to connect."""
+        attach = None
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                attach = spare.result(timeout=HANDOVER_TIMEOUT)
+            except Exception:
+                attach = None
+        for _ in range(2):  # a spare that died meanwhile: one fresh try
+            if attach is None:
+                attach = _start_relay(self.container_id, self.user)
+            raw: socket.socket = getattr(attach, "_sock", attach)
+            try:
+                raw.sendall(f"{path} {secret}\n".encode())
+                return attach
+            except OSError:
+                raw.close()
+                attach = None
+        raise ForkError("the fork's relay closed its stream at once")
+
+    def _spare_soon(self) -> None:
+        """Start the relay of this session's next fork in the background (one idle process)."""
+        if self._spare is None and not self._removed:
+            try:
+                self._spare = _BACKGROUND.submit(_start_relay, self.container_id, self.user)
+            except RuntimeError:  # interpreter shutting down
+                pass
+
+    def _drop_spare(self) -> None:
+        spare, self._spare = self._spare, None
+        if spare is not None:  # closing its stream ends it (end-of-file before its first line)
+            spare.add_done_callback(_close_relay)
+
+    def forked(self, plan: ForkPlan, pid: int) -> ForkedDockerWorker:
+        if self.family is None:
+            self.family = Family(self.container_id)
+            self.member = self.family.join()
+            # From now on a collected worker leaves the family instead of removing the container.
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(
+                self, _leave_later, self.family, self.member, self.user, self.sock, self._ending()
+            )
+            self._finalizer.atexit = False
+        child = ForkedDockerWorker(
+            self.container_id, plan.state.pop("relay"), self.user, self.family, pid, plan.workdir
+        )
+        self._spare_soon()
+        return child
+
+    async def abandon_fork(self, plan: ForkPlan) -> None:
+        relay = plan.state.pop("relay", None)
+        if relay is not None:  # the relay then ends; the runner removed the directory itself
+            try:
+                getattr(relay, "_sock", relay).close()
+            except OSError:
+                pass
+
     # ------------------------------------------------------------------ files, through the Docker API
 
     def _refuse_symlinks(self, path: str) -> None:
@@ -293,7 +433,8 @@ class DockerWorker(Worker):
         for depth in range(1, len(parts) + 1):
             prefix = "/".join(parts[:depth])
             response = api.head(
-                api._url("/containers/{0}/archive", self.container_id), params={"path": f"{WORKDIR}/{prefix}"}
+                api._url("/containers/{0}/archive", self.container_id),
+                params={"path": f"{self.workdir}/{prefix}"},
             )
             if response.status_code == 404:
                 try:
@@ -330,7 +471,7 @@ class DockerWorker(Worker):
             entry.uid, entry.gid = uid, gid
             archive.addfile(entry, io.BytesIO(data))
         try:
-            client().api.put_archive(self.container_id, WORKDIR, buffer.getvalue())
+            client().api.put_archive(self.container_id, self.workdir, buffer.getvalue())
         except docker.errors.NotFound as exc:
             raise SandboxFileError(f"cannot write {path!r}: the sandbox container is gone ({exc})") from exc
         except docker.errors.APIError as exc:
@@ -344,7 +485,7 @@ class DockerWorker(Worker):
 
         self._refuse_symlinks(path)
         try:
-            stream, _ = client().api.get_archive(self.container_id, f"{WORKDIR}/{path}")
+            stream, _ = client().api.get_archive(self.container_id, f"{self.workdir}/{path}")
             archive_bytes = b"".join(stream)
         except docker.errors.NotFound as exc:
             raise SandboxFileError(f"no file {path!r} in the sandbox's working directory") from exc
@@ -359,6 +500,127 @@ class DockerWorker(Worker):
             extracted = archive.extractfile(member)
             assert extracted is not None
             return extracted.read()
+
+
+class ForkedDockerWorker(DockerWorker):
+    """A session forked inside its parent's container (`runtime/sessionfork.py`, ``listen`` channel):
+    its runner is a grandchild of the forked one, reached through `forkrelay.py` started with
+    ``docker exec``, whose attach stream (multiplexed as the container's) is this worker's channel.
+
+    Ending it never touches the container while the family has other members: it kills its runner's
+    process group and tree and removes its working directory (``forkrelay.py end``)."""
+
+    def __init__(
+        self, container_id: str, attach: Any, user: str, family: Family, pid: int, workdir: str
+    ) -> None:
+        self.container_id = container_id
+        self.user = user
+        self.workdir = workdir
+        self.runner_pid = pid
+        self.family = family
+        self.member = family.join()
+        self._attach = attach
+        raw = getattr(attach, "_sock", attach)
+        self.sock = raw
+        self.channel = SocketLineReader(raw)
+        self.demux = Demultiplexer()
+        self._removed = False
+        self._cgroups = None
+        self._spare = None
+        self.stats_peak = None
+        self._finalizer = weakref.finalize(self, _leave_later, family, self.member, user, raw, self._ending())
+        self._finalizer.atexit = False
+        _LIVE_FORKS.add(self)
+
+    def __repr__(self) -> str:
+        return f"<ForkedDockerWorker {self.container_id[:12]} pid {self.runner_pid}>"
+
+    def usage_probe(self) -> None:  # type: ignore[override]
+        # The container's cgroup counts the whole family: no figure of this session alone.
+        return None
+
+    def _ending(self) -> tuple[str, ...]:
+        return ("end", str(self.runner_pid), self.workdir)
+
+    def _exit_info(self) -> WorkerExit:
+        stderr = self.demux.stderr_tail.decode(errors="replace").strip()
+        suffix = f"; relay stderr: {stderr[-500:]}" if stderr else ""
+        try:
+            state = client().api.inspect_container(self.container_id)["State"]
+        except Exception as exc:  # removed, or the daemon is down
+            return WorkerExit(detail=f"the family's container is gone ({exc.__class__.__name__})" + suffix)
+        if not state.get("Running"):
+            return WorkerExit(
+                detail=f"the family's container stopped (exit code {state.get('ExitCode')})" + suffix,
+                oom=bool(state.get("OOMKilled")),
+            )
+        return WorkerExit(
+            detail="the forked session's runner ended (killed, crashed, or killed for memory: the "
+            "container's memory limit is shared by its family)" + suffix
+        )
+
+
+def _start_relay(container_id: str, user: str) -> Any:
+    """``forkrelay.py relay`` in the container, as the session's user: its attach socket (blocking).
+    It waits for its first line (where to connect) on that stream."""
+    import docker.errors
+
+    api = client().api
+    try:
+        created = api.exec_create(
+            container_id, [*HELPER_COMMAND, "relay"], stdin=True, stdout=True, stderr=True, user=user
+        )
+        return api.exec_start(created["Id"], socket=True)
+    except docker.errors.APIError as exc:
+        raise ForkError(f"Docker could not start the fork's relay: {exc.explanation or exc}") from exc
+
+
+def _close_relay(future: concurrent.futures.Future[Any]) -> None:
+    try:
+        attach = future.result()
+    except Exception:
+        return
+    try:
+        getattr(attach, "_sock", attach).close()
+    except OSError:
+        pass
+
+
+def _run_helper(container_id: str, user: str, args: tuple[str, ...]) -> None:
+    """Run ``forkrelay.py ARGS`` in the container as `user` and wait for it (blocking). Never raises."""
+    try:
+        api = client().api
+        created = api.exec_create(container_id, [*HELPER_COMMAND, *args], stdout=True, stderr=True, user=user)
+        api.exec_start(created["Id"])  # returns once the helper has exited
+    except Exception:  # the container is gone already, or the daemon is down
+        pass
+
+
+def _leave(family: Family, member: int, user: str, sock: socket.socket, ending: tuple[str, ...]) -> None:
+    """One session of `family` ends (blocking): the last removes the container, any other its own
+    processes (`ending`: the helper's arguments), then its stream closes."""
+    if family.leave(member):
+        _remove(family.container_id, sock)
+        return
+    _run_helper(family.container_id, user, ending)
+    try:
+        sock.close()
+    except OSError:
+        pass
+
+
+def _leave_later(
+    family: Family, member: int, user: str, sock: socket.socket, ending: tuple[str, ...]
+) -> None:
+    """Finalizer of a family member nobody closed: `_leave` in the background."""
+    try:
+        _BACKGROUND.submit(_leave, family, member, user, sock, ending)
+    except RuntimeError:  # interpreter shutting down
+        _leave(family, member, user, sock, ending)
+
+
+_LIVE_FORKS: weakref.WeakSet[DockerWorker] = weakref.WeakSet()
+"""Forked sessions of this process; their containers are removed at interpreter exit."""
 
 
 # ---------------------------------------------------------------------- containers: start, remove, pool
@@ -621,5 +883,9 @@ def _remove_all_at_exit() -> None:
     if _client is None:
         return
     drain_pools()
+    families = {w.container_id: w for w in list(_LIVE_FORKS) if w.family is not None}
     for worker in list(_LIVE.values()):
         worker.remove_now()
+    for container_id, worker in families.items():  # at exit, every container goes with its family
+        worker._finalizer.detach()
+        _remove(container_id, worker.sock)

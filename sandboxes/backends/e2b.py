@@ -27,6 +27,10 @@ can be installed (once per sandbox, as root, arguments quoted after ``--``); unl
 network, egress is then closed (``deny_out 0.0.0.0/0``) before any user code runs, and a failure to
 close it fails the open rather than running the code with a network the policy forbids.
 
+Fork (`fork()`, snapshots): the runner forks itself inside the sandbox; the copy's channel is
+`runtime/forkrelay.py`, started as a command like the runner. The family of executors that share the
+sandbox is counted on it (`_Sandbox.users`), and the last one to close kills it (docs/fork.md).
+
 Concurrency: sessions share one event loop; each sandbox holds a slot of a capacity limiter shared by
 all executors with the same API key (``max_concurrent_sandboxes``; the latest value set wins), since
 E2B limits concurrent sandboxes per account. The SDK itself is asyncio-only (its command handles
@@ -44,17 +48,17 @@ import shlex
 import time
 import weakref
 from collections.abc import Iterable, Sequence
-from typing import Any, Unpack
+from typing import Any, Self, Unpack
 
 import anyio
 
-from ..errors import BackendUnavailable, SandboxFileError, WorkerStartError
+from ..errors import BackendUnavailable, ForkError, SandboxFileError, WorkerStartError
 from ..executor import KILL_TIMEOUT, Executor, ExecutorOptions
 from ..models import RunUsage
 from ..runtime import RUNTIME_DIR
 from ..session import Session, UsageProbe
 from ..usage import metrics_usage
-from ..worker import Worker, WorkerExit, WorkerExited
+from ..worker import ForkPlan, Worker, WorkerExit, WorkerExited
 
 REMOTE_RUNTIME = ".kodeagent/runtime"
 """Where the runtime goes in the sandbox, relative to the user's home (the files API's base)."""
@@ -71,6 +75,11 @@ sandbox: the launcher, the process-tree killer, and the no-follow file placing a
 files API follows links the code may have planted, so a transfer goes through a private staging file
 under ~/.kodeagent that the script copies into place, or out of place, one O_NOFOLLOW component at a
 time)."""
+
+FORKRELAY = f"~/{REMOTE_RUNTIME}/forkrelay.py"
+"""The far end of a forked session's channel, and the kill of one session (`runtime/forkrelay.py`)."""
+FORKS_DIR = ".kodeagent/forks"
+"""Where forked sessions' working directories live, relative to the user's home."""
 
 _limiters: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, anyio.CapacityLimiter]] = (
     weakref.WeakKeyDictionary()
@@ -110,6 +119,10 @@ class _Sandbox:
         self.extended_at = time.monotonic()
         self.gone = False
         self.killed = False
+        self.users = 1
+        """Executors whose sessions live in this sandbox: its first and those forked from it
+        (`E2BExecutor.fork`); only the last one's close kills the sandbox."""
+        self.forks_dir: str | None = None  # absolute, made at the first fork
 
     @property
     def sandbox_id(self) -> str:
@@ -189,6 +202,7 @@ class E2BWorker(Worker):
         self.handle: Any = None
         self._watcher: asyncio.Task[None] | None = None
         self.workdir = DEFAULT_WORKDIR
+        self._spare: asyncio.Task[E2BForkWorker] | None = None  # the relay of this session's next fork
 
     def usage_probe(self) -> MetricsProbe:
         return MetricsProbe(self.session.sandbox)
@@ -285,6 +299,13 @@ class E2BWorker(Worker):
             pass
         return False
 
+    def _kill_command(self) -> str:
+        pid = int(self.handle.pid)
+        return (
+            f"python3 -I {PROCTOOLS} kill-tree {pid} 2>/dev/null; "
+            f"kill -KILL -- -{pid} 2>/dev/null; kill -KILL {pid} 2>/dev/null; true"
+        )
+
     async def kill(self) -> None:
         """Kill the runner and its process group in the sandbox; the sandbox itself stays."""
         if self._killed:
@@ -292,13 +313,9 @@ class E2BWorker(Worker):
         self._killed = True
         with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
             if self.handle is not None and not self.ended and not self.session.gone:
-                pid = int(self.handle.pid)
                 try:
                     await self.session.sandbox.commands.run(
-                        f"python3 -I {PROCTOOLS} kill-tree {pid} 2>/dev/null; "
-                        f"kill -KILL -- -{pid} 2>/dev/null; kill -KILL {pid} 2>/dev/null; true",
-                        timeout=KILL_TIMEOUT,
-                        request_timeout=KILL_TIMEOUT,
+                        self._kill_command(), timeout=KILL_TIMEOUT, request_timeout=KILL_TIMEOUT
                     )
                 except Exception:
                     self.session.gone = not await self._sandbox_running()
@@ -310,6 +327,7 @@ class E2BWorker(Worker):
     async def detach(self) -> None:
         """Stop listening to the runner without touching it (the sandbox is about to be killed)."""
         self._killed = True
+        self._drop_spare()
         if self._watcher is not None and not self._watcher.done():
             self._watcher.cancel()
         if self.handle is not None and not self.ended:
@@ -323,6 +341,80 @@ class E2BWorker(Worker):
 
     async def exit_info(self) -> WorkerExit:
         return WorkerExit(detail=self._detail)
+
+    # ------------------------------------------------------------------ fork (runtime/sessionfork.py)
+
+    async def prepare_fork(self) -> ForkPlan:
+        if not await self.alive():
+            raise ForkError("this session's runner or its E2B sandbox is gone")
+        session = self.session
+        if session.forks_dir is None:
+            result = await session.sandbox.commands.run(
+                f"mkdir -p -- {FORKS_DIR} && chmod 0700 -- {FORKS_DIR} && cd -- {FORKS_DIR} && pwd",
+                timeout=KILL_TIMEOUT,
+                request_timeout=KILL_TIMEOUT,
+            )
+            session.forks_dir = str(result.stdout).strip()
+        # The runner makes it (it must not exist): the same absolute path for it and the files API.
+        return ForkPlan(posixpath.join(session.forks_dir, os.urandom(8).hex()), "listen")
+
+    async def hand_over(self, plan: ForkPlan) -> None:
+        path, secret = plan.answer.get("path"), plan.answer.get("secret")
+        if not isinstance(path, str) or not isinstance(secret, str) or not secret.isalnum() or "\n" in path:
+            raise ForkError(f"the runner's fork_channel answer is malformed: {str(plan.answer)[:200]}")
+        try:
+            relay = plan.state["relay"] = await self._take_relay()
+            # Where to connect and the secret go on its stdin, never on a command line.
+            await relay.send(f"{path} {secret}\n".encode())
+        except WorkerExited as exc:
+            raise ForkError(f"the fork's relay did not start in the E2B sandbox ({exc})") from exc
+        except Exception as exc:
+            raise ForkError(f"could not start the fork's relay in the E2B sandbox: {exc}") from exc
+
+    def forked(self, plan: ForkPlan, pid: int) -> E2BForkWorker:
+        relay: E2BForkWorker = plan.state.pop("relay")
+        relay.runner_pid = pid
+        relay.workdir = plan.workdir
+        self._spare_soon()
+        return relay
+
+    async def _new_relay(self) -> E2BForkWorker:
+        relay = E2BForkWorker(self.session)
+        await relay.start(f"exec python3 -I -S {FORKRELAY} relay", {})
+        return relay
+
+    async def _take_relay(self) -> E2BForkWorker:
+        """The spare relay started after this session's previous fork (starting a command is most of
+        a fork's cost), if it is still there; else a new one. It waits for its first line."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            try:
+                relay = await spare
+            except Exception:
+                relay = None
+            if relay is not None:
+                if await relay.alive():
+                    return relay
+                await relay.kill()
+        return await self._new_relay()
+
+    def _spare_soon(self) -> None:
+        if self._spare is None and not self._killed and not self.session.gone:
+            self._spare = asyncio.get_running_loop().create_task(self._new_relay())
+
+    def _drop_spare(self) -> None:
+        """End the spare relay (in the background; at once if the sandbox is being killed anyway)."""
+        spare, self._spare = self._spare, None
+        if spare is None:
+            return
+        if self.session.users <= 1 and spare.done():
+            return  # the sandbox goes with this session: its end takes the relay
+        spare.add_done_callback(_kill_spare)
+
+    async def abandon_fork(self, plan: ForkPlan) -> None:
+        relay = plan.state.pop("relay", None)
+        if relay is not None:  # the runner removed the directory itself; the relay goes
+            await relay.kill()
 
     def _remote(self, path: str) -> str:
         return posixpath.join(self.workdir, path)
@@ -372,6 +464,47 @@ class E2BWorker(Worker):
                     await self.session.sandbox.files.remove(staged)
                 except Exception:
                     pass
+
+
+class E2BForkWorker(E2BWorker):
+    """A session forked inside its parent's sandbox: its runner is a grandchild of the forked one,
+    reached through `forkrelay.py` (started as a command, as the runner is), whose stdin and stdout
+    are this worker's channel. Its kill ends its own runner's process group and tree and removes its
+    working directory (``forkrelay.py end``); the sandbox stays for the rest of the family."""
+
+    def __init__(self, session: _Sandbox) -> None:
+        super().__init__(session)
+        self.runner_pid: int | None = None  # None until the runner forked: then only the relay goes
+
+    def usage_probe(self) -> None:  # type: ignore[override]
+        # The sandbox's metrics cover the whole microVM, so every session of the family.
+        return None
+
+    async def kill(self) -> None:
+        if not self._killed and self.ended and self.runner_pid is not None and not self.session.gone:
+            # The relay ended (its runner did): what the runner started and its copy may remain.
+            with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
+                try:
+                    await self.session.sandbox.commands.run(
+                        self._kill_command(), timeout=KILL_TIMEOUT, request_timeout=KILL_TIMEOUT
+                    )
+                except Exception:
+                    pass
+        await super().kill()
+
+    def _kill_command(self) -> str:
+        relay = int(self.handle.pid)
+        end = ""
+        if self.runner_pid is not None:
+            end = f"python3 -I -S {FORKRELAY} end {self.runner_pid} {shlex.quote(self.workdir)} 2>/dev/null; "
+        return f"{end}kill -KILL {relay} 2>/dev/null; true"
+
+    async def detach(self) -> None:
+        # A fork's runner stays in a sandbox that others use: closing means killing it.
+        if not self._killed and self.session.users > 1 and not self.session.gone:
+            await self.kill()
+            return
+        await super().detach()
 
 
 class E2BExecutor(Executor):
@@ -441,10 +574,40 @@ class E2BExecutor(Executor):
     # ----------------------------------------------------------------- the backend's hooks
 
     async def _close_backend(self) -> None:
-        # The sandbox outlives the runners started in it (a timeout restarts only the runner).
+        # The sandbox outlives the runners started in it (a timeout restarts only the runner), and
+        # is shared with this executor's forks: the family's last close kills it.
         sandbox, self._sandbox = self._sandbox, None
         if sandbox is not None:
-            await sandbox.kill()
+            sandbox.users -= 1
+            if sandbox.users <= 0 or sandbox.gone:
+                await sandbox.kill()
+
+    # ----------------------------------------------------------------- fork: one sandbox, a family
+
+    def _forked_executor(self) -> Self:
+        child = super()._forked_executor()
+        child._sandbox = None  # set by `_adopt` once the child has a session in this sandbox
+        return child
+
+    async def fork(self) -> Self:
+        """As `Executor.fork`: the child's runner is a fork inside this session's sandbox, which the
+        two then share (see docs/fork.md, E2B); the sandbox is killed when the last of them closes."""
+        child = await super().fork()
+        child._adopt()
+        return child
+
+    async def open(self) -> Self:
+        await super().open()
+        if self._sandbox is None:  # opened from a snapshot: a fork in the snapshot's sandbox
+            self._adopt()
+        return self
+
+    def _adopt(self) -> None:
+        session = self._current
+        worker = getattr(session, "worker", None)
+        if self._sandbox is None and isinstance(worker, E2BWorker):
+            self._sandbox = worker.session
+            worker.session.users += 1
 
     async def _new_session(self) -> Session:
         try:
@@ -585,10 +748,23 @@ async def _runtime_files() -> list[tuple[str, bytes]]:
     return _runtime_cache
 
 
+_ending: set[asyncio.Task[None]] = set()
+"""Kills of spare relays under way (held here so that the loop does not drop them)."""
+
+
+def _kill_spare(spare: asyncio.Task[E2BForkWorker]) -> None:
+    if spare.cancelled() or spare.exception() is not None:
+        return
+    task = asyncio.get_running_loop().create_task(spare.result().kill())
+    _ending.add(task)
+    task.add_done_callback(_ending.discard)
+
+
 async def _detach(worker: Worker) -> None:
     # A normal close: the executor kills the whole sandbox right after (`_close_backend`), which stops
-    # the runner with it, so there is no need to wait for a kill inside the sandbox first.
-    if isinstance(worker, E2BWorker):
+    # the runner with it, so there is no need to wait for a kill inside the sandbox first; unless
+    # forks of the family still use the sandbox: then this runner is killed in it.
+    if isinstance(worker, E2BWorker) and worker.session.users <= 1:
         await worker.detach()
     else:
         await worker.kill()

@@ -120,7 +120,8 @@ class ToolResult(TypedDict):
 
 class ForkRequest(TypedDict):
     """Fork the session's runner (`runtime/sessionfork.py`): the copy lives in `workdir`, and its
-    channel comes as `channel` says (``"fd"``: a descriptor the parent passes on asking)."""
+    channel comes as `channel` says (``"fd"``: a descriptor the parent passes on asking;
+    ``"listen"``: the runner makes `workdir` and listens on a unix socket that a relay connects to)."""
 
     op: Literal["fork"]
     workdir: str

@@ -10,6 +10,15 @@ stream threads, working directory and process group. Exchange (``fd`` channel, t
     runner -> {"op": "reply", "pid", "threads", "processes", "sockets"}     (on the old channel)
     child  -> {"op": "reply", "pid", "uid", "files", "bytes", "token"}      (on the new channel)
 
+``listen`` channel (Docker, E2B: the channel is a stream the sandbox's manager carries, so no
+descriptor can cross it): the runner makes the fork's working directory itself (it must not exist
+yet), listens on a unix socket in a fresh private directory and answers
+``{"op": "fork_channel", "path": P, "secret": S, "pid": RUNNER_PID}``; the parent starts
+`forkrelay.py` inside the sandbox, which connects to P, sends S and a newline, and pumps bytes between
+its stdio (the parent's new stream) and the socket. The runner accepts one connection within
+`LISTEN_TIMEOUT`, checks the secret, removes the socket and its directory, and the accepted
+connection becomes the new channel. Anything wrong: an error reply, this session intact.
+
 The child is a grandchild (the middle process exits at once) started while the runner is not a
 subreaper, so it is re-parented above the runner (the sandbox's init or the host's): the kill that
 ends one session never finds the other in its process tree, and the child calls ``setsid`` so neither
@@ -33,6 +42,9 @@ from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
 OWN_THREADS = 3  # the runner's main, drain and stream threads
+LISTEN_TIMEOUT = 30.0
+"""Seconds the runner waits for the relay of a ``listen`` channel to connect and send its secret."""
+SECRET_BYTES = 32
 
 
 def census(channel_fds: tuple[int, ...]) -> dict[str, int]:
@@ -136,18 +148,70 @@ def receive_channel(read_fd: int) -> int:
     return fds[0]
 
 
+def listen_channel(runner: Any, workdir: str) -> int:
+    """The new channel of a ``listen`` fork: the relay's connection, its secret checked (OSError else)."""
+    import hmac  # here, not at the runner's start: only listen forks need it
+
+    secret = os.urandom(SECRET_BYTES).hex()
+    directory = os.path.join(os.environ.get("TMPDIR") or "/tmp", f"kodeagent-fork-{os.urandom(8).hex()}")
+    os.mkdir(directory, 0o700)  # this session's user only; a fresh name, so nobody else's
+    path = os.path.join(directory, "channel")
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+            server.bind(path)
+            server.listen(1)
+            server.settimeout(LISTEN_TIMEOUT)
+            runner.channel.send({"op": "fork_channel", "path": path, "secret": secret, "pid": os.getpid()})
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                raise OSError(f"no relay connected within {LISTEN_TIMEOUT:g} s") from None
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    try:
+        conn.settimeout(LISTEN_TIMEOUT)
+        line, expected = b"", secret.encode() + b"\n"
+        while not line.endswith(b"\n") and len(line) < len(expected):
+            chunk = conn.recv(len(expected) - len(line))
+            if not chunk:
+                break
+            line += chunk
+        if not hmac.compare_digest(line, expected):
+            raise OSError("the connection to the fork's channel did not carry the secret")
+        conn.settimeout(None)
+        return conn.detach()
+    except BaseException:
+        conn.close()
+        raise
+
+
 def fork(runner: Any, message: dict[str, Any], subreaper: bool) -> dict[str, Any] | None:
     """Serve a ``fork`` request. A refusal is returned (the caller sends it); a fork is answered here,
     as soon as the child's pid is known (the middle process's exit is reaped after the answer, off
     the parent's path), and None returned. In the new session's runner (the child): set everything
     up, greet on the new channel, return None."""
     workdir = str(message.get("workdir", ""))
+    mode = message.get("channel", "fd")
     channel = runner.channel
+    if mode == "listen":
+        try:
+            os.mkdir(workdir, 0o700)  # absent: a fresh name the parent chose
+        except OSError as exc:
+            return {"op": "reply", "error": f"cannot make the fork's working directory {workdir!r} ({exc})"}
+    elif mode != "fd":
+        return {"op": "reply", "error": f"unknown fork channel {mode!r}"}
     if not os.path.isdir(workdir):
         return {"op": "reply", "error": f"the fork's working directory {workdir!r} does not exist"}
     report = census((channel.reader.fileno(), channel.write_fd))
-    channel.send({"op": "fork_channel"})
-    new_fd = receive_channel(channel.reader.fileno())
+    if mode == "listen":
+        try:
+            new_fd = listen_channel(runner, workdir)
+        except OSError as exc:
+            shutil.rmtree(workdir, ignore_errors=True)
+            return {"op": "reply", "error": f"the fork's channel could not be set up ({exc})"}
+    else:
+        channel.send({"op": "fork_channel"})
+        new_fd = receive_channel(channel.reader.fileno())
     read_pid, write_pid = os.pipe()
     # No other thread may hold a lock the child needs: the drain, the stream sender and the writer.
     with runner.drain.lock, runner.streamer.cond, channel.lock:
@@ -162,6 +226,8 @@ def fork(runner: Any, message: dict[str, Any], subreaper: bool) -> dict[str, Any
                 _subreaper(True)
             for fd in (new_fd, read_pid, write_pid):
                 os.close(fd)
+            if mode == "listen":
+                shutil.rmtree(workdir, ignore_errors=True)
             return {"op": "reply", "error": f"the runner could not fork ({exc})"}
         if middle:
             channel.own_fork = False
@@ -191,6 +257,8 @@ def fork(runner: Any, message: dict[str, Any], subreaper: bool) -> dict[str, Any
     if subreaper:
         _subreaper(True)
     if not data:
+        if mode == "listen":
+            shutil.rmtree(workdir, ignore_errors=True)
         return {"op": "reply", "error": "the runner could not fork"}
     return None
 

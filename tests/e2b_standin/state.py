@@ -269,6 +269,8 @@ class Registry:
             except (ProcessLookupError, PermissionError):
                 pass
             process.publish(("gone", f"the connection to sandbox {sandbox.sandbox_id} ended ({reason})"))
+        # A VM's end takes every process in it, also those in sessions of their own (a forked runner).
+        await anyio.to_thread.run_sync(_kill_the_rest, sandbox.home)
         namespaces.close(sandbox.namespaces)
         sandbox.namespaces = None
         await anyio.to_thread.run_sync(lambda: shutil.rmtree(sandbox.root, ignore_errors=True))
@@ -355,6 +357,20 @@ class Registry:
         send, receive = anyio.create_memory_object_stream[Event](math.inf)
         process.subscribers.append(send)
         return send, receive
+
+
+def _kill_the_rest(home: Path) -> None:
+    """SIGKILL every process started in the sandbox whose home is `home` (found by its environment)."""
+    marker = f"HOME={home}".encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                if marker in handle.read().split(b"\0"):
+                    os.kill(int(name), signal.SIGKILL)
+        except OSError:
+            continue
 
 
 def _iso(timestamp: float) -> str:
