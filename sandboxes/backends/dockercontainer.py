@@ -224,7 +224,19 @@ class DockerWorker(Worker):
         if not self._removed:
             self._removed = True
             self._finalizer.detach()
-            _remove(self.container_id, self.sock)
+            self._close_stream()
+            _remove(self.container_id, None)
+
+    def _close_stream(self) -> None:
+        """Close the attach socket's descriptor now. Closing the socket alone does not: the SDK's file
+        object over it (`_attach`, the HTTP response reads through it) keeps the descriptor open until
+        garbage collection finds the worker, and between collections a soak's closed sessions piled
+        up descriptors (one per session)."""
+        for stream in (self.sock, self._attach):
+            try:
+                stream.close()
+            except OSError:
+                pass
 
     async def kill(self) -> None:
         self.channel.wake_waiters()
@@ -241,10 +253,7 @@ class DockerWorker(Worker):
         if not self._removed:
             self._removed = True
             self._finalizer.detach()
-            try:
-                self.sock.close()
-            except OSError:
-                pass
+            self._close_stream()
             try:
                 _REMOVER.submit(_remove, self.container_id, None)
             except RuntimeError:  # interpreter shutting down
