@@ -9,8 +9,8 @@ floods 10 MB of output, or forks (host: `fork()`, a run in the child, the child 
 cannot fork, so there the refusal is what is exercised); the rest are ordinary runs. Every result
 is checked against what it must be; a session that differs is an anomaly, printed at the end.
 
-What is measured, in this (the driving) process, at the start, every `--every` sessions and at
-the end, each time after the sessions in flight have finished and `--settle` seconds have passed:
+What is measured, in this (the driving) process, at the start, every `--every` sessions (a tenth
+of them, at most 1,000) and at the end, each time after the sessions in flight have finished and `--settle` seconds have passed:
 open descriptors (`/proc/self/fd`), threads (`threading.active_count()` and `/proc/self/task`),
 descendant processes (and how many are zombies), processes of the host backend's private users
 (when root), resident memory (VmRSS), live Python objects (`gc`), the temporary directories the
@@ -52,7 +52,7 @@ from typing import Any
 import anyio
 from rich.console import Console
 
-from sandboxes import ForkError, Limits, Policy, open_executor
+from sandboxes import BackendUnavailable, ForkError, Limits, Policy, open_executor
 from sandboxes.executor import Executor
 
 from .common import make_console, print_table, publish, script_main
@@ -119,14 +119,14 @@ def _expect(condition: bool, what: str, result: Any) -> None:
         raise Anomaly(f"{what} (ok={getattr(result, 'ok', None)}, {detail})")
 
 
-def _executor(backend: str, kind: str) -> Executor:
+def _executor(backend: str, kind: str, options: dict[str, Any]) -> Executor:
     if kind == "timeout":
-        return open_executor(backend, timeout=SHORT_TIMEOUT)
+        return open_executor(backend, timeout=SHORT_TIMEOUT, **options)
     if kind == "crash":
-        return open_executor(backend, timeout=TIMEOUT, policy=CRASH_POLICY)
+        return open_executor(backend, timeout=TIMEOUT, policy=CRASH_POLICY, **options)
     if kind == "oom":
-        return open_executor(backend, timeout=TIMEOUT, policy=MEMORY_POLICY)
-    return open_executor(backend, timeout=TIMEOUT)
+        return open_executor(backend, timeout=TIMEOUT, policy=MEMORY_POLICY, **options)
+    return open_executor(backend, timeout=TIMEOUT, **options)
 
 
 async def _after(executor: Executor, what: str) -> None:
@@ -135,10 +135,12 @@ async def _after(executor: Executor, what: str) -> None:
     _expect(result.ok and result.stdout == "after\n", f"the run after {what} did not work", result)
 
 
-async def one_session(backend: str, index: int) -> None:
-    """Open, run, check and close one session; raises `Anomaly` (or anything the sandbox raised)."""
+async def one_session(backend: str, index: int, options: dict[str, Any] | None = None) -> None:
+    """Open, run, check and close one session; raises `Anomaly` (or anything the sandbox raised).
+
+    `options` go to every executor (e.g. the Docker image)."""
     kind = kind_of(index)
-    async with _executor(backend, kind) as executor:
+    async with _executor(backend, kind, options or {}) as executor:
         if kind == "plain":
             result = await executor.run(f"x = {index}")
             _expect(result.ok and result.stdout == "", "an assignment failed", result)
@@ -337,15 +339,22 @@ async def soak(
     backend: str = "host",
     sessions: int | None = None,
     concurrency: int = 2,
-    every: int = 1000,
+    every: int | None = None,
     settle: float | None = None,
     scratch: str | None = None,
+    options: dict[str, Any] | None = None,
     on_checkpoint: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
-    """Run the soak; return the JSON-ready result (checkpoints, verdicts, anomalies, rates)."""
+    """Run the soak; return the JSON-ready result (checkpoints, verdicts, anomalies, rates).
+
+    `scratch`: the private temporary directory the sessions' directories go to, if one was made
+    (`use_private_tempdir`); `options`: for every executor. Raises `BackendUnavailable` (at the
+    first session that says so) when the backend cannot work here."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     total = DEFAULT_SESSIONS[backend] if sessions is None else sessions
+    if every is None:
+        every = min(1000, max(1, total // 10))
     if total < 2 * every or every < 1:
         raise ValueError(f"--sessions ({total}) must be at least twice --every ({every}): warm-up, then soak")
     if concurrency < 1:
@@ -355,6 +364,7 @@ async def soak(
     anomalies: list[dict[str, Any]] = []
     anomaly_count = 0
     checkpoints: list[dict[str, Any]] = []
+    unavailable: list[BackendUnavailable] = []
     started = time.perf_counter()
 
     def checkpoint(done: int, interval_s: float, interval_n: int) -> None:
@@ -371,10 +381,15 @@ async def soak(
     async def worker(indices: Iterator[int]) -> None:
         nonlocal anomaly_count
         for index in indices:
+            if unavailable:
+                return
             kind = kind_of(index)
             kinds[kind] += 1
             try:
-                await one_session(backend, index)
+                await one_session(backend, index, options)
+            except BackendUnavailable as exc:  # not a finding about sessions: nothing here can run
+                unavailable.append(exc)
+                return
             except Exception as exc:  # noqa: BLE001 - any failure of a session is an anomaly, counted
                 anomaly_count += 1
                 if len(anomalies) < 50:
@@ -391,6 +406,8 @@ async def soak(
         async with anyio.create_task_group() as group:
             for _ in range(concurrency):
                 group.start_soon(worker, indices)
+        if unavailable:
+            raise unavailable[0]
         batch_s = time.perf_counter() - batch_started
         done += batch
         await anyio.sleep(pause)
@@ -403,6 +420,7 @@ async def soak(
         "concurrency": concurrency,
         "every": every,
         "settle_s": pause,
+        "options": options or {},
         "mix": {str(k): v for k, v in SPECIAL.items()} | {"cycle": CYCLE},
         "kinds": dict(kinds),
         "checkpoints": checkpoints,
@@ -478,12 +496,15 @@ def report(console: Console, result: dict[str, Any]) -> None:
         markup=False,
         highlight=False,
     )
-    for anomaly in result["anomalies"]:
+    shown = result["anomalies"][:20]
+    for anomaly in shown:
         console.print(
             f"  anomaly: session {anomaly['session']} ({anomaly['kind']}): {anomaly['problem']}",
             markup=False,
             highlight=False,
         )
+    if result["anomaly_count"] > len(shown):
+        console.print(f"  ... and {result['anomaly_count'] - len(shown)} more", markup=False, highlight=False)
     verdict = "nothing grew" if not result["grew"] else "GREW: " + ", ".join(result["grew"])
     console.print(f"verdict: {verdict}", markup=False, highlight=False)
 
@@ -495,12 +516,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--concurrency", type=int, default=2, help="sessions in flight at once (default 2)")
     parser.add_argument(
-        "--every", type=int, default=1000, help="sessions between checkpoints (default 1,000)"
+        "--every",
+        type=int,
+        help="sessions between checkpoints (default a tenth of --sessions, at most 1,000)",
     )
     parser.add_argument(
         "--settle",
         type=float,
         help="seconds to wait before each checkpoint's readings (default 0.5 host, 2 docker)",
+    )
+    parser.add_argument(
+        "--image", help="docker: the sandbox image (default the backend's, kodeagent-sandbox:py)"
     )
     parser.add_argument(
         "--output", metavar="PATH", help="result JSON path (default results/soak-<time>.json)"
@@ -509,20 +535,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    """Run from parsed arguments; exit 1 when something grew or a result was wrong."""
+    """Run from parsed arguments; exit 1 when something grew or a result was wrong, 2 for bad
+    options, 3 when the backend is unavailable here."""
     console = make_console(args.json)
 
     def log(row: dict[str, Any]) -> None:
         console.print(f"  {checkpoint_line(row)}", markup=False, highlight=False, style="dim")
 
+    options: dict[str, Any] = {}
+    if args.image:
+        if args.backend != "docker":
+            console.print("error: --image is for --backend docker", markup=False, highlight=False)
+            return 2
+        options["image"] = args.image
     scratch = use_private_tempdir()
     try:
         result = anyio.run(
-            lambda: soak(args.backend, args.sessions, args.concurrency, args.every, args.settle, scratch, log)
+            lambda: soak(
+                args.backend, args.sessions, args.concurrency, args.every, args.settle, scratch, options, log
+            )
         )
     except ValueError as exc:
         console.print(f"error: {exc}", markup=False, highlight=False)
         return 2
+    except BackendUnavailable as exc:
+        console.print(f"{args.backend} is unavailable here: {exc}", markup=False, highlight=False)
+        return 3
     publish("soak", result, args, console, report)
     return 0 if result["ok"] else 1
 
