@@ -421,6 +421,7 @@ async def soak(
         "every": every,
         "settle_s": pause,
         "options": options or {},
+        "tempdir": scratch,
         "mix": {str(k): v for k, v in SPECIAL.items()} | {"cycle": CYCLE},
         "kinds": dict(kinds),
         "checkpoints": checkpoints,

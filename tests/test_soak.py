@@ -8,6 +8,12 @@ containers), against the allowances that `benchmarks.soak` documents.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import backend_docker
 import pytest
 
@@ -55,6 +61,25 @@ async def test_the_soak_sees_sessions_that_are_never_closed(monkeypatch: pytest.
     assert result["anomaly_count"] == 0, _explain(result)
     assert {"fds", "processes", "temp_dirs"} <= set(result["grew"]), _explain(result)
     assert not result["ok"]
+
+
+def test_bench_soak_through_the_cli(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "kodeagent_cli", "bench", "soak", "--sessions", "40", "--every", "20"]
+    done = subprocess.run(
+        [*command, "--json", "--output", str(tmp_path / "s.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert [c["sessions"] for c in data["checkpoints"]] == [0, 20, 40]
+    assert data["ok"] and data["anomaly_count"] == 0 and data["sessions_per_s"] > 0
+    assert json.loads((tmp_path / "s.json").read_text())["benchmark"] == "soak"
+    # The sessions' private temporary directory was removed at exit, after the backends stopped.
+    assert data["tempdir"] and not os.path.exists(data["tempdir"])
+    bad = subprocess.run([*command[:-1], "30"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "at least twice --every" in bad.stdout
 
 
 def test_growth_is_judged_after_warm_up_against_the_allowance() -> None:
