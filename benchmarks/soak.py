@@ -13,8 +13,10 @@ What is measured, in this (the driving) process, at the start, every `--every` s
 of them, at most 1,000) and at the end, each time after the sessions in flight have finished and `--settle` seconds have passed:
 open descriptors (`/proc/self/fd`), threads (`threading.active_count()` and `/proc/self/task`),
 descendant processes (and how many are zombies), processes of the host backend's private users
-(when root), resident memory (VmRSS), live Python objects (`gc`), the temporary directories the
-sessions made, and on Docker the containers labelled as this process's.
+(when root), resident memory (VmRSS), Python objects the collector tracks (`gc`), the temporary
+directories the sessions made, and on Docker the containers labelled as this process's. Nothing is
+garbage-collected first: a descriptor that waits for the collector to be released is a finding (the
+Docker backend's attach sockets did, until its workers closed them at once).
 
 The verdict compares the first checkpoint after warm-up (the one after `--every` sessions: by then
 every configuration's fork server, warm pool and the Docker client's connections exist) with the
