@@ -13,7 +13,7 @@ What is measured, in this (the driving) process, at the start, every `--every` s
 of them, at most 1,000) and at the end, each time after the sessions in flight have finished and `--settle` seconds have passed:
 open descriptors (`/proc/self/fd`), threads (`threading.active_count()` and `/proc/self/task`),
 descendant processes (and how many are zombies), processes of the host backend's private users
-(when root), resident memory (VmRSS), Python objects the collector tracks (`gc`), the temporary
+that are ours or orphaned (when root), resident memory (VmRSS), Python objects the collector tracks (`gc`), the temporary
 directories the sessions made, and on Docker the containers labelled as this process's. Nothing is
 garbage-collected first: a descriptor that waits for the collector to be released is a finding (the
 Docker backend's attach sockets did, until its workers closed them at once).
@@ -228,6 +228,15 @@ def _private_uids() -> range | None:
     return range(UID_BASE, UID_BASE + 1000)
 
 
+def _private_user_processes(
+    table: dict[int, tuple[int, str, int | None]], mine: set[int], uids: range
+) -> int:
+    """Processes of our private users that are ours: descendants, or orphans (re-parented to init,
+    e.g. a `setsid` child that outlived its worker). Another process whose pid gives it the same
+    uid range (the range comes from the pid) has its workers under its own fork server: not counted."""
+    return sum(1 for pid, (ppid, _, uid) in table.items() if uid in uids and (pid in mine or ppid == 1))
+
+
 def _temp_dirs(scratch: str | None) -> int:
     """Directories the sessions made: `kodeagent-*` in our temporary directory, and every session
     directory under this process's fork servers' bases (wherever those were made)."""
@@ -281,7 +290,7 @@ def measure(backend: str, scratch: str | None) -> dict[str, Any]:
         "tasks": len(os.listdir("/proc/self/task")),
         "processes": len(mine),
         "zombies": sum(1 for pid in mine if table[pid][1] == "Z"),
-        "uid_processes": None if uids is None else sum(1 for _, _, uid in table.values() if uid in uids),
+        "uid_processes": None if uids is None else _private_user_processes(table, set(mine), uids),
         "rss_mb": round(_rss_mb(), 1),
         "objects": len(gc.get_objects()),
         "temp_dirs": _temp_dirs(scratch),
