@@ -29,6 +29,7 @@ BENCHMARKS = {
     "security": "the attack corpus (by class) and benign snippets against every available backend",
     "agent": "CodeAct and ReAct on HumanEval-as-agent tasks and multi-tool tasks with a real model",
     "replies": "the agents' reply parser on a corpus of messy model replies: read, refused or misread",
+    "soak": "open, run and close thousands of sessions in one process; report anything that grew",
 }
 
 

@@ -267,6 +267,7 @@ class DockerWorker(Worker):
             self._removed = True
             self._finalizer.detach()
             self._drop_spare()
+            self._close_attach()  # the socket itself closes in `_remove` / `_leave`, in their order
             if self.family is None:
                 _remove(self.container_id, self.sock)
             else:
@@ -277,6 +278,23 @@ class DockerWorker(Worker):
         first runner is the container's main process (its exit would stop the container), so it is
         stopped, not killed, and its descendants killed; the container goes with the family's last."""
         return ("retire", str(self.runner_pid))
+
+    def _close_attach(self) -> None:
+        """Drop the SDK's file object over the attach socket (`_attach`, which the HTTP response reads
+        through): it holds the descriptor open after the socket's own close until garbage collection
+        finds the worker, and between collections a soak's closed sessions piled up descriptors."""
+        try:
+            self._attach.close()
+        except OSError:
+            pass
+
+    def _close_stream(self) -> None:
+        """Close the attach socket's descriptor now (the socket and the SDK's file object over it)."""
+        self._close_attach()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
     async def kill(self) -> None:
         self.channel.wake_waiters()
@@ -300,10 +318,7 @@ class DockerWorker(Worker):
         if not self._removed:
             self._removed = True
             self._finalizer.detach()
-            try:
-                self.sock.close()
-            except OSError:
-                pass
+            self._close_stream()
             try:
                 _REMOVER.submit(_remove, self.container_id, None)
             except RuntimeError:  # interpreter shutting down
