@@ -752,13 +752,14 @@ def report(console: Console, result: dict[str, Any]) -> None:
                 *(["-"] * (len(sides) - 1)),
             ]
         )
-    # the sandbox's time split: opening a session (pool take and handshake), the run() call, of it
-    # the runner's own time (the driver's work), and closing the session (the reap is off this path)
+    # the sandbox's time split: opening a session (pool take and handshake), the run() call and of
+    # it the run under the session's lock (`result.duration`: the check, the usage probe, the
+    # request, the driver's work, the reply), and closing the session (the reap is off this path)
     for key, label in (
         ("session_open", "open()"),
         ("handshake", "  of it the handshake"),
         ("run_call", "run() call"),
-        ("per_program_run_only", "  in the runner"),
+        ("per_program_run_only", "  of it the locked run"),
         ("session_close", "close()"),
     ):
         part = result["sandbox"].get(key)
