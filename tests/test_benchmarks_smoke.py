@@ -37,8 +37,10 @@ def test_humaneval_canonical_smoke() -> None:
     assert "verified to execute" in result["baseline"]["method"]
     assert result["speedup"] > 0 and result["disagreements"] == []
     assert result["sandbox"]["pass_at_k"] == {"pass@1": 1.0}
-    cpu = result["sandbox"]["per_program_cpu"]  # measured by the sandbox for every program
-    assert cpu["n"] == 5 and cpu["max_ms"] > 0
+    # Measured by the sandbox for every program. /proc counts CPU in 10 ms ticks, and a canonical
+    # program with the preloaded driver can use less than one: zero is a reading, a missing one is not.
+    cpu = result["sandbox"]["per_program_cpu"]
+    assert cpu["n"] == 5 and cpu["max_ms"] >= 0
 
 
 def _samples_with_an_import(tmp_path: Path) -> Path:
