@@ -9,8 +9,9 @@ supplies sessions through two hooks (the contract is `sandboxes.session`):
   runner start a `Worker` and return `await self._runner_session(worker)`;
 - `_close_backend()`: release what outlives single sessions, once, at `close()` and after a failed
   `open()` (default: nothing);
-- `_forked_executor()`: the executor a `fork()` returns, before its session is set (default: a copy
-  of this one's options; a backend whose sessions share something, like E2B's sandbox, shares it).
+- `_forked_executor()` and `_open_on_fork()`: the executor a `fork()` returns (or a snapshot opens),
+  before and as its forked session is set (default: a copy of this one's options; a backend whose
+  sessions share something, like E2B's sandbox, shares it there).
 
 No backend overrides a public method or touches the private state of this class.
 """
@@ -256,9 +257,7 @@ class Executor(ABC):
         if self._state is ExecutorState.UNOPENED:
             async with self._lock:
                 if self._state is ExecutorState.UNOPENED and self._from_snapshot is not None:
-                    forked, self.fork_report = await self._from_snapshot.kept._fork_session()
-                    self._current, self._isolation = forked, forked.isolation
-                    self._state = ExecutorState.OPEN
+                    self._open_on_fork(*await self._from_snapshot.kept._fork_session())
                 if self._state is ExecutorState.UNOPENED:
                     try:
                         await self._live_session()
@@ -550,11 +549,14 @@ class Executor(ABC):
         an answer, and the next run says `state_lost`)."""
         forked, report = await self._fork_session()
         child = self._forked_executor()
-        child._current = forked
-        child._isolation = forked.isolation
-        child._state = ExecutorState.OPEN
-        child.fork_report = report
+        child._open_on_fork(forked, report)
         return child
+
+    def _open_on_fork(self, forked: Session, report: ForkReport) -> None:
+        """Open this (unopened) executor on a forked session."""
+        self._current, self._isolation = forked, forked.isolation
+        self._state = ExecutorState.OPEN
+        self.fork_report = report
 
     async def snapshot(self) -> Snapshot:
         """Keep a copy of this session as it is now, to open sessions from later: each

@@ -54,7 +54,7 @@ import anyio
 
 from ..errors import BackendUnavailable, ForkError, SandboxFileError, WorkerStartError
 from ..executor import KILL_TIMEOUT, Executor, ExecutorOptions
-from ..models import RunUsage
+from ..models import ForkReport, RunUsage
 from ..runtime import RUNTIME_DIR
 from ..session import Session, UsageProbe
 from ..usage import metrics_usage
@@ -586,21 +586,15 @@ class E2BExecutor(Executor):
 
     def _forked_executor(self) -> Self:
         child = super()._forked_executor()
-        child._sandbox = None  # set by `_adopt` once the child has a session in this sandbox
+        child._sandbox = None  # set by `_open_on_fork`: the child's session lives in this sandbox
         return child
 
-    async def fork(self) -> Self:
-        """As `Executor.fork`: the child's runner is a fork inside this session's sandbox, which the
-        two then share (see docs/fork.md, E2B); the sandbox is killed when the last of them closes."""
-        child = await super().fork()
-        child._adopt()
-        return child
-
-    async def open(self) -> Self:
-        await super().open()
-        if self._sandbox is None:  # opened from a snapshot: a fork in the snapshot's sandbox
-            self._adopt()
-        return self
+    def _open_on_fork(self, forked: Session, report: ForkReport) -> None:
+        """As `Executor`'s: the child's runner is a fork inside the parent's (or the snapshot's)
+        sandbox, which they then share (see docs/fork.md, E2B); the sandbox is killed when the last
+        of them closes."""
+        super()._open_on_fork(forked, report)
+        self._adopt()
 
     def _adopt(self) -> None:
         session = self._current

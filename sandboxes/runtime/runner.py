@@ -203,9 +203,7 @@ class Runner:
         self.system.install()
         self.stdout = Capture(1, "stdout")
         self.stderr = Capture(2, "stderr")
-        self.drain = Drain((self.stdout, self.stderr))
-        self.streamer = Streamer(channel)
-        self.stdout.sink = self.stderr.sink = self.streamer.offer
+        self._start_capture_threads()
         sys.stdout = sys.__stdout__ = _text_stream(1)  # type: ignore[misc]  # the originals point at the channel
         sys.stderr = sys.__stderr__ = _text_stream(2)  # type: ignore[misc]
         self.initialised = False
@@ -317,14 +315,7 @@ class Runner:
                 network=bool(policy.get("network")),
                 subprocess=bool(policy.get("subprocess")),
                 readable_roots=_library_roots(),
-                protected_fds=(
-                    self.channel.reader.fileno(),
-                    self.channel.write_fd,
-                    self.stdout.fd,
-                    self.stderr.fd,
-                    self.stdout.read_fd,
-                    self.stderr.read_fd,
-                ),
+                protected_fds=self.private_fds(),
             )
 
     def restart_capture(self) -> None:
@@ -332,15 +323,16 @@ class Runner:
         not survive a fork, and the pipes are still the parent's)."""
         for capture in (self.stdout, self.stderr):
             capture.reopen()
+        self._start_capture_threads()
+
+    def _start_capture_threads(self) -> None:
         self.drain = Drain((self.stdout, self.stderr))
         self.streamer = Streamer(self.channel)
         self.stdout.sink = self.stderr.sink = self.streamer.offer
 
-    def moved_to(self, workdir: str) -> None:
-        """The session now lives in `workdir` (a fork's copy): files and protected descriptors follow."""
-        self.workdir = os.path.realpath(workdir)
-        self.system.workdir = self.workdir
-        self.system.protected_fds = frozenset(
+    def private_fds(self) -> frozenset[int]:
+        """The runner's own descriptors (the channel, the capture pipes), which the code may not use."""
+        return frozenset(
             (
                 self.channel.reader.fileno(),
                 self.channel.write_fd,
@@ -350,6 +342,12 @@ class Runner:
                 self.stderr.read_fd,
             )
         )
+
+    def moved_to(self, workdir: str) -> None:
+        """The session now lives in `workdir` (a fork's copy): files and protected descriptors follow."""
+        self.workdir = os.path.realpath(workdir)
+        self.system.workdir = self.workdir
+        self.system.protected_fds = self.private_fds()
 
     def fresh_namespace(self) -> dict[str, Any]:
         return {"__builtins__": self.builtins, "__name__": "__main__", "__doc__": None}
