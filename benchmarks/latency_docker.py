@@ -11,6 +11,12 @@ What is measured (medians and p95, in milliseconds):
 - cold start: `open()` plus the first `run("print(1)")` with the pool off: create, attach, start,
   runner start-up, init, run. Baseline: `docker run --rm <image> python3 -c 'print(1)'`.
 
+- session open, sustained: `open()` of session after session with no pause between them (open,
+  `run("print(1)")`, close), once with a container per session (the pool runs dry: each open waits
+  for a container to start) and once with shared containers (`sessions_per_container`): a warm
+  container hosts session after session, each a fresh runner as a fresh uid, cleaned and checked
+  between them. Issue 19's target: p95 no more than 5x p50 under sustained load.
+
 The targets of the Docker issue are reported beside the numbers (warm p50 <= 2 ms, pool open
 <= 20 ms, cold <= 500 ms); nothing here asserts them.
 """
@@ -85,11 +91,42 @@ async def _measure(n: int, cold_n: int, image: str) -> dict[str, list[float]]:
         exec_command = [docker, "exec", container, "python3", "-c", "print(1)"]
         samples["docker exec per snippet"] = await anyio.to_thread.run_sync(_time_cli, exec_command, n)
 
+    samples["per container: session open, sustained"] = await _time_sustained(cold_n, image, 1)
+    samples["shared: session open, sustained"] = await _time_sustained(n, image, SHARED_SESSIONS)
     samples["cold start to first result"] = await _time_cold(cold_n, image)
     run_command = [docker, "run", "--rm", "--network", "none", image, "python3", "-c", "print(1)"]
     samples["docker run --rm per snippet"] = await anyio.to_thread.run_sync(_time_cli, run_command, cold_n)
     await anyio.to_thread.run_sync(client().ping)
     return samples
+
+
+SHARED_SESSIONS = 1000
+"""`sessions_per_container` of the shared rows: high enough that no container is recycled mid-run."""
+SUSTAINED_TAIL_TARGET = 5.0
+
+
+async def _time_sustained(n: int, image: str, sessions_per_container: int) -> list[float]:
+    """`open()` of `n` sessions one right after another (each runs print(1) and closes), after the
+    pool's first fill: what a judge scoring submission after submission sees."""
+    from sandboxes.backends.docker import DockerExecutor
+
+    def make() -> DockerExecutor:
+        return DockerExecutor(image=image, timeout=30, sessions_per_container=sessions_per_container)
+
+    async with make() as first:
+        await first.run("print(1)")
+    with anyio.move_on_after(60):  # the first fill is start-up, not steady state
+        while first.warm_containers() < first.pool_size:
+            await anyio.sleep(0.05)
+    durations = []
+    for _ in range(n):
+        session = make()
+        started = time.perf_counter()
+        await session.open()
+        durations.append(time.perf_counter() - started)
+        await session.run("print(1)")
+        await session.close()
+    return durations
 
 
 async def _time_cold(n: int, image: str) -> list[float]:
@@ -123,6 +160,7 @@ def docker_latency_rows(
         "warm run": "docker exec per snippet",
         "session from the pool": "docker exec per snippet",
         "cold start to first result": "docker run --rm per snippet",
+        "shared: session open, sustained": "per container: session open, sustained",
     }
     rows: list[dict[str, Any]] = []
     for name, durations in samples.items():
@@ -134,8 +172,12 @@ def docker_latency_rows(
             row["baseline"] = baseline
             row["speedup_p50"] = ratio(base["p50_ms"], stats["p50_ms"])
             row["speedup_p95"] = ratio(base["p95_ms"], stats["p95_ms"])
-            row["target_p50_ms"] = TARGETS_MS[name]
-            row["meets_target"] = stats["p50_ms"] <= TARGETS_MS[name]
+            if name in TARGETS_MS:
+                row["target_p50_ms"] = TARGETS_MS[name]
+                row["meets_target"] = stats["p50_ms"] <= TARGETS_MS[name]
+        if name.endswith("sustained"):
+            row["p95_over_p50"] = ratio(stats["p95_ms"], stats["p50_ms"])
+            row["meets_tail_target"] = row["p95_over_p50"] <= SUSTAINED_TAIL_TARGET
         rows.append(row)
     from sandboxes.backends.docker import DockerExecutor
 
@@ -180,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
             fmt_ratio(r["speedup_p50"]) if "speedup_p50" in r else "",
             (("yes" if r["meets_target"] else "NO") + f" (<= {r['target_p50_ms']:g} ms)")
             if "meets_target" in r
+            else (
+                ("yes" if r["meets_tail_target"] else "NO")
+                + f" (p95 {r['p95_over_p50']:.1f}x p50, target <= {SUSTAINED_TAIL_TARGET:g}x)"
+            )
+            if "meets_tail_target" in r
             else "",
         ]
         for r in result["rows"]
