@@ -16,6 +16,12 @@ Host backend rows (medians and p95, milliseconds):
   `bench` extra) makes the row unavailable, with the reason.
 - session from the pool: `open()` of a new session whose worker the pool has already started
   (the runner's init handshake included). Target <= 5 ms.
+- fresh session rows: the parts of those same sessions, each opened, run once (the snippet) and
+  closed (`benchmarks.lifecycle`, as `bench humaneval` times them): of `open()` the pool take and the
+  handshake, the `run()` call, of it the locked run (`result.duration`) and of that the code's own
+  time in the runner as the runner reports it (`RunnerSession.exec_seconds`; the rest is the protocol), `close()` (the reap
+  is off its path), and the run's CPU as the sandbox measured it (`result.usage`; /proc's 10 ms
+  ticks, so mostly 0 for this snippet). Docker's module gives the same rows for its pooled sessions.
 - cold session: `open()` with `pool=False`, starting the worker (and its namespaces) on demand: a
   fork of the fork server that, under `namespaces`, moves into network and IPC namespaces of its own
   before it becomes the runner. Target <= 50 ms.
@@ -55,7 +61,7 @@ from rich.console import Console
 
 from sandboxes.backends import BACKEND_NAMES
 
-from . import forking
+from . import forking, lifecycle
 from .common import (
     fmt_ms,
     fmt_ratio,
@@ -66,6 +72,7 @@ from .common import (
     script_main,
     summarize,
 )
+from .lifecycle import SessionParts, close_timed, open_and_run
 
 SNIPPET = "print(1)"
 TARGETS_MS = {"warm run": 1.0, "session from the pool": 5.0, "cold session": 50.0}
@@ -228,15 +235,21 @@ async def _open_once(pool: bool, network: bool = False) -> float:
     return elapsed
 
 
-async def host_open(sessions: int, pool: bool, settle: float = 0.0) -> list[float]:
-    """`open()` of new sessions, from the pool or cold; each session is closed before the next."""
+async def host_fresh(sessions: int, settle: float) -> list[SessionParts]:
+    """Fresh sessions from the pool, one at a time, each opened once the pool has refilled and
+    settled, run once and closed: the parts of each (`benchmarks.lifecycle`)."""
+    from sandboxes import open_executor
+
     samples = []
     for index in range(sessions + 1):
-        if pool:
-            await _wait_for_pool(settle)
-        elapsed = await _open_once(pool)
+        await _wait_for_pool(settle)
+        executor = open_executor("host", timeout=10)
+        result, parts = await open_and_run(executor, SNIPPET)
+        await close_timed(executor, parts)
+        if result.stdout != "1\n":
+            raise RuntimeError(f"a fresh session's run printed {result.stdout!r} ({result.error})")
         if index:  # the first one answers one-time probes (bubblewrap) and starts the pool
-            samples.append(elapsed)
+            samples.append(parts)
     return samples
 
 
@@ -281,8 +294,12 @@ def host_rows(
     log(f"host: cold session x{sessions}, alternately with a cold session on the host network")
     cold, cold_shared = anyio.run(host_open_cold, sessions)
     settle = max(0.2, 2 * summarize(cold)["p50_ms"] / 1000)
-    log(f"host: session from the pool x{sessions} (each after the pool refilled and settled {settle:.2f} s)")
-    pooled = anyio.run(host_open, sessions, True, settle)
+    log(
+        f"host: fresh session from the pool x{sessions}: open, run, close "
+        f"(each after the pool refilled and settled {settle:.2f} s)"
+    )
+    fresh = anyio.run(host_fresh, sessions, settle)
+    pooled = [parts.open_seconds for parts in fresh if parts.open_seconds is not None]
 
     warm_stats = summarize(warm)
     rows: list[dict[str, Any]] = []
@@ -323,6 +340,7 @@ def host_rows(
             meets_target=warm_over <= 1.0,
         )
     row("session from the pool", pooled)
+    rows.extend(lifecycle.parts_rows("host latency", fresh))
     row("cold session", cold, baseline="cold session, host network")
     row("cold session, host network", cold_shared)
     log("host: streamed output (first chunk, 10 MB flood)")

@@ -107,10 +107,24 @@ def test_latency_smoke() -> None:
     names = [row["name"] for row in result["rows"]]
     assert names[:2] == ["warm run", "(a) python3 -I -S -c subprocess"]
     assert {"session from the pool", "cold session", "(b) fork per snippet"} <= set(names)
-    assert all(row["n"] > 0 and row["p50_ms"] > 0 for row in result["rows"])
+    # CPU is read in /proc's 10 ms ticks: a print(1) mostly uses less than one
+    assert all(row["n"] > 0 and row["p50_ms"] > 0 for row in result["rows"] if "CPU" not in row["name"])
     assert all(row["p50_ms"] <= row["p95_ms"] for row in result["rows"])
     assert result["host_isolation"] in ("namespaces", "process")
     rows = {row["name"]: row for row in result["rows"]}
+    # a fresh session's parts, from the same sessions as the pool-open row
+    pooled = rows["session from the pool"]
+    parts = {row["part"]: row for row in result["rows"] if row["name"].startswith("fresh session: ")}
+    assert {"pool_take", "handshake", "run_call", "per_program_run_only", "session_close"} <= set(parts)
+    assert "session_open" not in parts and all(part["n"] == pooled["n"] == 2 for part in parts.values())
+    # each part is within its whole in every sample, so in every percentile too
+    for part, whole in (
+        ("pool_take", pooled),
+        ("handshake", pooled),
+        ("per_program_run_only", parts["run_call"]),
+    ):
+        assert parts[part]["p50_ms"] <= whole["p50_ms"] and parts[part]["p95_ms"] <= whole["p95_ms"], part
+    assert parts["per_program_cpu"]["min_ms"] >= 0
     # smolagents' interpreter beside the warm run, same snippet and n; the ratio is of those two rows
     warm, smol = rows["warm run"], rows[latency.SMOLAGENTS_ROW]
     assert smol["n"] == warm["n"] == 5 and "smolagents" not in result["unavailable"]
