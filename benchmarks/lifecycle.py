@@ -2,9 +2,10 @@
 
 A session opened for one program pays for: taking a started worker (the pool take), the runner's
 answer to `init` (the handshake), the `run()` call — of it the part under the executor's lock
-(`ExecutionResult.duration`: the static check, the usage probe, request, the code's own time in the
-runner, reply) — and `close()`. Timing them the same way everywhere is what lets a change to one
-part be read in every table; CPU (`ExecutionResult.usage`) is kept beside the wall time.
+(`ExecutionResult.duration`: the static check, the usage probe, the request, the runner's time on
+it and of that the code's own, as the runner reports them, the reply) — and `close()`. Timing
+them the same way everywhere is what lets a change to one part be read in every table; CPU
+(`ExecutionResult.usage`) is kept beside the wall time.
 """
 
 from __future__ import annotations
@@ -30,9 +31,15 @@ class SessionParts:
     """The parent's `run()` call: the locked run plus waiting for the lock and building the result."""
     run_seconds: float | None = None
     """Of the run() call, the run under the executor's lock (`ExecutionResult.duration`)."""
+    runner_seconds: float | None = None
+    """Of the locked run, the runner's time on the run request as the runner reports it
+    (`RunnerSession.runner_seconds`); the rest is the protocol and the parent's work: the static
+    check, the usage probe, sending the request, reading and checking the reply. None where the
+    backend's runner does not report it."""
     exec_seconds: float | None = None
-    """Of the locked run, the code's own time in the runner, as the runner reports it (the rest is the
-    protocol: check, probe, request, reply); None where the backend's runner does not report it."""
+    """Of the runner's time, the code's own (`RunnerSession.exec_seconds`; under `bench humaneval`'s
+    harness semantics the code is the driver, so this is the driver's work); the rest is the
+    runner's: compiling, the capture, the file snapshot."""
     cpu_seconds: float | None = None
     """CPU seconds of the run and all it started, measured by the sandbox (`ExecutionResult.usage`)."""
     close_seconds: float | None = None
@@ -50,6 +57,7 @@ class SessionParts:
         usage = getattr(result, "usage", None)
         return cls(
             run_seconds=result.duration,
+            runner_seconds=getattr(session, "runner_seconds", None),
             exec_seconds=getattr(session, "exec_seconds", None),
             cpu_seconds=usage.cpu_seconds if usage is not None else None,
         )
@@ -61,7 +69,8 @@ PARTS: tuple[tuple[str, str, str], ...] = (
     ("handshake", "handshake_seconds", "  of it the handshake"),
     ("run_call", "run_call_seconds", "run() call"),
     ("per_program_run_only", "run_seconds", "  of it the locked run"),
-    ("runner_exec", "exec_seconds", "    of it the code in the runner"),
+    ("runner_time", "runner_seconds", "    of it in the runner"),
+    ("runner_exec", "exec_seconds", "      of it the code itself"),
     ("session_close", "close_seconds", "close()"),
     ("per_program_cpu", "cpu_seconds", "CPU of the run"),
 )

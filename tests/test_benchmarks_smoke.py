@@ -105,7 +105,13 @@ def test_faithful_harness_really_executes() -> None:
 def test_latency_smoke() -> None:
     result = latency.run(backends=("host",), n=5, sessions=2, baseline_n=2, fork_sizes=(), console=quiet())
     names = [row["name"] for row in result["rows"]]
-    assert names[:2] == ["warm run", "(a) python3 -I -S -c subprocess"]
+    # the warm run, then what the runner reports of those same runs, then the baselines
+    assert names[:4] == [
+        "warm run",
+        "warm run: of it in the runner",
+        "warm run: of it the code itself",
+        "(a) python3 -I -S -c subprocess",
+    ]
     assert {"session from the pool", "cold session", "(b) fork per snippet"} <= set(names)
     # CPU is read in /proc's 10 ms ticks: a print(1) mostly uses less than one
     assert all(row["n"] > 0 and row["p50_ms"] > 0 for row in result["rows"] if "CPU" not in row["name"])
@@ -125,6 +131,13 @@ def test_latency_smoke() -> None:
     ):
         assert parts[part]["p50_ms"] <= whole["p50_ms"] and parts[part]["p95_ms"] <= whole["p95_ms"], part
     assert parts["per_program_cpu"]["min_ms"] >= 0
+    # the runner's time within the locked run, the code's within the runner's (per sample, so per percentile)
+    for part, whole in (("runner_time", "per_program_run_only"), ("runner_exec", "runner_time")):
+        assert parts[part]["p50_ms"] <= parts[whole]["p50_ms"], part
+        assert parts[part]["p95_ms"] <= parts[whole]["p95_ms"], part
+    warm_runner = rows["warm run: of it in the runner"]
+    assert warm_runner["n"] == 5 and warm_runner["max_ms"] <= rows["warm run"]["max_ms"]
+    assert rows["warm run: of it the code itself"]["p50_ms"] <= warm_runner["p50_ms"]
     # smolagents' interpreter beside the warm run, same snippet and n; the ratio is of those two rows
     warm, smol = rows["warm run"], rows[latency.SMOLAGENTS_ROW]
     assert smol["n"] == warm["n"] == 5 and "smolagents" not in result["unavailable"]
