@@ -18,10 +18,12 @@ Host backend rows (medians and p95, milliseconds):
   (the runner's init handshake included). Target <= 5 ms.
 - fresh session rows: the parts of those same sessions, each opened, run once (the snippet) and
   closed (`benchmarks.lifecycle`, as `bench humaneval` times them): of `open()` the pool take and the
-  handshake, the `run()` call, of it the locked run (`result.duration`) and of that the code's own
-  time in the runner as the runner reports it (`RunnerSession.exec_seconds`; the rest is the protocol), `close()` (the reap
-  is off its path), and the run's CPU as the sandbox measured it (`result.usage`; /proc's 10 ms
-  ticks, so mostly 0 for this snippet). Docker's module gives the same rows for its pooled sessions.
+  handshake, the `run()` call, of it the locked run (`result.duration`), of that the runner's time
+  and of it the code's own, as the runner reports them (`RunnerSession.runner_seconds`,
+  `exec_seconds`; the rest of the locked run is the parent's side and the protocol), `close()` (the
+  reap is off its path), and the run's CPU as the sandbox measured it (`result.usage`; /proc's
+  10 ms ticks, so mostly 0 for this snippet). The warm run gets the runner's two figures as rows
+  too. Docker's module gives the same parts for its pooled sessions.
 - cold session: `open()` with `pool=False`, starting the worker (and its namespaces) on demand: a
   fork of the fork server that, under `namespaces`, moves into network and IPC namespaces of its own
   before it becomes the runner. Target <= 50 ms.
