@@ -8,6 +8,9 @@ What is measured (medians and p95, in milliseconds):
 - session from the pool: `open()` of a new executor while the warm pool is full (take a started
   container, send `init`, get the reply). Timed only once the pool has refilled, as in steady use
   (sessions opened faster than a container starts, ~0.3-0.6 s here, find the pool empty: cold).
+  Each of these sessions then runs `print(1)` once and is closed: the fresh session rows give their
+  parts (`benchmarks.lifecycle`: pool take, handshake, run() call, locked run, the code's time in
+  the runner, close, the run's CPU), as on the host.
 - cold start: `open()` plus the first `run("print(1)")` with the pool off: create, attach, start,
   runner start-up, init, run. Baseline: `docker run --rm <image> python3 -c 'print(1)'`.
 
@@ -43,6 +46,7 @@ from .common import (
     to_json,
     write_result,
 )
+from .lifecycle import SessionParts, close_timed, open_and_run, parts_rows
 
 TARGETS_MS = {"warm run": 2.0, "session from the pool": 20.0, "cold start to first result": 500.0}
 
@@ -56,7 +60,9 @@ def _time_cli(command: list[str], n: int) -> list[float]:
     return durations
 
 
-async def _measure(n: int, cold_n: int, image: str) -> dict[str, list[float]]:
+async def _measure(
+    n: int, cold_n: int, image: str, fresh_parts: list[SessionParts]
+) -> dict[str, list[float]]:
     from sandboxes.backends.docker import DockerExecutor, client, pooled_count
 
     docker = shutil.which("docker")
@@ -78,15 +84,17 @@ async def _measure(n: int, cold_n: int, image: str) -> dict[str, list[float]]:
                     pooled_count(session.settings) < session.pool_size
                 ):  # not timed: steady state has a full pool
                     await anyio.sleep(0.02)
-            started = time.perf_counter()
-            await session.open()
-            durations.append(time.perf_counter() - started)
-            await session.close()
+            result, parts = await open_and_run(session, "print(1)")
+            await close_timed(session, parts)
+            if result.stdout != "1\n":
+                raise RuntimeError(f"a fresh session's run printed {result.stdout!r} ({result.error})")
+            fresh.append(parts)
 
-        durations: list[float] = []
+        fresh: list[SessionParts] = []
         for _ in range(n):
             await open_from_pool()
-        samples["session from the pool"] = durations
+        samples["session from the pool"] = [p.open_seconds for p in fresh if p.open_seconds is not None]
+        fresh_parts[:] = fresh
 
         exec_command = [docker, "exec", container, "python3", "-c", "print(1)"]
         samples["docker exec per snippet"] = await anyio.to_thread.run_sync(_time_cli, exec_command, n)
@@ -155,7 +163,10 @@ def docker_latency_rows(
 
     if image is None and image_problem(DEFAULT_IMAGE):  # measure this checkout's runner, not a stale one
         build_image(progress=lambda message: print(message, file=sys.stderr))
-    samples = anyio.run(_measure, n, cold_n if cold_n is not None else min(n, 20), image or DEFAULT_IMAGE)
+    fresh: list[SessionParts] = []
+    samples = anyio.run(
+        _measure, n, cold_n if cold_n is not None else min(n, 20), image or DEFAULT_IMAGE, fresh
+    )
     baselines = {
         "warm run": "docker exec per snippet",
         "session from the pool": "docker exec per snippet",
@@ -179,6 +190,8 @@ def docker_latency_rows(
             row["p95_over_p50"] = ratio(stats["p95_ms"], stats["p50_ms"])
             row["meets_tail_target"] = row["p95_over_p50"] <= SUSTAINED_TAIL_TARGET
         rows.append(row)
+        if name == "session from the pool":
+            rows.extend(parts_rows("docker latency", fresh))
     from sandboxes.backends.docker import DockerExecutor
 
     from .streaming import measure, stream_rows
