@@ -27,8 +27,11 @@ Fork (`fork()`, snapshots): the new session lives in the parent's container (the
 itself; a ``docker exec`` relay carries its channel), and the container is removed when the last
 session of that family closes (`dockercontainer.Family`, docs/fork.md).
 
-Why opening a session is cheap: a small warm pool of started containers per configuration. A
-container serves exactly one session and is destroyed at its close; it is never handed on.
+Why opening a session is cheap: a small warm pool of started containers per configuration. By
+default a container serves exactly one session and is destroyed at its close; it is never handed
+on. With ``sessions_per_container > 1`` a warm container hosts session after session instead, each
+a fresh runner as a uid of its own, everything of it killed, removed and checked between them
+(`dockershared.py`; docs/security.md says what separates two such sessions).
 
 The containers themselves (settings, start, pool, the worker on the attach socket) live in
 `dockercontainer.py`; this module is the executor.
@@ -119,7 +122,8 @@ class DockerExecutor(Executor):
             as a uid of its own, everything of it killed, removed and checked at its close; a
             container whose clean-up is not proved clean is removed instead), which makes a fresh
             session cost milliseconds instead of a container's life. Not with `workdir`; `user`
-            does not apply (every session has its own uid); `fork()` is refused there.
+            does not apply (every session has its own uid); a fork shares its parent's container and
+            uid, and the container is cleaned once the last of the family has closed.
         preload: trusted Python files (``name.py``) compiled and imported once by a shared container's
             session host, before any session: every session finds them in ``sys.modules`` (subject to
             the import allowlist), as `HostExecutor(preload=...)` does. Needs
