@@ -315,31 +315,126 @@ def file_op(request: dict[str, Any], session: Session, proctools: Any) -> dict[s
 # ---------------------------------------------------------------------- the host
 
 
+class Zygote:
+    """The host's child forked before any session, which forks every session's runner.
+
+    The host relays every byte of every session (code, output, uploads), and a forked process starts
+    with a copy of its parent's memory, freed buffers included: a runner forked from the host could
+    read the previous session's bytes out of its own address space. The zygote is forked once, with
+    the imports and preloads done and before any session, then touches no session's data: what a
+    runner inherits from it is the same for every session. It reports each runner's exit.
+
+    Its socket (SOCK_SEQPACKET): the host sends ``{"uid", "workdir", "tmpdir"}`` with the session's
+    channel attached and gets ``{"pid": N}``; ``{"exited": N, "status": S}`` comes when a runner ends.
+    """
+
+    def __init__(self, runner: Any) -> None:
+        import socket
+
+        if not hasattr(os, "pidfd_open"):
+            raise OSError("this system has no pidfd_open (Linux 5.3 or later is needed)")
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.pid = os.fork()
+        if self.pid == 0:
+            self.sock.close()
+            _zygote_main(runner, theirs)
+        theirs.close()
+        self.statuses: dict[int, int] = {}  # exits reported and not yet taken
+
+    def spawn(self, uid: int, workdir: str, tmpdir: str, channel: int) -> int:
+        import socket
+
+        request = json.dumps({"uid": uid, "workdir": workdir, "tmpdir": tmpdir}).encode()
+        socket.send_fds(self.sock, [request], [channel])
+        while True:
+            message = self.receive()
+            if "pid" in message:
+                return int(message["pid"])
+
+    def receive(self, timeout: float | None = None) -> dict[str, Any]:
+        """The zygote's next message ({} when `timeout` passed); exits are also kept in `statuses`."""
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(1 << 16)
+        except TimeoutError:
+            return {}
+        finally:
+            self.sock.settimeout(None)
+        if not data:
+            raise OSError("the session host's zygote is gone")
+        message = dict(json.loads(data))
+        if "exited" in message:
+            self.statuses[int(message["exited"])] = int(message["status"])
+        return message
+
+    def wait_exit(self, pid: int, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while pid not in self.statuses:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.receive(left):
+                return None
+        return self.statuses.pop(pid)
+
+
+def _zygote_main(runner: Any, control: Any) -> None:
+    """The zygote's loop (in the forked child; never returns)."""
+    import socket
+
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+        os.dup2(null, 0)  # the container's stream is the host's alone
+        os.dup2(null, 1)
+        for fd in range(3, 1 << 16):
+            if fd != control.fileno():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        selector = selectors.DefaultSelector()
+        selector.register(control, selectors.EVENT_READ, None)
+        while True:
+            for key, _ in selector.select():
+                if key.data is None:
+                    message, fds, _flags, _address = socket.recv_fds(control, 1 << 16, 1)
+                    if not message:
+                        return  # the host is gone
+                    request = json.loads(message)
+                    pid = os.fork()
+                    if pid == 0:
+                        start_session(
+                            runner, int(request["uid"]), fds[0], request["workdir"], request["tmpdir"]
+                        )
+                    os.close(fds[0])
+                    selector.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
+                    control.send(json.dumps({"pid": pid}).encode())
+                else:
+                    selector.unregister(key.fileobj)
+                    os.close(key.fd)
+                    _, status = os.waitpid(key.data, 0)
+                    control.send(json.dumps({"exited": key.data, "status": status}).encode())
+    finally:
+        os._exit(0)
+
+
 class Session:
     """The one session this host serves now."""
 
     def __init__(self, nonce: str, uid: int, pid: int, channel: int, workdir: str, tmpdir: str) -> None:
         self.nonce, self.uid, self.pid, self.channel = nonce, uid, pid, channel
         self.workdir, self.tmpdir = workdir, tmpdir
-        self.pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
         self.exited: int | None = None
 
-    def reap(self) -> None:
-        if self.exited is None:
-            _, status = os.waitpid(self.pid, 0)
-            self.exited = status
-
-    def end(self) -> list[str]:
+    def end(self, zygote: Zygote) -> list[str]:
         """Kill the runner at once, then everything else of the session; the problems left."""
         if self.exited is None:
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self.reap()
-        for fd in (self.channel, self.pidfd):
-            if fd is not None:
-                os.close(fd)
+            self.exited = zygote.wait_exit(self.pid, REAP_DEADLINE)
+        else:
+            zygote.statuses.pop(self.pid, None)
+        os.close(self.channel)
         return clean(self.uid, [self.workdir, self.tmpdir])
 
 
@@ -350,10 +445,19 @@ class Host:
         self._preload()
         self.selector = selectors.DefaultSelector()
         self.selector.register(0, selectors.EVENT_READ, "parent")
+        self._zygote: Zygote | None = None
         self.session: Session | None = None
         self.served = False  # a session was started (preloading is over)
         self.inbox = bytearray()
         self.at_line_start = True
+
+    @property
+    def zygote(self) -> Zygote:
+        """Forked at the first session's open: after every import and preload, before any session."""
+        if self._zygote is None:
+            self._zygote = Zygote(self.runner)
+            self.selector.register(self._zygote.sock, selectors.EVENT_READ, "zygote")
+        return self._zygote
 
     def _preload(self) -> None:
         runner = self.runner
@@ -381,13 +485,16 @@ class Host:
                     data = os.read(0, 1 << 20)
                     if not data:
                         if self.session is not None:
-                            self.session.end()
+                            self.session.end(self.zygote)
                         return
                     self._from_parent(data)
                 elif key.data == "runner":
                     self._from_runner()
-                elif key.data == "exit":
-                    self._runner_exited()
+                elif key.data == "zygote":
+                    self.zygote.receive()
+                    session = self.session
+                    if session is not None and session.pid in self.zygote.statuses:
+                        self._runner_exited(self.zygote.statuses.pop(session.pid))
 
     def _from_parent(self, data: bytes) -> None:
         """Forward runner lines as they come; collect and act on the host's own (``!``) lines."""
@@ -421,24 +528,21 @@ class Host:
         if data:
             _write_all(1, data)
             return
-        self.selector.unregister(session.channel)
-        if session.pidfd is None:  # no pidfd here: the channel's end is the runner's
-            self._runner_exited()
+        self.selector.unregister(session.channel)  # its exit is the zygote's to report
 
-    def _runner_exited(self) -> None:
+    def _runner_exited(self, status: int) -> None:
         session = self.session
         if session is None or session.exited is not None:
             return
-        for fd in (session.pidfd, session.channel):
-            _unregister(self.selector, fd)
+        _unregister(self.selector, session.channel)
         os.set_blocking(session.channel, False)
         try:  # what it wrote before it died goes first (not waiting for a child that still holds it)
             while data := os.read(session.channel, 1 << 20):
                 _write_all(1, data)
         except OSError:
             pass
-        session.reap()
-        say({"nonce": session.nonce, "exited": session.exited})
+        session.exited = status
+        say({"nonce": session.nonce, "exited": status})
 
     def _handle(self, request: dict[str, Any]) -> None:
         op, nonce = request.get("op"), request.get("nonce")
@@ -496,24 +600,23 @@ class Host:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         name = secrets.token_hex(12)
         workdir, tmpdir = f"{SESSIONS}/{name}", f"/tmp/{name}"
-        pid = os.fork()
-        if pid == 0:
+        try:
+            pid = self.zygote.spawn(uid, workdir, tmpdir, theirs.fileno())
+        except OSError as exc:
             ours.close()
-            start_session(self.runner, uid, theirs.detach(), workdir, tmpdir)
-        theirs.close()
+            return {"error": f"the session host cannot start sessions any more ({exc})"}
+        finally:
+            theirs.close()
         channel = ours.detach()
         os.set_blocking(channel, True)
-        session = self.session = Session(nonce, uid, pid, channel, workdir, tmpdir)
+        self.session = Session(nonce, uid, pid, channel, workdir, tmpdir)
         self.selector.register(channel, selectors.EVENT_READ, "runner")
-        if session.pidfd is not None:
-            self.selector.register(session.pidfd, selectors.EVENT_READ, "exit")
         self.at_line_start = True
         return {"pid": pid, "workdir": workdir, "tmpdir": tmpdir}
 
     def _close(self, session: Session) -> list[str]:
-        for fd in (session.channel, session.pidfd):
-            _unregister(self.selector, fd)
-        return session.end()
+        _unregister(self.selector, session.channel)
+        return session.end(self.zygote)
 
 
 def _unregister(selector: selectors.BaseSelector, fd: int | None) -> None:
