@@ -244,11 +244,71 @@ class SharedContainer:
         SHARED_USERS.release(uid)  # proved gone by the host, or gone with the container
         if following is not None:
             opened = reply.get("next")
-            if clean and isinstance(opened, dict) and opened.get("nonce") == following[0] and "pid" in opened:
+            if (
+                clean
+                and isinstance(opened, dict)
+                and opened.get("nonce") == following[0]
+                and "pid" in opened
+                and self._warm_up()
+            ):
                 self.ready = (following[0], following[1], opened)
+            elif clean and isinstance(opened, dict) and "pid" in opened:  # started, but not right
+                clean = False
+                self.remove_now()
+                SHARED_USERS.release(following[1])
             else:  # not started (or the container went): nothing of that uid exists
                 SHARED_USERS.release(following[1])
         _give_back(self, reusable=clean)
+
+    def open_ahead(self) -> None:
+        """Start the first session of a new container now, warmed up, so that its first taker finds
+        it ready as every later one does (blocking; without it the taker starts it, slower)."""
+        nonce, uid = _nonce(), SHARED_USERS.take()
+        try:
+            self.send_blocking({"op": "open", "nonce": nonce, "uid": uid})
+            opened = self.wait_for(nonce, READY_TIMEOUT)
+        except WorkerExited:
+            opened = {}
+        if "pid" in opened and self._warm_up():
+            self.ready = (nonce, uid, opened)
+            return
+        if "pid" in opened:  # started but did not answer: nothing may reuse this container
+            self.remove_now()
+        SHARED_USERS.release(uid)
+
+    def _warm_up(self) -> bool:
+        """Have the next session's runner touch what a session uses (its first requests then run at
+        full speed: a fork's copy-on-write pages, lazily built caches), here, off every caller's
+        path. True when it answered as a runner does."""
+        try:
+            self.sock.sendall(b'{"op": "warmup"}\n')
+        except BlockingIOError:
+            select.select([], [self.sock], [], 5)
+            return False
+        except OSError:
+            return False
+        deadline = time.monotonic() + CLOSE_TIMEOUT
+        while time.monotonic() < deadline:
+            line = take_line(self.demux.stdout, 1 << 20)
+            if line is None:
+                readable, _, _ = select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))
+                try:
+                    chunk = self.sock.recv(1 << 20) if readable else b""
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    chunk = b""
+                if not chunk:
+                    return False
+                self.demux.feed(chunk)
+                continue
+            if not line.strip() or host_message(line) is not None:
+                continue
+            try:
+                return json.loads(line).get("op") == "reply"
+            except ValueError:
+                return False
+        return False
 
     async def file_request(self, message: dict[str, Any], limit: int = 1 << 20) -> dict[str, Any]:
         nonce = _nonce()
@@ -488,6 +548,9 @@ def start_shared(settings: ContainerSettings) -> SharedContainer:
         if "error" in answer:
             container.remove_now()
             raise WorkerStartError(f"the shared container could not preload the modules: {answer['error']}")
+    container.open_ahead()
+    if container.removed:
+        raise WorkerStartError("the shared container's first session did not start")
     return container
 
 
@@ -531,14 +594,15 @@ def _give_back(container: SharedContainer, reusable: bool) -> None:
 
 
 def refill_shared(settings: ContainerSettings, size: int) -> None:
-    """Top up the idle containers of `settings` (with those being cleaned) to `size`, in the background."""
+    """Top up the idle containers of `settings` to `size`, in the background."""
     _POOL_SIZE[settings] = max(_POOL_SIZE.get(settings, 0), size)
 
     def fill() -> None:
         while True:
             with _pool:
-                have = len(_IDLE.get(settings, [])) + sum(1 for c in _CLEANING if c.settings == settings)
-                if have >= size:
+                # Idle ones only: a container being cleaned is back in tens of milliseconds, but the
+                # next session may come sooner (a judge's loop), and then it would wait for it.
+                if len(_IDLE.get(settings, [])) >= size:
                     return
             try:
                 container = start_shared(settings)
