@@ -57,7 +57,7 @@ from rich.console import Console
 from sandboxes import BackendUnavailable, Limits, Policy, open_executor
 from sandboxes.executor import Executor
 
-from .common import make_console, print_table, publish, script_main
+from .common import make_console, parse_key_values, print_table, publish, script_main
 
 DEFAULT_SESSIONS = {"host": 10_000, "docker": 1_000}
 BACKENDS = tuple(DEFAULT_SESSIONS)
@@ -533,6 +533,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--image", help="docker: the sandbox image (default the backend's, kodeagent-sandbox:py)"
     )
     parser.add_argument(
+        "-o",
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="option of the backend, e.g. sessions_per_container=100 (JSON values; repeatable)",
+    )
+    parser.add_argument(
         "--output", metavar="PATH", help="result JSON path (default results/soak-<time>.json)"
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
@@ -546,7 +554,11 @@ def execute(args: argparse.Namespace) -> int:
     def log(row: dict[str, Any]) -> None:
         console.print(f"  {checkpoint_line(row)}", markup=False, highlight=False, style="dim")
 
-    options: dict[str, Any] = {}
+    try:
+        options: dict[str, Any] = parse_key_values(args.backend_option)
+    except ValueError as exc:
+        console.print(f"--backend-option: {exc}", markup=False, highlight=False)
+        return 2
     if args.image:
         if args.backend != "docker":
             console.print("error: --image is for --backend docker", markup=False, highlight=False)
