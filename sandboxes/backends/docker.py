@@ -59,8 +59,11 @@ from .dockercontainer import (
     sweep_orphans_soon,
     take_pooled,
 )
+from .dockershared import SharedSessionWorker, refill_shared, start_shared, take_shared
 
 _checked_images: set[str] = set()
+SHARED_WAIT = 2.0
+"""Seconds a shared-mode session waits for a container being cleaned before it starts a new one."""
 
 __all__ = ["ContainerSettings", "DockerExecutor", "DockerWorker", "client", "drain_pools", "pooled_count"]
 
@@ -89,6 +92,13 @@ class DockerExecutor(Executor):
         open_files, file_size_mb: ulimits of the container.
         pool: take a started container from the warm pool (not with `workdir`, a bind-mounted host dir).
         pool_size: how many warm containers to keep for this configuration.
+        sessions_per_container: 1 (the default) gives every session a container of its own, removed
+            at its close: the kernel boundary between any two sessions. Above 1, a warm container
+            hosts up to that many sessions one after another (`dockershared`: each a fresh runner
+            as a uid of its own, everything of it killed, removed and checked at its close; a
+            container whose clean-up is not proved clean is removed instead), which makes a fresh
+            session cost milliseconds instead of a container's life. Not with `workdir`; `user`
+            does not apply (every session has its own uid); `fork()` is refused there.
     """
 
     backend = "docker"
@@ -108,14 +118,23 @@ class DockerExecutor(Executor):
         file_size_mb: int = 1024,
         pool: bool = True,
         pool_size: int = POOL_SIZE,
+        sessions_per_container: int = 1,
         **options: Unpack[ExecutorOptions],
     ) -> None:
         super().__init__(**options)
+        if sessions_per_container < 1:
+            raise ValueError(f"sessions_per_container must be 1 or more, not {sessions_per_container}")
+        if sessions_per_container > 1 and self.workdir is not None:
+            raise ValueError(
+                "sessions_per_container > 1 shares a container between sessions, and a bind-mounted "
+                "workdir would be shared with it: use one or the other"
+            )
         # The policy's process limit becomes the container's PID limit (+1 for the init). The runner's
         # RLIMIT_NPROC is not used here: it counts every process of the uid on the whole host, and all
         # sandbox containers share uid 1000, so sessions would starve each other of threads.
         limits = self.policy.limits
-        pids_limit = min(pids_limit, limits.max_processes + 1)
+        # +1 for the init; a shared container also holds its session host and a clean-up helper.
+        pids_limit = min(pids_limit, limits.max_processes + (3 if sessions_per_container > 1 else 1))
         self.settings = ContainerSettings(
             image=image,
             memory_mb=limits.memory_mb,
@@ -130,6 +149,7 @@ class DockerExecutor(Executor):
             open_files=open_files,
             file_size_mb=file_size_mb,
             host_workdir=self.workdir,
+            sessions_per_container=sessions_per_container,
         )
         self.pool_size = max(0, pool_size) if pool and self.workdir is None else 0
 
@@ -138,10 +158,12 @@ class DockerExecutor(Executor):
         """The id of the session's current container (None before open and after close)."""
         session = self.session
         worker = session.worker if isinstance(session, RunnerSession) else None
-        return worker.container_id if isinstance(worker, DockerWorker) else None
+        return worker.container_id if isinstance(worker, (DockerWorker, SharedSessionWorker)) else None
 
     async def _new_session(self) -> Session:
         await anyio.to_thread.run_sync(self._prepare)
+        if self.settings.shared:
+            return await self._new_shared_session()
         worker = take_pooled(self.settings) if self.pool_size else None
         if worker is None:
             worker = await anyio.to_thread.run_sync(start_container, self.settings)
@@ -150,6 +172,20 @@ class DockerExecutor(Executor):
             # After the handshake, not before: starting a container loads the daemon and the CPU,
             # and the session that just took a warm container should not wait behind that.
             refill(self.settings, self.pool_size)
+        return session
+
+    async def _new_shared_session(self) -> Session:
+        container = take_shared(self.settings) if self.pool_size else None
+        if container is None and self.pool_size:  # one being cleaned is ready in milliseconds
+            container = await anyio.to_thread.run_sync(take_shared, self.settings, SHARED_WAIT)
+        if container is None:
+            container = await anyio.to_thread.run_sync(start_shared, self.settings)
+        worker = await container.open_session()
+        init = self._runner_init()  # the session's own limits: rlimits of its own uid (dockershared)
+        init["env"] = {**init["env"], "HOME": worker.tmpdir, "TMPDIR": worker.tmpdir}
+        session = await self._runner_session(worker, init, _release)
+        if self.pool_size:
+            refill_shared(self.settings, self.pool_size)
         return session
 
     def _container_init(self) -> InitRequest:
@@ -184,5 +220,7 @@ async def _release(worker: Worker) -> None:
     # close() returns in microseconds; the container is stopped at once and removed shortly after.
     if isinstance(worker, DockerWorker):
         worker.release()
+    elif isinstance(worker, SharedSessionWorker):
+        worker.end()  # a short send; the clean-up is awaited in the background
     else:
         await worker.kill()

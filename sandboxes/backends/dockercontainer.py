@@ -16,7 +16,7 @@ import tarfile
 import threading
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,12 +36,25 @@ from ..session import UsageProbe
 from ..usage import CpuReading, cgroup_paths, make_usage, parse_cpuacct_stat, split_cpu
 from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 
+if TYPE_CHECKING:
+    from .dockershared import SharedSessionWorker
+
 WORKDIR = "/workspace"
 FORKS_DIR = "/forks"
 """Where forked sessions' working directories live in the container (an anonymous volume of its own,
 so the parent's /workspace never lists them and the files API reaches them)."""
 RUNNER_COMMAND = ("python3", "-I", "/opt/kodeagent/runtime/runner.py")
 HELPER_COMMAND = ("python3", "-I", "-S", "/opt/kodeagent/runtime/forkrelay.py")
+SESSION_HOST_COMMAND = ("python3", "-I", "/opt/kodeagent/runtime/sessionhost.py")
+SESSION_HOST_CAPABILITIES = ("SETUID", "SETGID", "SETPCAP", "KILL")
+"""What the session host of a shared container needs: start sessions as other uids, empty their
+bounding sets, kill them. Sessions themselves hold no capability at all."""
+SESSIONS_DIR = "/sessions"
+"""The working directories of a shared container's sessions (mode 1733 in the image: anyone may
+make an entry, nobody may list them)."""
+MEMORY_HEADROOM_MB = 128
+"""A shared container's memory above `memory_mb`: the session host's, and room for a session's
+``MemoryError`` (its address-space rlimit) to come before the container's OOM killer."""
 HANDOVER_TIMEOUT = 15.0
 """Seconds a fork waits for its relay's ``docker exec`` to start."""
 SANDBOX_UID = "1000:1000"
@@ -92,6 +105,17 @@ class ContainerSettings(BaseModel):
     host_workdir: str | None = Field(
         None, description="A host directory bind-mounted as the working directory."
     )
+    sessions_per_container: int = Field(
+        1,
+        ge=1,
+        description="Sessions one container hosts, one after another (1: a container per session); "
+        "above 1 the container runs the session host (`dockershared`).",
+    )
+
+    @property
+    def shared(self) -> bool:
+        """Whether these containers host successive sessions (`dockershared`)."""
+        return self.sessions_per_container > 1
 
     def create_arguments(self, api: Any) -> dict[str, Any]:
         """Keyword arguments of the low-level `create_container` call."""
@@ -101,17 +125,25 @@ class ContainerSettings(BaseModel):
             workspace = Mount(WORKDIR, self.host_workdir, type="bind")
         else:  # anonymous volume: gets /workspace's owner from the image, removed with the container
             workspace = Mount(WORKDIR, None, type="volume")
+        mounts = [workspace, Mount(FORKS_DIR, None, type="volume")]
+        memory_mb, command, user = self.memory_mb, list(RUNNER_COMMAND), self.user
+        cap_add = None
+        if self.shared:  # the session host: root with the four capabilities it needs (dockershared)
+            mounts.append(Mount(SESSIONS_DIR, None, type="volume"))
+            memory_mb += MEMORY_HEADROOM_MB
+            command, user, cap_add = list(SESSION_HOST_COMMAND), "0:0", list(SESSION_HOST_CAPABILITIES)
         file_size = self.file_size_mb * 1024 * 1024
         host_config = api.create_host_config(
             network_mode="bridge" if self.network else "none",
             read_only=self.read_only,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmp_mb}m,mode=1777"},
-            mounts=[workspace, Mount(FORKS_DIR, None, type="volume")],
-            cap_drop=["ALL"] if self.drop_capabilities else None,
+            mounts=mounts,
+            cap_drop=["ALL"] if self.drop_capabilities or self.shared else None,
+            cap_add=cap_add,
             security_opt=["no-new-privileges"] if self.no_new_privileges else None,
             pids_limit=self.pids_limit,
-            mem_limit=f"{self.memory_mb}m",
-            memswap_limit=f"{self.memory_mb}m",
+            mem_limit=f"{memory_mb}m",
+            memswap_limit=f"{memory_mb}m",
             nano_cpus=int(self.cpus * 1e9),
             ulimits=[
                 Ulimit(name="nofile", soft=self.open_files, hard=self.open_files),
@@ -124,11 +156,11 @@ class ContainerSettings(BaseModel):
         )
         return {
             "image": self.image,
-            "command": list(RUNNER_COMMAND),
+            "command": command,
             "stdin_open": True,
             "detach": False,  # with stdin_open: StdinOnce, so a vanished parent closes the stdin
             "tty": False,
-            "user": self.user,
+            "user": user,
             "working_dir": WORKDIR,
             "hostname": "sandbox",
             "environment": {"HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},
@@ -267,9 +299,9 @@ class DockerWorker(Worker):
             self._removed = True
             self._finalizer.detach()
             self._drop_spare()
-            self._close_attach()  # the socket itself closes in `_remove` / `_leave`, in their order
+            self._close_attach()  # the socket itself closes in `remove_container` / `_leave`, in their order
             if self.family is None:
-                _remove(self.container_id, self.sock)
+                remove_container(self.container_id, self.sock)
             else:
                 _leave(self.family, self.member, self.user, self.sock, self._ending())
 
@@ -320,35 +352,15 @@ class DockerWorker(Worker):
             self._finalizer.detach()
             self._close_stream()
             try:
-                _REMOVER.submit(_remove, self.container_id, None)
+                _REMOVER.submit(remove_container, self.container_id, None)
             except RuntimeError:  # interpreter shutting down
-                _remove(self.container_id, None)
+                remove_container(self.container_id, None)
 
     async def exit_info(self) -> WorkerExit:
         return await anyio.to_thread.run_sync(self._exit_info)
 
     def _exit_info(self) -> WorkerExit:
-        import docker.errors
-
-        stderr = self.demux.stderr_tail.decode(errors="replace").strip()
-        suffix = f"; runner stderr: {stderr[-500:]}" if stderr else ""
-        try:
-            api = client().api
-            deadline = time.monotonic() + 3
-            while True:  # the stream can end a moment before the daemon records the exit
-                state = api.inspect_container(self.container_id)["State"]
-                if not state.get("Running") or time.monotonic() > deadline:
-                    break
-                time.sleep(0.02)
-        except docker.errors.NotFound:
-            return WorkerExit(detail="the container was removed from outside" + suffix)
-        except Exception as exc:  # daemon down or restarting: say so, never raise here
-            return WorkerExit(detail=f"the Docker daemon did not answer ({exc.__class__.__name__})" + suffix)
-        if state.get("OOMKilled"):
-            return WorkerExit(detail="killed for exceeding the container's memory limit (OOM)", oom=True)
-        if state.get("Running"):
-            return WorkerExit(detail="the container closed its stream but is still running" + suffix)
-        return WorkerExit(detail=f"the container exited with code {state.get('ExitCode')}" + suffix)
+        return container_exit_info(self.container_id, bytes(self.demux.stderr_tail))
 
     # ------------------------------------------------------------------ fork (runtime/sessionfork.py)
 
@@ -575,6 +587,31 @@ class ForkedDockerWorker(DockerWorker):
         )
 
 
+def container_exit_info(container_id: str, stderr_tail: bytes) -> WorkerExit:
+    """Why a container's stream ended, from the daemon (blocking; never raises)."""
+    import docker.errors
+
+    stderr = stderr_tail.decode(errors="replace").strip()
+    suffix = f"; runner stderr: {stderr[-500:]}" if stderr else ""
+    try:
+        api = client().api
+        deadline = time.monotonic() + 3
+        while True:  # the stream can end a moment before the daemon records the exit
+            state = api.inspect_container(container_id)["State"]
+            if not state.get("Running") or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+    except docker.errors.NotFound:
+        return WorkerExit(detail="the container was removed from outside" + suffix)
+    except Exception as exc:  # daemon down or restarting: say so, never raise here
+        return WorkerExit(detail=f"the Docker daemon did not answer ({exc.__class__.__name__})" + suffix)
+    if state.get("OOMKilled"):
+        return WorkerExit(detail="killed for exceeding the container's memory limit (OOM)", oom=True)
+    if state.get("Running"):
+        return WorkerExit(detail="the container closed its stream but is still running" + suffix)
+    return WorkerExit(detail=f"the container exited with code {state.get('ExitCode')}" + suffix)
+
+
 def _start_relay(container_id: str, user: str) -> Any:
     """``forkrelay.py relay`` in the container, as the session's user: its attach socket (blocking).
     It waits for its first line (where to connect) on that stream."""
@@ -615,7 +652,7 @@ def _leave(family: Family, member: int, user: str, sock: socket.socket, ending: 
     """One session of `family` ends (blocking): the last removes the container, any other its own
     processes (`ending`: the helper's arguments), then its stream closes."""
     if family.leave(member):
-        _remove(family.container_id, sock)
+        remove_container(family.container_id, sock)
         return
     _run_helper(family.container_id, user, ending)
     try:
@@ -654,7 +691,7 @@ class ContainerProbe(UsageProbe):
     or, where this process cannot read the host's cgroups (it runs in a container itself), the
     daemon's stats of the container (CPU exact; memory the session's peak)."""
 
-    def __init__(self, worker: DockerWorker) -> None:
+    def __init__(self, worker: DockerWorker | SharedSessionWorker) -> None:
         self.worker = worker
         self.started = 0.0
         self.before: tuple[int, CpuReading] | None = None
@@ -687,7 +724,7 @@ class ContainerProbe(UsageProbe):
             peak = int(text) if text and text.strip().isdigit() else None
             source = "cgroup"
         else:
-            after = _stats_cpu(self.worker.container_id, memory=True)
+            after = _stats_cpu(self.worker.container_id, self.worker)
             source = "docker-stats"
         if after is None or self.before is None:
             return make_usage(None, None, peak, wall, self.scope, source, cpu_exact=True, peak_exact=True)
@@ -725,16 +762,17 @@ def _cgroup_cpu(directory: str) -> tuple[int, CpuReading] | None:
     return int(usage), parse_cpuacct_stat(stat)
 
 
-def _stats_cpu(container_id: str, memory: bool = False) -> tuple[int, CpuReading] | None:
-    """The daemon's one-shot stats: CPU in ns (total, user, kernel); with `memory`, the peak is kept
-    on the worker (cgroup v1's max_usage, of the container's life)."""
+def _stats_cpu(
+    container_id: str, worker: DockerWorker | SharedSessionWorker | None = None
+) -> tuple[int, CpuReading] | None:
+    """The daemon's one-shot stats: CPU in ns (total, user, kernel); with `worker`, the memory peak is
+    kept on it (cgroup v1's max_usage, of the container's life)."""
     try:
         stats = client().api.stats(container_id, stream=False, one_shot=True)
         usage = stats["cpu_stats"]["cpu_usage"]
     except Exception:
         return None
-    worker = _LIVE.get(container_id)
-    if memory and worker is not None:
+    if worker is not None:
         peak = (stats.get("memory_stats") or {}).get("max_usage")
         worker.stats_peak = int(peak) if isinstance(peak, int) else None
     return int(usage.get("total_usage", 0)), CpuReading(
@@ -770,7 +808,8 @@ def find_cgroup_dirs(pid: int, root: str = CGROUP_ROOT) -> tuple[str, str] | Non
     return found[0], found[1]
 
 
-def _remove(container_id: str, sock: socket.socket | None) -> None:
+def remove_container(container_id: str, sock: socket.socket | None) -> None:
+    """Close `sock` and remove the container and its volumes (blocking; never raises)."""
     if sock is not None:
         try:
             sock.close()
@@ -790,13 +829,14 @@ def _remove_later(container_id: str, sock: socket.socket) -> None:
     except OSError:
         pass
     try:
-        _BACKGROUND.submit(_remove, container_id, None)
+        _BACKGROUND.submit(remove_container, container_id, None)
     except RuntimeError:  # interpreter shutting down: no more threads, remove it here
-        _remove(container_id, None)
+        remove_container(container_id, None)
 
 
-def start_container(settings: ContainerSettings) -> DockerWorker:
-    """Create a container, attach to its stdio, start it (blocking; run in a thread)."""
+def create_and_attach(settings: ContainerSettings) -> tuple[str, Any]:
+    """Create a container and attach to its stdio before it starts, so no byte is missed (blocking):
+    its id and the SDK's attach socket."""
     import docker.errors
 
     api = client().api
@@ -810,13 +850,26 @@ def start_container(settings: ContainerSettings) -> DockerWorker:
         ) from exc
     container_id = created["Id"]
     try:
-        attach = api.attach_socket(container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1})
+        return container_id, api.attach_socket(
+            container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+        )
+    except BaseException:
+        remove_container(container_id, None)
+        raise
+
+
+def start_container(settings: ContainerSettings) -> DockerWorker:
+    """Create a container, attach to its stdio, start it (blocking; run in a thread)."""
+    import docker.errors
+
+    container_id, attach = create_and_attach(settings)
+    try:
         worker = DockerWorker(container_id, attach, settings.user)
     except BaseException:
-        _remove(container_id, None)
+        remove_container(container_id, None)
         raise
     try:
-        api.start(container_id)
+        client().api.start(container_id)
     except BaseException as exc:
         worker.remove_now()
         if isinstance(exc, docker.errors.APIError):
@@ -903,4 +956,4 @@ def _remove_all_at_exit() -> None:
         worker.remove_now()
     for container_id, worker in families.items():  # at exit, every container goes with its family
         worker._finalizer.detach()
-        _remove(container_id, worker.sock)
+        remove_container(container_id, worker.sock)

@@ -1,0 +1,510 @@
+"""Shared containers: one warm container hosting successive sessions (``sessions_per_container > 1``).
+
+The container's main process is the session host (`runtime/sessionhost.py`), reached over the
+container's attach stream exactly as a container-per-session runner is (`dockercontainer`); it forks
+each session's runner as a uid of its own (`SHARED_USERS`: unique among this process's sessions,
+from a range apart from the host backend's), relays its channel, and at the session's end kills
+and removes everything of that uid and *proves* it did (processes, files in every writable place,
+System V IPC objects). Only a container whose clean-up came back clean goes back to the pool; one
+that reports a problem, whose host died, that failed to answer, or that has served its
+`sessions_per_container`, is removed. One session at a time per container: concurrent sessions
+would share its loopback, ``/proc`` and ``/tmp``.
+
+Which bound is whose (cgroup v1 here, so no cgroup per session without privilege):
+- the session's, as rlimits set by its runner: address space (`Limits.memory_mb`, so a session
+  gets ``MemoryError`` before the container's OOM killer picks a victim), processes
+  (`Limits.max_processes`, RLIMIT_NPROC: per uid, and the uid is the session's own), CPU seconds,
+  file size, open files;
+- the container's, shared by the sessions it hosts one after another: memory (`memory_mb` +
+  `MEMORY_HEADROOM_MB` for the host), PIDs, CPU quota, the size of ``/tmp`` and ``/dev/shm``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import collections
+import concurrent.futures
+import json
+import os
+import secrets
+import select
+import socket
+import threading
+import time
+import weakref
+from typing import Any
+
+import anyio
+
+from ..errors import ForkError, SandboxFileError, WorkerStartError
+from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
+from .dockercontainer import (
+    ContainerProbe,
+    ContainerSettings,
+    Demultiplexer,
+    client,
+    container_exit_info,
+    create_and_attach,
+    find_cgroup_dirs,
+    remove_container,
+)
+from .hostreap import PrivateUsers
+
+SHARED_USERS = PrivateUsers(1_000_000 + (os.getpid() % 1000) * 1000)
+"""Session uids of shared containers: 1,000,001 and up, 1,000 per parent process (by pid), so two
+containers of this process never hold one uid and the host backend's range (200,000..) is apart."""
+READY_TIMEOUT = 60.0
+"""Seconds a new container's session host may take to say it is ready (imports, on a loaded machine)."""
+CLOSE_TIMEOUT = 15.0
+"""Seconds a session's clean-up may take before its container is given up (removed)."""
+FILE_LINE_LIMIT = 1 << 30
+"""The longest reply line of a file read (base64 of the file)."""
+
+CLEAN_SECONDS: collections.deque[float] = collections.deque(maxlen=10_000)
+"""How long the session hosts took to end and clean each recent session (for `bench`)."""
+
+_BACKGROUND = concurrent.futures.ThreadPoolExecutor(
+    max_workers=2, thread_name_prefix="kodeagent-docker-shared"
+)
+# Waits for clean-ups run apart from starts and removals, so a container is back in milliseconds
+# even while a replacement starts (hundreds of milliseconds of daemon work).
+_CLEANERS = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="kodeagent-docker-clean")
+
+
+def _nonce() -> str:
+    return secrets.token_hex(16)
+
+
+class SharedContainer:
+    """One container running the session host, and the attach stream to it (parent side)."""
+
+    def __init__(self, settings: ContainerSettings, container_id: str, attach: Any) -> None:
+        self.settings = settings
+        self.container_id = container_id
+        self._attach = attach
+        raw: socket.socket = getattr(attach, "_sock", attach)
+        self.sock = raw
+        self.channel = SocketLineReader(raw)
+        self.demux = Demultiplexer()
+        self.sessions = 0  # sessions started in it
+        self.removed = False
+        self.last_problems: list[str] = []  # what the last clean-up could not prove
+        # The next session, started by the host at the last close: (nonce, uid, its open answer).
+        self.ready: tuple[str, int, dict[str, Any]] | None = None
+        self._cgroups: tuple[str, str] | None | bool = False
+        self._finalizer = weakref.finalize(self, _remove_quietly, container_id, raw)
+        self._finalizer.atexit = False
+        _LIVE[container_id] = self
+
+    def __repr__(self) -> str:
+        return f"<SharedContainer {self.container_id[:12]} sessions={self.sessions}>"
+
+    # ------------------------------------------------------------------ the stream
+
+    async def next_line(self, limit: int) -> bytes:
+        while True:
+            line = take_line(self.demux.stdout, limit)
+            if line is not None:
+                return line
+            chunk = await self.channel.receive_some()
+            if not chunk:
+                raise WorkerExited("the shared container's attach stream ended")
+            self.demux.feed(chunk)
+
+    def wait_for(self, nonce: str | None, timeout: float, limit: int = 1 << 20) -> dict[str, Any]:
+        """The host's message answering `nonce` (None: its ready message), skipping everything else
+        (a previous session's last words); blocking, for threads. `WorkerExited` if none comes."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = take_line(self.demux.stdout, limit)
+            if line is not None:
+                message = host_message(line)
+                if message is not None and message.get("nonce") == nonce:
+                    return message
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerExited(f"the session host did not answer within {timeout:.0f} s")
+            readable, _, _ = select.select([self.sock], [], [], left)
+            if not readable:
+                continue
+            try:
+                chunk = self.sock.recv(1 << 20)
+            except BlockingIOError:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                raise WorkerExited("the shared container's attach stream ended")
+            self.demux.feed(chunk)
+
+    def send_blocking(self, message: dict[str, Any]) -> None:
+        data = memoryview(b"!" + json.dumps(message).encode() + b"\n")
+        while data:
+            try:
+                data = data[self.sock.send(data) :]
+            except BlockingIOError:
+                select.select([], [self.sock], [], 5)
+            except OSError as exc:
+                raise WorkerExited(f"the shared container's stream is closed ({exc})") from exc
+
+    def socket_open(self) -> bool:
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def cgroup_dirs(self) -> tuple[str, str] | None:
+        if self._cgroups is False:
+            try:
+                pid = client().api.inspect_container(self.container_id)["State"]["Pid"]
+            except Exception:
+                pid = 0
+            self._cgroups = find_cgroup_dirs(pid) if pid else None
+        return self._cgroups if isinstance(self._cgroups, tuple) else None
+
+    # ------------------------------------------------------------------ sessions
+
+    async def open_session(self) -> SharedSessionWorker:
+        """Start a session in this (idle) container: a fresh runner as a fresh uid (the one its host
+        started ahead at the previous close, if there is one)."""
+        _IN_USE.add(self)
+        ready, self.ready = self.ready, None
+        if ready is not None:
+            self.sessions += 1
+            self.demux.stderr_tail.clear()
+            return SharedSessionWorker(self, *ready)
+        uid = SHARED_USERS.take()
+        nonce = _nonce()
+        try:
+            await self.channel.send(
+                b"!" + json.dumps({"op": "open", "nonce": nonce, "uid": uid}).encode() + b"\n"
+            )
+            while True:
+                message = host_message(await self.next_line(1 << 20))
+                if message is not None and message.get("nonce") == nonce:
+                    break
+        except BaseException:
+            SHARED_USERS.release(uid)  # never started, or the container goes: nothing of it lives on
+            self.remove_now()
+            raise
+        if "error" in message:
+            SHARED_USERS.release(uid)
+            self.remove_now()
+            raise WorkerStartError(f"the shared container could not start a session: {message['error']}")
+        self.sessions += 1
+        self.demux.stderr_tail.clear()
+        return SharedSessionWorker(self, nonce, uid, message)
+
+    def end_session(self, worker: SharedSessionWorker) -> None:
+        """Ask the host to end `worker`'s session and wait, in the background, for its clean-up: the
+        container then goes back to the pool, or (unclean, spent, silent) is removed (non-blocking)."""
+        nonce = _nonce()
+        request: dict[str, Any] = {"op": "close", "nonce": nonce}
+        following: tuple[str, int] | None = None
+        if self.sessions < self.settings.sessions_per_container:
+            try:
+                following = (_nonce(), SHARED_USERS.take())
+                request["next"] = {"nonce": following[0], "uid": following[1]}
+            except WorkerStartError:  # every uid is held: the next session asks for one itself
+                pass
+        with _pool:
+            _IN_USE.discard(self)
+            _CLEANING.add(self)
+        try:
+            self.send_blocking(request)
+            _CLEANERS.submit(self._after_close, worker.uid, nonce, following)
+        except (WorkerExited, RuntimeError):  # a dead stream, or the interpreter is shutting down
+            self.remove_now()
+            SHARED_USERS.release(worker.uid)
+            if following is not None:
+                SHARED_USERS.release(following[1])
+            _give_back(self, reusable=False)
+
+    def _after_close(self, uid: int, nonce: str, following: tuple[str, int] | None) -> None:
+        reply: dict[str, Any] = {}
+        try:
+            reply = self.wait_for(nonce, CLOSE_TIMEOUT)
+            clean = bool(reply.get("clean"))
+            self.last_problems = [str(p) for p in reply.get("problems", [])]
+            CLEAN_SECONDS.append(float(reply.get("seconds", 0.0)))
+        except WorkerExited as exc:
+            clean, self.last_problems = False, [str(exc)]
+        if not clean:
+            self.remove_now()  # every process in it dies with the container
+        SHARED_USERS.release(uid)  # proved gone by the host, or gone with the container
+        if following is not None:
+            opened = reply.get("next")
+            if clean and isinstance(opened, dict) and opened.get("nonce") == following[0] and "pid" in opened:
+                self.ready = (following[0], following[1], opened)
+            else:  # not started (or the container went): nothing of that uid exists
+                SHARED_USERS.release(following[1])
+        _give_back(self, reusable=clean)
+
+    async def file_request(self, message: dict[str, Any], limit: int = 1 << 20) -> dict[str, Any]:
+        nonce = _nonce()
+        await self.channel.send(b"!" + json.dumps({**message, "nonce": nonce}).encode() + b"\n")
+        while True:
+            reply = host_message(await self.next_line(limit))
+            if reply is not None and reply.get("nonce") == nonce:
+                return reply
+
+    def remove_now(self) -> None:
+        """Kill and remove the container (blocking). Idempotent, never raises."""
+        _LIVE.pop(self.container_id, None)
+        _IN_USE.discard(self)
+        if not self.removed:
+            self.removed = True
+            self._finalizer.detach()
+            try:
+                self._attach.close()
+            except OSError:
+                pass
+            remove_container(self.container_id, self.sock)
+            ready, self.ready = self.ready, None
+            if ready is not None:  # its processes died with the container
+                SHARED_USERS.release(ready[1])
+
+
+def host_message(line: bytes) -> dict[str, Any] | None:
+    """The session host's message on `line` (``!{json}``), or None for any other line."""
+    if not line.startswith(b"!"):
+        return None
+    try:
+        message = json.loads(line[1:])
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+class SharedSessionWorker(Worker):
+    """One session in a `SharedContainer`: its runner, reached through the session host's relay."""
+
+    isolation = "container"
+
+    def __init__(self, container: SharedContainer, nonce: str, uid: int, opened: dict[str, Any]) -> None:
+        self.container = container
+        self.container_id = container.container_id
+        self.nonce = nonce  # the host's exit notice for this session carries it
+        self.uid = uid
+        self.runner_pid = int(opened["pid"])
+        self.workdir = str(opened["workdir"])
+        self.tmpdir = str(opened["tmpdir"])
+        self.exit_status: int | None = None
+        self.ended = False
+        self.stats_peak: int | None = None
+        self._finalizer = weakref.finalize(self, _end_quietly, container, self.uid)
+        self._finalizer.atexit = False
+
+    def __repr__(self) -> str:
+        return f"<SharedSessionWorker {self.container_id[:12]} uid {self.uid}>"
+
+    def usage_probe(self) -> ContainerProbe:
+        # One session at a time: the container's cgroup counts this session (and its idle host).
+        return ContainerProbe(self)
+
+    def cgroup_dirs(self) -> tuple[str, str] | None:
+        return self.container.cgroup_dirs()
+
+    async def send(self, data: bytes) -> None:
+        if self.ended or self.exit_status is not None:
+            raise WorkerExited("this session has ended")
+        await self.container.channel.send(data)
+
+    async def receive_line(self) -> bytes:
+        while True:
+            if self.ended:
+                raise WorkerExited("this session has ended")
+            line = await self.container.next_line(self.line_limit)
+            if not line.strip():
+                continue  # the newline that precedes each of the host's messages
+            message = host_message(line)
+            if message is None:
+                return line
+            if message.get("nonce") == self.nonce and "exited" in message:
+                self.exit_status = int(message["exited"])
+                raise WorkerExited("the session's runner exited")
+            # anything else that looks like the host's was written by the session itself: dropped
+
+    async def alive(self) -> bool:
+        return not self.ended and self.exit_status is None and self.container.socket_open()
+
+    async def kill(self) -> None:
+        self.container.channel.wake_waiters()
+        await anyio.to_thread.run_sync(self.end)
+
+    def end(self) -> None:
+        """End the session (the host kills and cleans it; the container's fate is decided in the
+        background). Idempotent, blocking only for a short send."""
+        if not self.ended:
+            self.ended = True
+            self._finalizer.detach()
+            self.container.end_session(self)
+
+    async def exit_info(self) -> WorkerExit:
+        if self.exit_status is not None and self.container.socket_open():
+            status = self.exit_status
+            if os.WIFSIGNALED(status):
+                how = f"was killed by signal {os.WTERMSIG(status)}"
+            else:
+                how = f"exited with code {os.WEXITSTATUS(status)}"
+            stderr = self.container.demux.stderr_tail.decode(errors="replace").strip()
+            suffix = f"; runner stderr: {stderr[-500:]}" if stderr else ""
+            return WorkerExit(detail=f"the session's runner {how}{suffix}")
+        return await anyio.to_thread.run_sync(
+            container_exit_info, self.container_id, bytes(self.container.demux.stderr_tail)
+        )
+
+    async def prepare_fork(self) -> ForkPlan:
+        raise ForkError(
+            "fork() is not available for sessions of a shared container (sessions_per_container > 1) "
+            "yet; use DockerExecutor(sessions_per_container=1) to fork Docker sessions"
+        )
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        reply = await self._file({"op": "write", "path": path, "data": base64.b64encode(data).decode()})
+        if "error" in reply:
+            raise SandboxFileError(f"cannot write {path!r} in the sandbox: {reply['error']}")
+
+    async def read_file(self, path: str) -> bytes:
+        reply = await self._file({"op": "read", "path": path}, FILE_LINE_LIMIT)
+        if "error" in reply:
+            if reply.get("missing"):
+                raise SandboxFileError(f"no file {path!r} in the sandbox's working directory")
+            raise SandboxFileError(f"cannot read {path!r} from the sandbox: {reply['error']}")
+        return base64.b64decode(reply.get("data", ""))
+
+    async def _file(self, message: dict[str, Any], limit: int = 1 << 20) -> dict[str, Any]:
+        if self.ended or self.exit_status is not None:
+            raise SandboxFileError("the sandbox session has ended")
+        try:
+            return await self.container.file_request(message, limit)
+        except WorkerExited as exc:
+            raise SandboxFileError(f"the sandbox container is gone ({exc})") from exc
+
+
+def _end_quietly(container: SharedContainer, uid: int) -> None:
+    """Finalizer of a session nobody closed: its container is removed (nothing to wait on here)."""
+    try:
+        _BACKGROUND.submit(container.remove_now)
+    except RuntimeError:
+        container.remove_now()
+    SHARED_USERS.release(uid)
+
+
+def _remove_quietly(container_id: str, sock: socket.socket) -> None:
+    try:
+        _BACKGROUND.submit(remove_container, container_id, sock)
+    except RuntimeError:
+        remove_container(container_id, sock)
+
+
+# ---------------------------------------------------------------------- start and pool
+
+_LIVE: weakref.WeakValueDictionary[str, SharedContainer] = weakref.WeakValueDictionary()
+_IDLE: dict[ContainerSettings, list[SharedContainer]] = {}
+_CLEANING: weakref.WeakSet[SharedContainer] = weakref.WeakSet()
+_IN_USE: weakref.WeakSet[SharedContainer] = weakref.WeakSet()
+_POOL_SIZE: dict[ContainerSettings, int] = {}
+_pool = threading.Condition()
+
+
+def start_shared(settings: ContainerSettings) -> SharedContainer:
+    """Create and start a shared container and wait for its session host (blocking)."""
+    container_id, attach = create_and_attach(settings)
+    container = SharedContainer(settings, container_id, attach)
+    try:
+        client().api.start(container_id)
+        ready = container.wait_for(None, READY_TIMEOUT)
+    except BaseException as exc:
+        container.remove_now()
+        if isinstance(exc, WorkerExited):
+            raise WorkerStartError(f"the shared container's session host did not start: {exc}") from exc
+        raise
+    if not ready.get("ready"):
+        container.remove_now()
+        raise WorkerStartError(f"the shared container's session host failed: {ready.get('error')}")
+    return container
+
+
+def take_shared(settings: ContainerSettings, wait: float = 0.0) -> SharedContainer | None:
+    """An idle container for `settings`; with `wait`, up to that many seconds for one being cleaned
+    (cheaper than starting a container) — blocking then, so call it in a thread."""
+    deadline = time.monotonic() + wait
+    with _pool:
+        while True:
+            idle = _IDLE.get(settings, [])
+            while idle:
+                container = idle.pop()
+                if not container.removed and container.socket_open():
+                    return container
+                _BACKGROUND.submit(container.remove_now)
+            left = deadline - time.monotonic()
+            if left <= 0 or not any(c.settings == settings for c in _CLEANING):
+                return None
+            _pool.wait(left)
+
+
+def _give_back(container: SharedContainer, reusable: bool) -> None:
+    settings = container.settings
+    with _pool:
+        _CLEANING.discard(container)
+        # Room for as many as are in use now besides the pool: what a steady concurrency needs,
+        # so that containers are not removed only to be started again a moment later.
+        room = max(1, _POOL_SIZE.get(settings, 1)) + sum(1 for c in _IN_USE if c.settings == settings)
+        keep = (
+            reusable
+            and not container.removed
+            and container.sessions < settings.sessions_per_container
+            and len(_IDLE.get(settings, [])) < room
+        )
+        if keep:
+            _IDLE.setdefault(settings, []).append(container)
+        _pool.notify_all()
+    if not keep:
+        container.remove_now()
+        refill_shared(settings, _POOL_SIZE.get(settings, 0))
+
+
+def refill_shared(settings: ContainerSettings, size: int) -> None:
+    """Top up the idle containers of `settings` (with those being cleaned) to `size`, in the background."""
+    _POOL_SIZE[settings] = max(_POOL_SIZE.get(settings, 0), size)
+
+    def fill() -> None:
+        while True:
+            with _pool:
+                have = len(_IDLE.get(settings, [])) + sum(1 for c in _CLEANING if c.settings == settings)
+                if have >= size:
+                    return
+            try:
+                container = start_shared(settings)
+            except Exception:  # the next session's cold start reports the problem properly
+                return
+            with _pool:
+                _IDLE.setdefault(settings, []).append(container)
+                _pool.notify_all()
+
+    if size > 0:
+        try:
+            _BACKGROUND.submit(fill)
+        except RuntimeError:
+            pass
+
+
+def idle_count(settings: ContainerSettings) -> int:
+    """How many idle shared containers wait for `settings` (benchmarks wait for a full pool with it)."""
+    with _pool:
+        return len(_IDLE.get(settings, []))
+
+
+@atexit.register
+def drain_shared() -> None:
+    """Remove every shared container of this process (blocking)."""
+    with _pool:
+        _IDLE.clear()
+        _POOL_SIZE.clear()
+    for container in list(_LIVE.values()):
+        container.remove_now()

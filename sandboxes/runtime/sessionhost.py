@@ -1,0 +1,510 @@
+"""The session host: the main process of a shared sandbox container, serving successive sessions.
+
+A container per session costs a container's life per session (create, start, the interpreter's
+imports, stop, remove: hundreds of milliseconds). In a shared container this process, started once,
+pays for the imports and then hosts one session after another, each a fresh runner forked from it:
+
+- its own unprivileged uid and gid (chosen by the parent, unique on the host), no capabilities, an
+  empty bounding set, no new privileges (the container's), no supplementary groups;
+- its own working directory ``/sessions/<random>`` and temporary directory ``/tmp/<random>``
+  (mode 0700, HOME and TMPDIR), a fresh process environment, a new process session;
+- and at its end: every process of its uid killed, everything it owned in the container's writable
+  places (``/tmp``, ``/dev/shm``, ``/dev/mqueue``, ``/sessions``) removed, its System V IPC objects
+  removed — then *checked*, and the parent told whether the container is as it was. A container
+  whose clean-up cannot be proved is recycled by the parent, never handed to another session.
+
+The host runs as root with only CAP_SETUID, CAP_SETGID, CAP_SETPCAP (to empty a session's bounding
+set) and CAP_KILL (to kill the runner at once); it never runs user code. Standard library only.
+
+The stream: the container's stdin/stdout (Docker's attach socket on the parent's side). Lines that
+start with ``!`` are the parent's requests to the host; every other line goes to the open session's
+runner, and everything the runner writes comes back as it is. The host's own messages are
+``\\n!{json}\\n`` (the leading newline ends any half line a session left) and carry the nonce of the
+request they answer, so nothing a session writes can pass for one. A close may carry the next
+session's open: once the container is proved clean, that session is started at once and waits for
+its parent, so taking a warm container costs no round trip to the host:
+
+    !{"op": "open", "nonce": N, "uid": U}          -> {"nonce": N, "pid", "workdir", "tmpdir"} | {"nonce": N, "error"}
+    !{"op": "close", "nonce": N[, "next": OPEN]}    -> {"nonce": N, "closed": true, "clean": bool, "problems": [...],
+                                                      "seconds": S[, "next": OPEN's answer]}
+    !{"op": "write", "nonce": N, "path", "data"}   -> {"nonce": N, "ok": true} | {"nonce": N, "error", "missing"}
+    !{"op": "read", "nonce": N, "path"}            -> {"nonce": N, "data"} | {"nonce": N, "error", "missing"}
+    (the runner exited)                           -> {"nonce": <the open's N>, "exited": status}
+
+Files are placed and read *as the session's uid* below its working directory without following a
+symbolic link anywhere on the way (`proctools.open_beneath`), as on the host backend. End-of-file on
+stdin ends the host (and so the container).
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import os
+import secrets
+import selectors
+import signal
+import stat
+import sys
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SESSIONS = "/sessions"
+WRITABLE = ("/tmp", "/dev/shm", "/dev/mqueue", SESSIONS)
+"""Every place a session can write in the container (the root filesystem is read-only; /workspace
+and /forks belong to the container-per-session mode's user and are closed to session uids)."""
+REAP_DEADLINE = 3.0
+"""Seconds the clean-up waits for a killed session's processes to be gone before it gives up."""
+PR_CAPBSET_DROP = 24
+IPC_RMID = 0
+ENV = {"LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _load(name: str) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_kodeagent_{name}", os.path.join(HERE, f"{name}.py"))
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def say(message: dict[str, Any]) -> None:
+    _write_all(1, b"\n!" + json.dumps(message).encode() + b"\n")
+
+
+# ---------------------------------------------------------------------- becoming a session
+
+
+def become_user(uid: int) -> None:
+    """Drop to `uid` for good: an empty bounding set first (needs CAP_SETPCAP), then the ids; the
+    kernel clears every capability when all of a root process's uids become non-zero."""
+    last = int(open("/proc/sys/kernel/cap_last_cap").read())
+    for cap in range(last + 1):
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), f"cannot drop capability {cap} from the bounding set")
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(("CapEff:", "CapPrm:", "CapBnd:", "CapAmb:")) and int(line.split()[1], 16):
+                raise OSError(f"the session still holds capabilities ({line.strip()})")
+
+
+def start_session(runner: Any, uid: int, channel: int, workdir: str, tmpdir: str) -> None:
+    """In a forked child of the host: become the session's user and then its runner."""
+    try:
+        os.setsid()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.dup2(channel, 0)
+        os.dup2(channel, 1)
+        os.closerange(3, 1 << 16)  # the host's selector, pidfds and old sockets stay with the host
+        become_user(uid)
+        os.umask(0o077)
+        os.mkdir(workdir, 0o700)
+        os.mkdir(tmpdir, 0o700)
+        os.chdir(workdir)
+        os.environ.clear()
+        os.environ.update(ENV, HOME=tmpdir, TMPDIR=tmpdir)
+        runner.main(["--subreaper"])
+    except BaseException as exc:  # noqa: BLE001 - reported as the runner's fatal message
+        line = json.dumps({"op": "fatal", "message": f"the session could not start: {exc}"}) + "\n"
+        try:
+            _write_all(1, line.encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(0)
+
+
+# ---------------------------------------------------------------------- ending a session
+
+
+def processes_of(uid: int) -> list[int]:
+    """Pids in this container whose real, effective or saved uid is `uid` (zombies included)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as status:
+                for line in status:
+                    if line.startswith("Uid:"):
+                        if str(uid) in line.split()[1:4]:
+                            found.append(int(name))
+                        break
+        except OSError:
+            continue
+    return found
+
+
+def owned_entries(uid: int) -> list[str]:
+    """Top-level entries of the writable places that belong to `uid` (nothing else of a session's
+    can exist: the only directories it can write in are these and its own)."""
+    found = []
+    for place in WRITABLE:
+        try:
+            names = os.listdir(place)
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(place, name)
+            try:
+                if os.lstat(path).st_uid == uid:
+                    found.append(path)
+            except OSError:
+                continue
+    return found
+
+
+def ipc_objects(uid: int) -> list[tuple[str, int]]:
+    """System V IPC objects (kind, id) owned or created by `uid` in the container's IPC namespace."""
+    found = []
+    for kind in ("shm", "msg", "sem"):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as table:
+                header = table.readline().split()
+                for row in table:
+                    fields = dict(zip(header, row.split(), strict=False))
+                    if str(uid) in (fields.get("uid"), fields.get("cuid")):
+                        found.append(
+                            (kind, int(fields.get("shmid") or fields.get("msqid") or fields["semid"]))
+                        )
+        except (OSError, KeyError, ValueError):
+            continue
+    return found
+
+
+def _remove_tree(path: str) -> None:
+    """Remove `path` (its owner's: the caller runs as that uid), making its directories writable first."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(info.st_mode):
+        os.chmod(path, 0o700)
+        for name in os.listdir(path):
+            _remove_tree(os.path.join(path, name))
+        os.rmdir(path)
+    else:
+        os.unlink(path)
+
+
+def _sweep_as(uid: int, paths: list[str]) -> None:
+    """In a forked child: become `uid`, kill every process of it, remove its files and IPC objects."""
+    try:
+        become_user(uid)
+        for _ in range(1000):  # kill(-1) reaches every process of this uid but the caller
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                break
+            if not [pid for pid in processes_of(uid) if pid != os.getpid() and not _zombie(pid)]:
+                break
+        for path in paths:
+            try:
+                _remove_tree(path)
+            except OSError:
+                pass  # the check after says so
+        for kind, ident in ipc_objects(uid):
+            if kind == "shm":
+                _libc.shmctl(ident, IPC_RMID, None)
+            elif kind == "msg":
+                _libc.msgctl(ident, IPC_RMID, None)
+            else:
+                _libc.semctl(ident, 0, IPC_RMID)
+    finally:
+        os._exit(0)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True  # gone
+
+
+def kill_all(uid: int) -> None:
+    """SIGKILL every live process of `uid` (CAP_KILL), again until none is left: a process that forks
+    meanwhile is caught in the next round, and RLIMIT_NPROC bounds how many it can make."""
+    for _ in range(200):
+        live = [pid for pid in processes_of(uid) if not _zombie(pid)]
+        if not live:
+            return
+        for pid in live:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def clean(uid: int, extra: list[str]) -> list[str]:
+    """End everything of `uid` in this container; the problems left (empty: the container is as it was)."""
+    kill_all(uid)
+    paths = sorted(set(owned_entries(uid)) | set(extra))  # listed as root: /sessions is not listable
+    pid = os.fork()
+    if pid == 0:
+        _sweep_as(uid, paths)
+    os.waitpid(pid, 0)
+    deadline = time.monotonic() + REAP_DEADLINE
+    while (left := processes_of(uid)) and time.monotonic() < deadline:
+        time.sleep(0.005)  # killed: the init (or the runner's exit) reaps them
+    problems = [f"process {p} of the session is still there" for p in left]
+    problems += [f"{path} could not be removed" for path in owned_entries(uid)]
+    problems += [f"{path} could not be removed" for path in extra if os.path.lexists(path)]
+    problems += [f"System V {kind} object {ident} could not be removed" for kind, ident in ipc_objects(uid)]
+    return problems
+
+
+# ---------------------------------------------------------------------- files, as the session
+
+
+def file_op(request: dict[str, Any], session: Session, proctools: Any) -> dict[str, Any]:
+    """Place or read a file below the session's working directory, as its uid, following no link."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        reply: dict[str, Any]
+        try:
+            become_user(session.uid)
+            if request["op"] == "write":
+                flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                fd = proctools.open_beneath(session.workdir, request["path"], flags)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(base64.b64decode(request["data"]))
+                reply = {"ok": True}
+            else:
+                fd = proctools.open_beneath(session.workdir, request["path"], os.O_RDONLY)
+                with os.fdopen(fd, "rb") as handle:
+                    reply = {"data": base64.b64encode(handle.read()).decode()}
+        except proctools.BeneathError as exc:
+            reply = {"error": str(exc), "missing": exc.missing}
+        except BaseException as exc:  # noqa: BLE001 - the parent reports it
+            reply = {"error": f"{type(exc).__name__}: {exc}", "missing": isinstance(exc, FileNotFoundError)}
+        try:
+            _write_all(write_end, json.dumps(reply).encode())
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        text = reader.read()
+    os.waitpid(pid, 0)
+    try:
+        return dict(json.loads(text))
+    except ValueError:
+        return {"error": "the file helper ended without an answer", "missing": False}
+
+
+# ---------------------------------------------------------------------- the host
+
+
+class Session:
+    """The one session this host serves now."""
+
+    def __init__(self, nonce: str, uid: int, pid: int, channel: int, workdir: str, tmpdir: str) -> None:
+        self.nonce, self.uid, self.pid, self.channel = nonce, uid, pid, channel
+        self.workdir, self.tmpdir = workdir, tmpdir
+        self.pidfd = os.pidfd_open(pid) if hasattr(os, "pidfd_open") else None
+        self.exited: int | None = None
+
+    def reap(self) -> None:
+        if self.exited is None:
+            _, status = os.waitpid(self.pid, 0)
+            self.exited = status
+
+    def end(self) -> list[str]:
+        """Kill the runner at once, then everything else of the session; the problems left."""
+        if self.exited is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.reap()
+        for fd in (self.channel, self.pidfd):
+            if fd is not None:
+                os.close(fd)
+        return clean(self.uid, [self.workdir, self.tmpdir])
+
+
+class Host:
+    def __init__(self) -> None:
+        self.runner = _load("runner")
+        self.proctools = _load("proctools")
+        self._preload()
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(0, selectors.EVENT_READ, "parent")
+        self.session: Session | None = None
+        self.inbox = bytearray()
+        self.at_line_start = True
+
+    def _preload(self) -> None:
+        runner = self.runner
+        guard = runner._load_sibling("guard")
+        runner._load_sibling("audit")
+        guard.make_transformer(frozenset(), frozenset())
+        import resource  # noqa: F401  (the runner's limits)
+        import sysconfig
+
+        import RestrictedPython.Guards  # noqa: F401
+
+        sysconfig.get_config_var("TZPATH")
+
+    def serve(self) -> None:
+        say({"ready": True, "pid": os.getpid()})
+        while True:
+            for key, _ in self.selector.select():
+                if key.data == "parent":
+                    data = os.read(0, 1 << 20)
+                    if not data:
+                        if self.session is not None:
+                            self.session.end()
+                        return
+                    self._from_parent(data)
+                elif key.data == "runner":
+                    self._from_runner()
+                elif key.data == "exit":
+                    self._runner_exited()
+
+    def _from_parent(self, data: bytes) -> None:
+        """Forward runner lines as they come; collect and act on the host's own (``!``) lines."""
+        self.inbox += data
+        while self.inbox:
+            if self.at_line_start and self.inbox[:1] == b"!":
+                end = self.inbox.find(b"\n")
+                if end < 0:
+                    return  # a request still arriving
+                request = bytes(self.inbox[1:end])
+                del self.inbox[: end + 1]
+                self._handle(json.loads(request))
+                continue
+            end = self.inbox.find(b"\n")
+            part = bytes(self.inbox) if end < 0 else bytes(self.inbox[: end + 1])
+            del self.inbox[: len(part)]
+            self.at_line_start = end >= 0
+            if self.session is not None and self.session.exited is None:
+                try:
+                    _write_all(self.session.channel, part)
+                except OSError:
+                    pass  # the runner is gone; its exit is reported
+
+    def _from_runner(self) -> None:
+        session = self.session
+        assert session is not None
+        try:
+            data = os.read(session.channel, 1 << 20)
+        except OSError:
+            data = b""
+        if data:
+            _write_all(1, data)
+            return
+        self.selector.unregister(session.channel)
+        if session.pidfd is None:  # no pidfd here: the channel's end is the runner's
+            self._runner_exited()
+
+    def _runner_exited(self) -> None:
+        session = self.session
+        if session is None or session.exited is not None:
+            return
+        for fd in (session.pidfd, session.channel):
+            _unregister(self.selector, fd)
+        os.set_blocking(session.channel, False)
+        try:  # what it wrote before it died goes first (not waiting for a child that still holds it)
+            while data := os.read(session.channel, 1 << 20):
+                _write_all(1, data)
+        except OSError:
+            pass
+        session.reap()
+        say({"nonce": session.nonce, "exited": session.exited})
+
+    def _handle(self, request: dict[str, Any]) -> None:
+        op, nonce = request.get("op"), request.get("nonce")
+        if op == "open":
+            say({"nonce": nonce, **self._open(str(nonce), int(request["uid"]))})
+        elif op == "close":
+            session, self.session = self.session, None
+            started = time.perf_counter()
+            problems = ["no session was open"] if session is None else self._close(session)
+            seconds = round(time.perf_counter() - started, 6)
+            reply = {
+                "nonce": nonce,
+                "closed": True,
+                "clean": not problems,
+                "problems": problems,
+                "seconds": seconds,
+            }
+            following = request.get("next")
+            if not problems and isinstance(following, dict):  # the next session, ready before it is asked for
+                reply["next"] = {
+                    "nonce": following.get("nonce"),
+                    **self._open(str(following.get("nonce")), int(following["uid"])),
+                }
+            say(reply)
+        elif op in ("write", "read") and self.session is not None:
+            say({"nonce": nonce, **file_op(request, self.session, self.proctools)})
+        else:
+            say({"nonce": nonce, "error": f"the session host cannot {op!r} now"})
+
+    def _open(self, nonce: str, uid: int) -> dict[str, Any]:
+        if self.session is not None:
+            return {"error": "a session is already open in this container"}
+        if uid < 1000:
+            return {"error": f"uid {uid} is not a sandbox user's"}
+        import socket
+
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        name = secrets.token_hex(12)
+        workdir, tmpdir = f"{SESSIONS}/{name}", f"/tmp/{name}"
+        pid = os.fork()
+        if pid == 0:
+            ours.close()
+            start_session(self.runner, uid, theirs.detach(), workdir, tmpdir)
+        theirs.close()
+        channel = ours.detach()
+        os.set_blocking(channel, True)
+        session = self.session = Session(nonce, uid, pid, channel, workdir, tmpdir)
+        self.selector.register(channel, selectors.EVENT_READ, "runner")
+        if session.pidfd is not None:
+            self.selector.register(session.pidfd, selectors.EVENT_READ, "exit")
+        self.at_line_start = True
+        return {"pid": pid, "workdir": workdir, "tmpdir": tmpdir}
+
+    def _close(self, session: Session) -> list[str]:
+        for fd in (session.channel, session.pidfd):
+            _unregister(self.selector, fd)
+        return session.end()
+
+
+def _unregister(selector: selectors.BaseSelector, fd: int | None) -> None:
+    if fd is not None:
+        try:
+            selector.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+
+
+def main() -> None:
+    try:
+        host = Host()
+    except BaseException as exc:  # noqa: BLE001 - the parent reports it
+        say({"ready": False, "error": f"{type(exc).__name__}: {exc}"})
+        raise SystemExit(3) from None
+    host.serve()
+
+
+if __name__ == "__main__":
+    main()
