@@ -212,9 +212,15 @@ def harness_snippet(program: str, timeout: float, preloaded: bool = False) -> st
     return f"{head}\nfinal_answer(check_program({program!r}, {float(timeout)!r}))\n"
 
 
+def _can_preload(backend: str, options: dict[str, Any]) -> bool:
+    """Whether `backend` loads trusted modules once for all sessions: the host's fork server, a
+    shared Docker container's session host."""
+    return backend == "host" or (backend == "docker" and int(options.get("sessions_per_container", 1)) > 1)
+
+
 def preloads_driver(backend: str, options: dict[str, Any]) -> bool:
     """Whether the harness sessions of `backend` import the driver from their preloaded modules."""
-    return backend == "host" and str(DRIVER_PATH) in [str(p) for p in options.get("preload", ())]
+    return _can_preload(backend, options) and str(DRIVER_PATH) in [str(p) for p in options.get("preload", ())]
 
 
 def harness_verdict(result: Any) -> str:
@@ -273,7 +279,7 @@ def session_options(
     options = dict(backend_options or {})
     if semantics == "harness":
         options.setdefault("env", HARNESS_ENV)
-        if backend == "host":  # the driver compiled and loaded once, in the fork server
+        if _can_preload(backend, options):  # the driver compiled and loaded once, before any session
             options.setdefault("preload", [str(DRIVER_PATH)])
         return {"timeout": timeout + 1 + SESSION_SLACK, **options}
     return {"timeout": timeout, **options}

@@ -36,6 +36,8 @@ The containers themselves (settings, start, pool, the worker on the attach socke
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from typing import Unpack
 
 import anyio
@@ -62,6 +64,23 @@ from .dockercontainer import (
 from .dockershared import SharedSessionWorker, refill_shared, start_shared, take_shared
 
 _checked_images: set[str] = set()
+
+
+def read_preload(paths: Sequence[str | os.PathLike[str]]) -> tuple[tuple[str, str], ...]:
+    """(module name, source) of each trusted preload file, checked as `HostExecutor` checks them."""
+    modules = []
+    for path in paths:
+        name, extension = os.path.splitext(os.path.basename(os.fspath(path)))
+        if extension != ".py" or not name.isidentifier():
+            raise ValueError(f"preload takes Python files named like modules (name.py), not {str(path)!r}")
+        try:
+            with open(path, encoding="utf-8") as handle:
+                modules.append((name, handle.read()))
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read the preload file {str(path)!r}: {exc}") from exc
+    return tuple(modules)
+
+
 SHARED_WAIT = 2.0
 """Seconds a shared-mode session waits for a container being cleaned before it starts a new one."""
 
@@ -99,6 +118,11 @@ class DockerExecutor(Executor):
             container whose clean-up is not proved clean is removed instead), which makes a fresh
             session cost milliseconds instead of a container's life. Not with `workdir`; `user`
             does not apply (every session has its own uid); `fork()` is refused there.
+        preload: trusted Python files (``name.py``) compiled and imported once by a shared container's
+            session host, before any session: every session finds them in ``sys.modules`` (subject to
+            the import allowlist), as `HostExecutor(preload=...)` does. Needs
+            ``sessions_per_container > 1``; the files' code runs as the host (root in the container,
+            before any session): only ever your own code.
     """
 
     backend = "docker"
@@ -119,11 +143,17 @@ class DockerExecutor(Executor):
         pool: bool = True,
         pool_size: int = POOL_SIZE,
         sessions_per_container: int = 1,
+        preload: Sequence[str | os.PathLike[str]] = (),
         **options: Unpack[ExecutorOptions],
     ) -> None:
         super().__init__(**options)
         if sessions_per_container < 1:
             raise ValueError(f"sessions_per_container must be 1 or more, not {sessions_per_container}")
+        if preload and sessions_per_container == 1:
+            raise ValueError(
+                "preload needs sessions_per_container > 1: the modules are loaded once by a shared "
+                "container's session host (a container per session has none)"
+            )
         if sessions_per_container > 1 and self.workdir is not None:
             raise ValueError(
                 "sessions_per_container > 1 shares a container between sessions, and a bind-mounted "
@@ -150,6 +180,7 @@ class DockerExecutor(Executor):
             file_size_mb=file_size_mb,
             host_workdir=self.workdir,
             sessions_per_container=sessions_per_container,
+            preload=read_preload(preload),
         )
         self.pool_size = max(0, pool_size) if pool and self.workdir is None else 0
 

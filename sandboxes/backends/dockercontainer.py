@@ -112,6 +112,10 @@ class ContainerSettings(BaseModel):
         "above 1 the container runs the session host (`dockershared`).",
     )
 
+    preload: tuple[tuple[str, str], ...] = Field(
+        (), description="Trusted modules (name, source) a shared container's host imports before any session."
+    )
+
     @property
     def shared(self) -> bool:
         """Whether these containers host successive sessions (`dockershared`)."""

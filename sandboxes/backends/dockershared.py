@@ -427,6 +427,16 @@ def start_shared(settings: ContainerSettings) -> SharedContainer:
     if not ready.get("ready"):
         container.remove_now()
         raise WorkerStartError(f"the shared container's session host failed: {ready.get('error')}")
+    if settings.preload:
+        nonce = _nonce()
+        try:
+            container.send_blocking({"op": "preload", "nonce": nonce, "modules": settings.preload})
+            answer = container.wait_for(nonce, READY_TIMEOUT)
+        except WorkerExited as exc:
+            answer = {"error": str(exc)}
+        if "error" in answer:
+            container.remove_now()
+            raise WorkerStartError(f"the shared container could not preload the modules: {answer['error']}")
     return container
 
 

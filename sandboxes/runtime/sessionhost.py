@@ -27,6 +27,8 @@ its parent, so taking a warm container costs no round trip to the host:
     !{"op": "open", "nonce": N, "uid": U}          -> {"nonce": N, "pid", "workdir", "tmpdir"} | {"nonce": N, "error"}
     !{"op": "close", "nonce": N[, "next": OPEN]}    -> {"nonce": N, "closed": true, "clean": bool, "problems": [...],
                                                       "seconds": S[, "next": OPEN's answer]}
+    !{"op": "preload", "nonce": N, "modules": [[name, source], ...]}  (before any session)
+                                                  -> {"nonce": N, "ok": true} | {"nonce": N, "error"}
     !{"op": "write", "nonce": N, "path", "data"}   -> {"nonce": N, "ok": true} | {"nonce": N, "error", "missing"}
     !{"op": "read", "nonce": N, "path"}            -> {"nonce": N, "data"} | {"nonce": N, "error", "missing"}
     (the runner exited)                           -> {"nonce": <the open's N>, "exited": status}
@@ -349,6 +351,7 @@ class Host:
         self.selector = selectors.DefaultSelector()
         self.selector.register(0, selectors.EVENT_READ, "parent")
         self.session: Session | None = None
+        self.served = False  # a session was started (preloading is over)
         self.inbox = bytearray()
         self.at_line_start = True
 
@@ -363,6 +366,12 @@ class Host:
         import RestrictedPython.Guards  # noqa: F401
 
         sysconfig.get_config_var("TZPATH")
+        # What a program run as its own harness imports at once (as the host's fork server does):
+        # loading grants nothing, a guarded session still imports only what its policy allows.
+        import faulthandler  # noqa: F401
+        import shutil  # noqa: F401
+        import subprocess  # noqa: F401
+        import tempfile  # noqa: F401
 
     def serve(self) -> None:
         say({"ready": True, "pid": os.getpid()})
@@ -454,12 +463,30 @@ class Host:
                     **self._open(str(following.get("nonce")), int(following["uid"])),
                 }
             say(reply)
+        elif op == "preload" and not self.served:
+            say({"nonce": nonce, **self._preload_modules(request.get("modules", []))})
         elif op in ("write", "read") and self.session is not None:
             say({"nonce": nonce, **file_op(request, self.session, self.proctools)})
         else:
             say({"nonce": nonce, "error": f"the session host cannot {op!r} now"})
 
+    def _preload_modules(self, modules: list[list[str]]) -> dict[str, Any]:
+        """The caller's trusted modules (`DockerExecutor(preload=...)`), compiled and run once here so
+        every session finds them in ``sys.modules``; never a session's code (refused once one ran)."""
+        import types
+
+        try:
+            for name, source in modules:
+                module = types.ModuleType(name)
+                module.__file__ = f"/preload/{name}.py"
+                sys.modules[name] = module
+                exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102
+        except BaseException as exc:  # noqa: BLE001 - the parent reports it
+            return {"error": f"preloading failed: {type(exc).__name__}: {exc}"}
+        return {"ok": True}
+
     def _open(self, nonce: str, uid: int) -> dict[str, Any]:
+        self.served = True
         if self.session is not None:
             return {"error": "a session is already open in this container"}
         if uid < 1000:
