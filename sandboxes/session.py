@@ -39,6 +39,7 @@ answer (cancelled, timed out, malformed, lost) discards the session, and the nex
 from __future__ import annotations
 
 import json
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -188,6 +189,14 @@ class RunnerSession(Session):
         self.isolation = worker.isolation
         self.handshake_seconds: float | None = None
         """How long the runner took to answer `init` (for breakdowns: `bench humaneval`)."""
+        self.exec_seconds: float | None = None
+        """Of the last run this session's runner answered, the seconds the code itself ran, as the
+        runner reports them (None before a run, after one without an answer, or from a runner that
+        does not report them; a run the executor refused before sending it leaves the previous
+        figure). For breakdowns only (`bench latency`): code without the Python-level guards can forge it."""
+        self.runner_seconds: float | None = None
+        """Of the last run, the runner's whole time on it (the code and the runner's own work), as
+        reported by the runner; the same caveats as `exec_seconds`."""
         worker.line_limit = bounds.line_limit(output_limit)
 
     @classmethod
@@ -233,10 +242,14 @@ class RunnerSession(Session):
                 "chars_per_second": DEFAULT_STREAM_RATE,
             }
             gate = OutputGate(request["stream"], on_output)
+        self.exec_seconds = self.runner_seconds = None
         reply = await self._exchange(request, call_tool, gate)
         if gate is not None:
             gate.flush()
-        return result_from_reply(reply, self.output_limit)
+        result = result_from_reply(reply, self.output_limit)
+        self.exec_seconds = reported_seconds(reply.get("exec_seconds"))
+        self.runner_seconds = reported_seconds(reply.get("runner_seconds"))
+        return result
 
     async def reset(self) -> None:
         await self._exchange({"op": "reset"}, _no_tools)
@@ -410,6 +423,17 @@ class OutputGate:
 
 async def _no_tools(call: ToolCall) -> ToolResult:
     raise ProtocolError(f"the runner called tool {call.get('name')!r} outside a run")
+
+
+def reported_seconds(value: Any) -> float | None:
+    """A duration the runner reported, or None when it is missing or not a finite number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past float's range
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
 def result_from_reply(reply: dict[str, Any], limit: int) -> ExecutionResult:

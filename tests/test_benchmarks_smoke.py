@@ -105,10 +105,60 @@ def test_faithful_harness_really_executes() -> None:
 def test_latency_smoke() -> None:
     result = latency.run(backends=("host",), n=5, sessions=2, baseline_n=2, fork_sizes=(), console=quiet())
     names = [row["name"] for row in result["rows"]]
-    assert names[:2] == ["warm run", "(a) python3 -I -S -c subprocess"]
+    # the warm run, then what the runner reports of those same runs, then the baselines
+    assert names[:4] == [
+        "warm run",
+        "warm run: of it in the runner",
+        "warm run: of it the code itself",
+        "(a) python3 -I -S -c subprocess",
+    ]
     assert {"session from the pool", "cold session", "(b) fork per snippet"} <= set(names)
-    assert all(row["n"] > 0 and row["p50_ms"] > 0 for row in result["rows"])
+    # CPU is read in /proc's 10 ms ticks: a print(1) mostly uses less than one
+    assert all(row["n"] > 0 and row["p50_ms"] > 0 for row in result["rows"] if "CPU" not in row["name"])
+    assert all(row["p50_ms"] <= row["p95_ms"] for row in result["rows"])
     assert result["host_isolation"] in ("namespaces", "process")
+    rows = {row["name"]: row for row in result["rows"]}
+    # a fresh session's parts, from the same sessions as the pool-open row
+    pooled = rows["session from the pool"]
+    parts = {row["part"]: row for row in result["rows"] if row["name"].startswith("fresh session: ")}
+    assert {"pool_take", "handshake", "run_call", "per_program_run_only", "session_close"} <= set(parts)
+    assert "session_open" not in parts and all(part["n"] == pooled["n"] == 2 for part in parts.values())
+    # each part is within its whole in every sample, so in every percentile too
+    for part, whole in (
+        ("pool_take", pooled),
+        ("handshake", pooled),
+        ("per_program_run_only", parts["run_call"]),
+    ):
+        assert parts[part]["p50_ms"] <= whole["p50_ms"] and parts[part]["p95_ms"] <= whole["p95_ms"], part
+    assert parts["per_program_cpu"]["min_ms"] >= 0
+    # the runner's time within the locked run, the code's within the runner's (per sample, so per percentile)
+    for part, whole in (("runner_time", "per_program_run_only"), ("runner_exec", "runner_time")):
+        assert parts[part]["p50_ms"] <= parts[whole]["p50_ms"], part
+        assert parts[part]["p95_ms"] <= parts[whole]["p95_ms"], part
+    warm_runner = rows["warm run: of it in the runner"]
+    assert warm_runner["n"] == 5 and warm_runner["max_ms"] <= rows["warm run"]["max_ms"]
+    assert rows["warm run: of it the code itself"]["p50_ms"] <= warm_runner["p50_ms"]
+    # smolagents' interpreter beside the warm run, same snippet and n; the ratio is of those two rows
+    warm, smol = rows["warm run"], rows[latency.SMOLAGENTS_ROW]
+    assert smol["n"] == warm["n"] == 5 and "smolagents" not in result["unavailable"]
+    assert smol["warm_over_smolagents_p50"] == pytest.approx(warm["p50_ms"] / smol["p50_ms"])
+    assert smol["warm_over_smolagents_p95"] == pytest.approx(warm["p95_ms"] / smol["p95_ms"])
+    assert smol["meets_target"] == (smol["warm_over_smolagents_p50"] <= 1)
+    console = quiet()
+    latency.report(console, result)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "host warm p50 <= smolagents' p50" in text and "host warm / smolagents" in text
+
+
+def test_latency_without_smolagents_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing() -> None:
+        raise ImportError("No module named 'smolagents'")
+
+    monkeypatch.setattr(latency, "smolagents_interpreter", missing)
+    result = latency.run(backends=("host",), n=2, sessions=1, baseline_n=1, fork_sizes=(), console=quiet())
+    assert latency.SMOLAGENTS_ROW not in [row["name"] for row in result["rows"]]
+    assert "not importable" in result["unavailable"]["smolagents"]
+    assert [row["n"] for row in result["rows"] if row["name"] == "warm run"] == [2]
 
 
 def test_latency_fork_rows_smoke() -> None:

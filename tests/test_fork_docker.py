@@ -384,3 +384,59 @@ def test_a_family_nobody_closed_is_removed_at_interpreter_exit():
     container = done.stdout.strip()
     assert len(container) == 64
     assert wait_for(lambda: state(container) is None), "removed at exit, forks and all"
+
+
+# ---------------------------------------------------------------------- shared containers
+
+SHARED = {"sessions_per_container": 8, "pool": False, "tmp_mb": 61}
+"""Shared containers of settings no other test uses (`tmp_mb`), and none started ahead: sequential
+sessions take turns in one container, so a test can tell the container was reused."""
+
+UID_PROCESSES = (
+    "import os\nuid = '{uid}'\nfound = []\n"
+    "for name in os.listdir('/proc'):\n"
+    "    try:\n"
+    "        status = open(f'/proc/{{name}}/status').read()\n"
+    "    except OSError:\n"
+    "        continue\n"
+    "    line = [l for l in status.splitlines() if l.startswith('Uid:')]\n"
+    "    if line and uid in line[0].split()[1:]:\n"
+    "        found.append(name)\n"
+    "print(len(found))"
+)
+
+
+async def test_a_fork_in_a_shared_container_and_the_container_reused_clean_after_its_family():
+    parent = make(**SHARED)
+    await parent.open()
+    await parent.run("x = 41\nopen('a.txt', 'w').write('parent')")
+    container = parent.container_id
+    assert container is not None
+    child = await parent.fork()
+    assert child.container_id == container, "a fork lives in its parent's shared container"
+    result = await child.run("x += 1\nimport os\nprint(x, open('a.txt').read(), os.getuid(), os.getcwd())")
+    assert result.error is None, result.error
+    count, text, uid, cwd = result.stdout.split()
+    assert (count, text) == ("42", "parent")
+    parent_view = await parent.run("import os\nprint(x, os.getuid(), os.getcwd())")
+    assert parent_view.stdout.split()[:2] == ["41", uid], "one family, one uid"
+    assert parent_view.stdout.split()[2] != cwd and cwd.startswith("/sessions/")
+    # a process of the family outlives the parent's close, and the fork keeps working
+    started = await child.run(
+        "import subprocess\nsubprocess.Popen(['sleep', '300'], start_new_session=True)\nprint('ok')"
+    )
+    assert started.stdout == "ok\n"
+    await parent.close()
+    assert (await child.run("print(x)")).stdout == "42\n"
+    assert int(in_container(container, UID_PROCESSES.format(uid=uid))) >= 2  # the fork and its sleep
+    await child.close()
+    # the last of the family gone: the host cleaned the uid, and the container serves the next session
+    assert wait_for(lambda: in_container(container, UID_PROCESSES.format(uid=uid)).strip() == "0")
+    async with make(**SHARED) as following:
+        assert following.container_id == container, "a cleaned container is reused"
+        result = await following.run("import os\nprint(os.getuid(), os.environ['TMPDIR'])")
+        assert result.error is None, result.error
+        new_uid, tmpdir = result.stdout.split()
+        assert new_uid != uid
+        left = in_container(container, "import os\nprint(sorted(os.listdir('/tmp')))")
+        assert left.strip() == repr([os.path.basename(tmpdir)]), "nothing of the family is left in /tmp"

@@ -27,8 +27,11 @@ Fork (`fork()`, snapshots): the new session lives in the parent's container (the
 itself; a ``docker exec`` relay carries its channel), and the container is removed when the last
 session of that family closes (`dockercontainer.Family`, docs/fork.md).
 
-Why opening a session is cheap: a small warm pool of started containers per configuration. A
-container serves exactly one session and is destroyed at its close; it is never handed on.
+Why opening a session is cheap: a small warm pool of started containers per configuration. By
+default a container serves exactly one session and is destroyed at its close; it is never handed
+on. With ``sessions_per_container > 1`` a warm container hosts session after session instead, each
+a fresh runner as a uid of its own, everything of it killed, removed and checked between them
+(`dockershared.py`; docs/security.md says what separates two such sessions).
 
 The containers themselves (settings, start, pool, the worker on the attach socket) live in
 `dockercontainer.py`; this module is the executor.
@@ -61,7 +64,7 @@ from .dockercontainer import (
     sweep_orphans_soon,
     take_pooled,
 )
-from .dockershared import SharedSessionWorker, refill_shared, start_shared, take_shared
+from .dockershared import SharedSessionWorker, idle_count, refill_shared, start_shared, take_shared
 
 _checked_images: set[str] = set()
 
@@ -110,14 +113,17 @@ class DockerExecutor(Executor):
         no_new_privileges: forbid setuid-style privilege gains.
         open_files, file_size_mb: ulimits of the container.
         pool: take a started container from the warm pool (not with `workdir`, a bind-mounted host dir).
-        pool_size: how many warm containers to keep for this configuration.
+        pool_size: how many warm containers to keep for this configuration. With shared containers
+            a container whose clean-up came back clean is reused even at 0 (then none is started
+            ahead, and sequential sessions take turns in one container).
         sessions_per_container: 1 (the default) gives every session a container of its own, removed
             at its close: the kernel boundary between any two sessions. Above 1, a warm container
             hosts up to that many sessions one after another (`dockershared`: each a fresh runner
             as a uid of its own, everything of it killed, removed and checked at its close; a
             container whose clean-up is not proved clean is removed instead), which makes a fresh
             session cost milliseconds instead of a container's life. Not with `workdir`; `user`
-            does not apply (every session has its own uid); `fork()` is refused there.
+            does not apply (every session has its own uid); a fork shares its parent's container and
+            uid, and the container is cleaned once the last of the family has closed.
         preload: trusted Python files (``name.py``) compiled and imported once by a shared container's
             session host, before any session: every session finds them in ``sys.modules`` (subject to
             the import allowlist), as `HostExecutor(preload=...)` does. Needs
@@ -191,6 +197,11 @@ class DockerExecutor(Executor):
         worker = session.worker if isinstance(session, RunnerSession) else None
         return worker.container_id if isinstance(worker, (DockerWorker, SharedSessionWorker)) else None
 
+    def warm_containers(self) -> int:
+        """How many warm containers wait for sessions of this executor's settings now (the pool is
+        full at `pool_size`); benchmarks wait for a full pool before they time anything."""
+        return idle_count(self.settings) if self.settings.shared else pooled_count(self.settings)
+
     async def _new_session(self) -> Session:
         await anyio.to_thread.run_sync(self._prepare)
         if self.settings.shared:
@@ -206,8 +217,9 @@ class DockerExecutor(Executor):
         return session
 
     async def _new_shared_session(self) -> Session:
-        container = take_shared(self.settings) if self.pool_size else None
-        if container is None and self.pool_size:  # one being cleaned is ready in milliseconds
+        # A cleaned container is reused even with the pool off (`pool=False`: none started ahead).
+        container = take_shared(self.settings)
+        if container is None:  # one being cleaned is ready in milliseconds
             container = await anyio.to_thread.run_sync(take_shared, self.settings, SHARED_WAIT)
         if container is None:
             container = await anyio.to_thread.run_sync(start_shared, self.settings)

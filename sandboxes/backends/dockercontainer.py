@@ -16,6 +16,7 @@ import tarfile
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -203,14 +204,17 @@ class Family:
     """The sessions sharing one container: its first session and the forks made in it (`fork()`).
 
     Members are plain tokens (a finalizer may leave on a worker's behalf). Only the last member to
-    leave removes the container; the others end their own runner's processes (`forkrelay.py`)."""
+    leave removes the container (or, in a shared container, calls `finish` with its stream: the
+    session host then ends and cleans the family's uid); the others end their own runner's
+    processes (`forkrelay.py`)."""
 
     _tokens = itertools.count(1)
 
-    def __init__(self, container_id: str) -> None:
+    def __init__(self, container_id: str, finish: Callable[[socket.socket], None] | None = None) -> None:
         self.container_id = container_id
         self.members: set[int] = set()
         self.lock = threading.Lock()
+        self.finish = finish
 
     def join(self) -> int:
         with self.lock:
@@ -375,15 +379,7 @@ class DockerWorker(Worker):
         return ForkPlan(f"{FORKS_DIR}/{os.urandom(8).hex()}", "listen")
 
     async def hand_over(self, plan: ForkPlan) -> None:
-        path, secret, pid = plan.answer.get("path"), plan.answer.get("secret"), plan.answer.get("pid")
-        if (
-            not isinstance(path, str)
-            or not isinstance(secret, str)
-            or not isinstance(pid, int)
-            or any(c in path for c in "\n ")  # one line "PATH SECRET" for the relay
-            or not secret.isalnum()
-        ):
-            raise ForkError(f"the runner's fork_channel answer is malformed: {str(plan.answer)[:200]}")
+        path, secret, pid = listen_answer(plan)
         if self.runner_pid is None:
             self.runner_pid = pid
         plan.state["relay"] = await anyio.to_thread.run_sync(self._connect_relay, path, secret)
@@ -616,6 +612,32 @@ def container_exit_info(container_id: str, stderr_tail: bytes) -> WorkerExit:
     return WorkerExit(detail=f"the container exited with code {state.get('ExitCode')}" + suffix)
 
 
+def listen_answer(plan: ForkPlan) -> tuple[str, str, int]:
+    """The socket path, secret and runner pid of a ``listen`` fork's answer, checked (`ForkError`)."""
+    path, secret, pid = plan.answer.get("path"), plan.answer.get("secret"), plan.answer.get("pid")
+    if (
+        not isinstance(path, str)
+        or not isinstance(secret, str)
+        or not isinstance(pid, int)
+        or any(c in path for c in "\n ")  # one line "PATH SECRET" for the relay
+        or not secret.isalnum()
+    ):
+        raise ForkError(f"the runner's fork_channel answer is malformed: {str(plan.answer)[:200]}")
+    return path, secret, pid
+
+
+def start_relay(container_id: str, user: str, path: str, secret: str) -> Any:
+    """A fresh relay for a fork, told where to connect (blocking): its attach socket."""
+    attach = _start_relay(container_id, user)
+    raw: socket.socket = getattr(attach, "_sock", attach)
+    try:
+        raw.sendall(f"{path} {secret}\n".encode())
+    except OSError as exc:
+        raw.close()
+        raise ForkError("the fork's relay closed its stream at once") from exc
+    return attach
+
+
 def _start_relay(container_id: str, user: str) -> Any:
     """``forkrelay.py relay`` in the container, as the session's user: its attach socket (blocking).
     It waits for its first line (where to connect) on that stream."""
@@ -642,7 +664,7 @@ def _close_relay(future: concurrent.futures.Future[Any]) -> None:
         pass
 
 
-def _run_helper(container_id: str, user: str, args: tuple[str, ...]) -> None:
+def run_helper(container_id: str, user: str, args: tuple[str, ...]) -> None:
     """Run ``forkrelay.py ARGS`` in the container as `user` and wait for it (blocking). Never raises."""
     try:
         api = client().api
@@ -656,9 +678,12 @@ def _leave(family: Family, member: int, user: str, sock: socket.socket, ending: 
     """One session of `family` ends (blocking): the last removes the container, any other its own
     processes (`ending`: the helper's arguments), then its stream closes."""
     if family.leave(member):
-        remove_container(family.container_id, sock)
+        if family.finish is not None:
+            family.finish(sock)
+        else:
+            remove_container(family.container_id, sock)
         return
-    _run_helper(family.container_id, user, ending)
+    run_helper(family.container_id, user, ending)
     try:
         sock.close()
     except OSError:

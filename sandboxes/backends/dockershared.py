@@ -40,14 +40,20 @@ import anyio
 from ..errors import ForkError, SandboxFileError, WorkerStartError
 from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 from .dockercontainer import (
+    SESSIONS_DIR,
     ContainerProbe,
     ContainerSettings,
     Demultiplexer,
+    Family,
+    ForkedDockerWorker,
     client,
     container_exit_info,
     create_and_attach,
     find_cgroup_dirs,
+    listen_answer,
     remove_container,
+    run_helper,
+    start_relay,
 )
 from .hostreap import PrivateUsers
 
@@ -293,6 +299,9 @@ class SharedSessionWorker(Worker):
         self.runner_pid = int(opened["pid"])
         self.workdir = str(opened["workdir"])
         self.tmpdir = str(opened["tmpdir"])
+        self.user = f"{uid}:{uid}"  # forks' relays run as the session's uid
+        self.family: Family | None = None  # set at the first fork
+        self.member = 0
         self.exit_status: int | None = None
         self.ended = False
         self.stats_peak: int | None = None
@@ -338,11 +347,19 @@ class SharedSessionWorker(Worker):
 
     def end(self) -> None:
         """End the session (the host kills and cleans it; the container's fate is decided in the
-        background). Idempotent, blocking only for a short send."""
+        background). Idempotent, blocking only for a short send. While forks of it live, only its
+        own runner ends; the last of the family to go has the host clean up."""
         if not self.ended:
             self.ended = True
             self._finalizer.detach()
-            self.container.end_session(self)
+            if self.family is None or self.family.leave(self.member):
+                self.container.end_session(self)
+                return
+            ending = ("end", str(self.runner_pid), self.workdir)
+            try:
+                _BACKGROUND.submit(run_helper, self.container_id, self.user, ending)
+            except RuntimeError:
+                run_helper(self.container_id, self.user, ending)
 
     async def exit_info(self) -> WorkerExit:
         if self.exit_status is not None and self.container.socket_open():
@@ -358,11 +375,45 @@ class SharedSessionWorker(Worker):
             container_exit_info, self.container_id, bytes(self.container.demux.stderr_tail)
         )
 
+    # ------------------------------------------------------------------ fork (runtime/sessionfork.py)
+    # A fork lives in this container as this session's uid (`ForkedDockerWorker`, reached through a
+    # relay started with ``docker exec``); the family shares the container, which stays out of the
+    # pool until the last of them ends, and then the host cleans the uid as for any session.
+
     async def prepare_fork(self) -> ForkPlan:
-        raise ForkError(
-            "fork() is not available for sessions of a shared container (sessions_per_container > 1) "
-            "yet; use DockerExecutor(sessions_per_container=1) to fork Docker sessions"
+        if self.ended or self.exit_status is not None:
+            raise ForkError("this session has ended")
+        return ForkPlan(f"{SESSIONS_DIR}/{secrets.token_hex(12)}", "listen")
+
+    async def hand_over(self, plan: ForkPlan) -> None:
+        path, secret, _pid = listen_answer(plan)
+        plan.state["relay"] = await anyio.to_thread.run_sync(
+            start_relay, self.container_id, self.user, path, secret
         )
+
+    def forked(self, plan: ForkPlan, pid: int) -> ForkedDockerWorker:
+        if self.family is None:
+            self.family = Family(self.container_id, finish=self._family_ended)
+            self.member = self.family.join()
+        return ForkedDockerWorker(
+            self.container_id, plan.state.pop("relay"), self.user, self.family, pid, plan.workdir
+        )
+
+    async def abandon_fork(self, plan: ForkPlan) -> None:
+        relay = plan.state.pop("relay", None)
+        if relay is not None:
+            try:
+                getattr(relay, "_sock", relay).close()
+            except OSError:
+                pass
+
+    def _family_ended(self, sock: socket.socket) -> None:
+        """The last fork left after this session: close its relay, end the uid in the host."""
+        try:
+            sock.close()
+        except OSError:
+            pass
+        self.container.end_session(self)
 
     async def write_file(self, path: str, data: bytes) -> None:
         reply = await self._file({"op": "write", "path": path, "data": base64.b64encode(data).decode()})

@@ -176,6 +176,13 @@ class RunReply(Reply):
     """The value of the code's last expression (bounded JSON, else its repr), or None."""
     artifacts: list[ArtifactEntry]
     artifacts_omitted: int
+    exec_seconds: NotRequired[float]
+    """Seconds the code itself ran (the cell and its last expression), by the runner's clock: 0 when
+    it did not compile. Self-reported (code without the Python-level guards can forge the reply), so
+    for breakdowns (`RunnerSession.exec_seconds`), never for limits or accounting."""
+    runner_seconds: NotRequired[float]
+    """Seconds the runner spent on the run, from the decoded request to the reply (before sending it):
+    the code plus the runner's own work (compile, capture, files). Self-reported, as `exec_seconds`."""
 
 
 class ToolCall(TypedDict):

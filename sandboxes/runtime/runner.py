@@ -17,7 +17,8 @@ Requests and replies::
     {"op": "run", "code": "..."}           -> {"op": "reply", "stdout", "stderr", "stdout_omitted",
                                                "stderr_omitted", "truncated", "error", "oom",
                                                "final_answer", "has_final_answer", "value",
-                                               "artifacts", "artifacts_omitted"}
+                                               "artifacts", "artifacts_omitted",
+                                               "exec_seconds", "runner_seconds"}
                                                   (every part bounded: bounds.py)
     {"op": "reset"}                        -> {"op": "reply"}
     {"op": "fork", "workdir": DIR, "channel": "fd"}  -> a new session's runner (`sessionfork.py`)
@@ -41,6 +42,7 @@ import mmap
 import os
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -57,6 +59,10 @@ if TYPE_CHECKING:  # the wire's types, for the type checker only: the runner imp
     )
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+_clock = time.perf_counter
+"""Bound once at import: a run's timings (`exec_seconds`) are read with the runner's own reference."""
 
 
 def _private_json() -> Any:
@@ -394,6 +400,7 @@ class Runner:
     # ------------------------------------------------------------------ running code
 
     def run(self, source: str, stream: Mapping[str, Any] | None = None) -> RunReply:
+        started = _clock()
         self.cell += 1
         filename = f"<cell {self.cell}>"
         linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
@@ -414,17 +421,22 @@ class Runner:
         self.system.active = self.python_guards
         last: Any = None
         value: Any = None
+        exec_started: float | None = None
+        exec_ended = 0.0
         try:
             with self.system.trusted():
                 code, last = self.compile_cell(source, filename)
                 os.chdir(self.workdir)
+            exec_started = _clock()
             exec(code, self.namespace)
             if last is not None:
                 value = eval(last, self.namespace)
+            exec_ended = _clock()
         except FinalAnswerSignal:
-            pass
+            exec_ended = _clock()
         except BaseException as exc:  # everything the code raises becomes the result's error
             self.reserve.release()  # first: describing a MemoryError needs memory
+            exec_ended = _clock()
             oom = isinstance(exc, MemoryError)
             error = bounds.bound_error(self.describe(exc, filename))
         self.reserve.release()
@@ -447,6 +459,7 @@ class Runner:
         final, final_omitted = self.final, 0
         if self.has_final and isinstance(final, str):
             final, final_omitted = bounds.clip(final, self.output_limit)
+        ran = 0.0 if exec_started is None else max(0.0, exec_ended - exec_started)  # None: did not compile
         return {
             "op": "reply",
             "stdout": stdout,
@@ -463,6 +476,8 @@ class Runner:
             "value": value,
             "artifacts": artifacts,
             "artifacts_omitted": artifacts_omitted,
+            "exec_seconds": ran,
+            "runner_seconds": _clock() - started,
         }
 
     def reply_value(self, value: Any) -> tuple[Any, int]:

@@ -186,6 +186,35 @@ async def test_a_run_returns_the_reply_as_a_result() -> None:
     assert result.duration > 0 and not result.state_lost
 
 
+@pytest.mark.parametrize(
+    ("reported", "read"),
+    [
+        ((0.25, 0.5), (0.25, 0.5)),
+        ((0, 1), (0.0, 1.0)),
+        ((-1.0, "1"), (None, None)),  # negative, text
+        ((True, None), (None, None)),  # a bool is no duration
+        ((10**400, float("inf")), (None, None)),  # past float's range, infinite
+        ((None, float("nan")), (None, None)),
+    ],
+)
+async def test_the_runner_reported_timings_are_kept_only_when_they_are_durations(
+    reported: tuple[Any, Any], read: tuple[float | None, float | None]
+) -> None:
+    exec_seconds, runner_seconds = reported
+
+    def script(message: dict[str, Any]) -> list[Any]:
+        if message["op"] != "run":
+            return [reply()]
+        fields = {"exec_seconds": exec_seconds, "runner_seconds": runner_seconds}
+        return [reply(stdout="", **{k: v for k, v in fields.items() if v is not None})]
+
+    async with executor(script) as ex:
+        session: Any = ex.session
+        assert (session.exec_seconds, session.runner_seconds) == (None, None)  # no run yet
+        result = await ex.run("x")
+        assert result.ok and (session.exec_seconds, session.runner_seconds) == read
+
+
 async def test_a_policy_violation_never_reaches_the_worker() -> None:
     async with executor() as ex:
         result = await ex.run("import os")
