@@ -28,7 +28,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 TESTS = pathlib.Path(__file__).parent
 BACKEND_NAMES = sorted(p.stem.removeprefix("backend_") for p in TESTS.glob("backend_*.py"))
-REQUIRED_IN_CI = {"host", "docker", "e2b", "ray"}
+REQUIRED_IN_CI = {"host", "docker", "dockershared", "e2b", "ray"}
 
 
 def backend_module(name: str) -> Any:
@@ -37,7 +37,13 @@ def backend_module(name: str) -> Any:
 
 # The piece each backend needs beyond this machine's processes, as a marker, so that each tier runs
 # alone (`-m docker`, `-m "not docker and not ray and not e2b"`); host and hostprocess need none.
-BACKEND_MARKS = {"docker": pytest.mark.docker, "e2b": pytest.mark.e2b, "ray": pytest.mark.ray}
+# dockershared is the docker backend in its shared-container mode: the same daemon, the same marker.
+BACKEND_MARKS = {
+    "docker": pytest.mark.docker,
+    "dockershared": pytest.mark.docker,
+    "e2b": pytest.mark.e2b,
+    "ray": pytest.mark.ray,
+}
 
 
 def backend_param(name: str) -> Any:

@@ -1,5 +1,10 @@
 """The container boundary on its own: the Python-level guards are opened wide, so every effect seen
-here is the container's doing (read-only root, no network, no capabilities, limits...)."""
+here is the container's doing (read-only root, no network, no capabilities, limits...).
+
+The boundary must hold for the session processes in both modes of the backend: a container per
+session (`sessions_per_container=1`), and warm containers hosting successive sessions
+(`sessions_per_container=4`), where the container's main process is a session host with a few
+capabilities and every session runs under its own uid with none (`MODES`)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,8 @@ pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
 # No Python-level guard at all (python_guards=False), so only the container can say no.
 OPEN = Policy(python_guards=False, limits=Limits(memory_mb=8192))
+MODES = pytest.mark.parametrize("sessions_per_container", [1, 4], ids=["own-container", "shared"])
+"""Both modes of the backend: a container per session, and successive sessions in a warm container."""
 
 
 @pytest.fixture(autouse=True)
@@ -29,8 +36,11 @@ async def run_json(ex, code: str):
     return json.loads(result.stdout)
 
 
-async def test_root_filesystem_is_read_only_and_nothing_lands_there():
-    async with backend_docker.make_executor(policy=OPEN, timeout=20, pool=False) as ex:
+@MODES
+async def test_root_filesystem_is_read_only_and_nothing_lands_there(sessions_per_container):
+    async with backend_docker.make_executor(
+        policy=OPEN, timeout=20, pool=False, sessions_per_container=sessions_per_container
+    ) as ex:
         result = await ex.run("open('/evil.txt', 'w').write('x')")
         assert result.error is not None and "Read-only file system" in result.error.message
         result = await ex.run("open('/opt/kodeagent/runtime/runner.py', 'a').write('x')")
@@ -46,18 +56,68 @@ async def test_root_filesystem_is_read_only_and_nothing_lands_there():
         assert ok == ["t", "w"]
 
 
-async def test_runs_as_unprivileged_user_without_capabilities_or_new_privileges():
-    async with backend_docker.make_executor(policy=OPEN, timeout=20, pool=False) as ex:
-        status = await run_json(
-            ex,
-            "import os, json\n"
-            "fields = dict(l.split(':\\t', 1) for l in open('/proc/self/status').read().splitlines() if ':\\t' in l)\n"
-            "print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), 'cap': fields['CapEff'].strip(),\n"
-            "  'bound': fields['CapBnd'].strip(), 'nnp': fields['NoNewPrivs'].strip()}))",
-        )
-        assert status == {"uid": 1000, "gid": 1000, "cap": "0" * 16, "bound": "0" * 16, "nnp": "1"}
-        result = await ex.run("import os; os.chown('here', 0, 0)")  # needs CAP_CHOWN even on own files
-        assert result.error is not None
+# What the kernel says of a process's identity and privileges: the session's runner itself, a child
+# it starts, and a grandchild forked in its own session (the shapes code uses to get away).
+IDENTITY = r"""
+import json, os, subprocess, sys
+KEYS = ('Uid', 'Gid', 'Groups', 'CapInh', 'CapPrm', 'CapEff', 'CapBnd', 'CapAmb', 'NoNewPrivs', 'Seccomp')
+def status(pid='self'):
+    fields = dict(l.split(':\t', 1) for l in open(f'/proc/{pid}/status').read().splitlines() if ':\t' in l)
+    return {key: fields[key].split() for key in KEYS}
+SHOW = 'import json, os\n' + 'print(json.dumps(dict((l.split(":\\t", 1)[0], l.split(":\\t", 1)[1].split()) for l in open("/proc/self/status").read().splitlines() if l.split(":\\t", 1)[0] in %r)))' % (KEYS,)
+child = json.loads(subprocess.run([sys.executable, '-c', SHOW], capture_output=True, text=True, check=True).stdout)
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(read)
+    os.setsid()
+    if os.fork() == 0:
+        os.write(write, json.dumps(status()).encode())
+    os._exit(0)
+os.close(write)
+os.waitpid(pid, 0)
+grandchild = json.loads(os.read(read, 65536))
+def attempt(call):
+    try:
+        call()
+        return 'done'
+    except OSError as exc:
+        return type(exc).__name__
+attempts = {
+    'setuid 0': attempt(lambda: os.setuid(0)),
+    'setgid 0': attempt(lambda: os.setgid(0)),
+    'setgroups': attempt(lambda: os.setgroups([0])),
+    'chown': attempt(lambda: os.chown('.', 0, 0)),  # needs CAP_CHOWN, even on its own directory
+}
+print(json.dumps({'uid': os.getuid(), 'gid': os.getgid(), 'runner': status(), 'child': child,
+                  'grandchild': grandchild, 'attempts': attempts, 'still': [os.getuid(), os.getgid()]}))
+"""
+
+
+@MODES
+async def test_session_processes_run_unprivileged_without_capabilities_or_new_privileges(
+    sessions_per_container,
+):
+    async with backend_docker.make_executor(
+        policy=OPEN, timeout=20, pool=False, sessions_per_container=sessions_per_container
+    ) as ex:
+        seen = await run_json(ex, IDENTITY)
+    uid, gid = seen["uid"], seen["gid"]
+    if sessions_per_container == 1:
+        assert (uid, gid) == (1000, 1000), seen  # the image's sandbox user
+    else:
+        assert uid >= 1_000_000 and gid == uid, f"a session's own uid, its gid the same: {seen}"
+    for process in ("runner", "child", "grandchild"):
+        status = seen[process]
+        assert status["Uid"] == [str(uid)] * 4 and status["Gid"] == [str(gid)] * 4, (process, status)
+        assert set(status["Groups"]) <= {str(gid)}, f"{process} kept supplementary groups: {status}"
+        for capabilities in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            assert status[capabilities] == ["0" * 16], (process, capabilities, status)
+        assert status["NoNewPrivs"] == ["1"] and status["Seccomp"] == ["2"], (process, status)
+    assert seen["attempts"] == dict.fromkeys(
+        ("setuid 0", "setgid 0", "setgroups", "chown"), "PermissionError"
+    )
+    assert seen["still"] == [uid, gid]
 
 
 def _gateway() -> str:
@@ -144,16 +204,44 @@ async def test_cgroup_limits_are_applied():
         assert int(limits[1]) / int(limits[2]) == pytest.approx(0.5)
 
 
-async def test_process_limit_is_per_container_not_per_uid():
-    """Sandboxes share uid 1000; a per-uid limit (RLIMIT_NPROC) would let one session's threads starve
-    another's. Each container gets its own PID limit, so two sessions can each use most of theirs."""
+@MODES
+async def test_two_sessions_each_get_their_own_process_limit(sessions_per_container):
+    """A container per session: sandboxes share uid 1000, and a per-uid limit (RLIMIT_NPROC) would let
+    one session's threads starve another's, so each container has its own PID limit. Shared: every
+    session has a uid of its own, so RLIMIT_NPROC is per session. Either way two concurrent sessions
+    can each use most of theirs."""
     policy = Policy(allowed_imports=("*",), limits=Limits(max_processes=30))
+    shared = {"sessions_per_container": sessions_per_container}
     code = (
         "import threading\nstop = threading.Event()\nthreads = [threading.Thread(target=stop.wait, daemon=True)\n"
         "    for _ in range(20)]\nfor t in threads:\n    t.start()\nprint('started', len(threads))"
     )
-    async with backend_docker.make_executor(policy=policy, timeout=20, pool=False) as first:
-        async with backend_docker.make_executor(policy=policy, timeout=20, pool=False) as second:
+    async with backend_docker.make_executor(policy=policy, timeout=20, pool=False, **shared) as first:
+        async with backend_docker.make_executor(policy=policy, timeout=20, pool=False, **shared) as second:
             assert (await first.run(code)).stdout == "started 20\n"
             assert (await second.run(code)).stdout == "started 20\n"
             assert (await first.run("stop.set()")).ok and (await second.run("stop.set()")).ok
+
+
+async def test_shared_sessions_process_limit_is_their_uids_rlimit():
+    """In the shared mode the policy's process limit is the session's RLIMIT_NPROC (per uid, and the uid
+    is the session's own), so a thread bomb stops at it while the container keeps its own PID limit."""
+    policy = OPEN.model_copy(update={"limits": Limits(memory_mb=8192, max_processes=24)})
+    async with backend_docker.make_executor(
+        policy=policy, timeout=30, pool=False, sessions_per_container=4
+    ) as ex:
+        limit = await run_json(
+            ex, "import json, resource\nprint(json.dumps(resource.getrlimit(resource.RLIMIT_NPROC)))"
+        )
+        assert limit == [24, 24]
+        result = await ex.run(
+            "import threading\nstop = threading.Event()\nstarted = 0\n"
+            "try:\n"
+            "    for _ in range(200):\n"
+            "        threading.Thread(target=stop.wait, daemon=True).start(); started += 1\n"
+            "except RuntimeError as e:\n"
+            "    print('refused after', started)\n"
+            "stop.set()"
+        )
+        assert "refused after" in result.stdout, result
+        assert int(result.stdout.split()[-1]) < 24

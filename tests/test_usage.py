@@ -27,6 +27,7 @@ EXPECTED = {
     "hostprocess": ("proc", "run", True),
     "ray": ("proc", "run", True),
     "docker": ("cgroup", "run", True),
+    "dockershared": ("cgroup", "run", True),
     "e2b": ("e2b-metrics", "session", False),
 }
 CHILDREN = Policy(allowed_imports=["subprocess", "sys", "time", "os"], subprocess=True)

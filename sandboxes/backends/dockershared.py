@@ -628,8 +628,11 @@ def idle_count(settings: ContainerSettings) -> int:
 @atexit.register
 def drain_shared() -> None:
     """Remove every shared container of this process (blocking)."""
+    # Hold them before the pool lets go: at exit weakref finalizers no longer run (`weakref.finalize`
+    # shuts down first), so an idle container collected here would be left behind, not removed.
     with _pool:
+        containers = list(_LIVE.values())
         _IDLE.clear()
         _POOL_SIZE.clear()
-    for container in list(_LIVE.values()):
+    for container in containers:
         container.remove_now()
