@@ -155,6 +155,28 @@ class SharedContainer:
             except OSError as exc:
                 raise WorkerExited(f"the shared container's stream is closed ({exc})") from exc
 
+    def exit_notice(self, nonce: str) -> int | None:
+        """The exit status in a host notice for session `nonce` already sent, or None (reads what
+        is waiting without blocking and consumes nothing)."""
+        while True:
+            try:
+                chunk = self.sock.recv(1 << 20, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                break
+            if not chunk:
+                break
+            self.demux.feed(chunk)
+        marker = nonce.encode()
+        if marker not in self.demux.stdout:
+            return None
+        for line in bytes(self.demux.stdout).split(b"\n"):
+            message = host_message(line) if marker in line else None
+            if message is not None and message.get("nonce") == nonce and "exited" in message:
+                return int(message["exited"])
+        return None
+
     def socket_open(self) -> bool:
         try:
             return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
@@ -399,7 +421,14 @@ class SharedSessionWorker(Worker):
             # anything else that looks like the host's was written by the session itself: dropped
 
     async def alive(self) -> bool:
-        return not self.ended and self.exit_status is None and self.container.socket_open()
+        if self.ended or self.exit_status is not None:
+            return False
+        # The host's notice of the runner's exit waits unread in the stream while the session is idle.
+        status = self.container.exit_notice(self.nonce)
+        if status is not None:
+            self.exit_status = status
+            return False
+        return self.container.socket_open()
 
     async def kill(self) -> None:
         self.container.channel.wake_waiters()
@@ -578,7 +607,11 @@ def _give_back(container: SharedContainer, reusable: bool) -> None:
         _CLEANING.discard(container)
         # Room for as many as are in use now besides the pool: what a steady concurrency needs,
         # so that containers are not removed only to be started again a moment later.
-        room = max(1, _POOL_SIZE.get(settings, 1)) + sum(1 for c in _IN_USE if c.settings == settings)
+        # And one for this container itself, which was in use until now: a container coming back clean
+        # is kept rather than one started meanwhile (the pool's refill while it was in use), so
+        # that sessions at an agent's pace do take turns in one container.
+        in_use = sum(1 for c in _IN_USE if c.settings == settings)
+        room = max(1, _POOL_SIZE.get(settings, 1)) + in_use + 1
         keep = (
             reusable
             and not container.removed

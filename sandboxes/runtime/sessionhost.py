@@ -47,7 +47,6 @@ import os
 import secrets
 import selectors
 import signal
-import stat
 import sys
 import time
 from typing import Any
@@ -60,6 +59,7 @@ and /forks belong to the container-per-session mode's user and are closed to ses
 REAP_DEADLINE = 3.0
 """Seconds the clean-up waits for a killed session's processes to be gone before it gives up."""
 PR_CAPBSET_DROP = 24
+PR_SET_DUMPABLE = 4
 IPC_RMID = 0
 ENV = {"LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -115,6 +115,9 @@ def start_session(runner: Any, uid: int, channel: int, workdir: str, tmpdir: str
         os.dup2(channel, 1)
         os.closerange(3, 1 << 16)  # the host's selector, pidfds and old sockets stay with the host
         become_user(uid)
+        # Dropping root without an exec left the process non-dumpable: its /proc entries (environ,
+        # fd, mem) would be root's. Its own uid may read them, as in a container per session.
+        _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
         os.umask(0o077)
         os.mkdir(workdir, 0o700)
         os.mkdir(tmpdir, 0o700)
@@ -191,18 +194,51 @@ def ipc_objects(uid: int) -> list[tuple[str, int]]:
 
 
 def _remove_tree(path: str) -> None:
-    """Remove `path` (its owner's: the caller runs as that uid), making its directories writable first."""
+    """Remove `path` (its owner's: the caller runs as that uid), making its directories writable
+    first. Walked by directory descriptors, never by path names, so a tree deeper than PATH_MAX
+    goes too (a tree deeper than the open-files limit does not: the check after reports it)."""
+    # O_PATH: /sessions grants others search, not read (nobody may list it)
+    parent = os.open(os.path.dirname(path), os.O_PATH | os.O_DIRECTORY)
     try:
-        info = os.lstat(path)
+        _remove_at(parent, os.path.basename(path))
+    finally:
+        os.close(parent)
+
+
+def _remove_at(parent: int, name: str) -> None:
+    """Remove entry `name` of directory `parent` and everything below it (iteratively)."""
+    try:
+        os.unlink(name, dir_fd=parent)
+        return
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(info.st_mode):
-        os.chmod(path, 0o700)
-        for name in os.listdir(path):
-            _remove_tree(os.path.join(path, name))
-        os.rmdir(path)
-    else:
-        os.unlink(path)
+    except IsADirectoryError:
+        pass
+    stack: list[tuple[int, str, int]] = []  # (parent's fd, name in it, the directory's own fd)
+
+    def descend(into: int, entry: str) -> None:
+        os.chmod(entry, 0o700, dir_fd=into)  # a directory: the unlink said so, and no process is left
+        fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=into)
+        stack.append((into, entry, fd))
+
+    descend(parent, name)
+    try:
+        while stack:
+            into, entry, fd = stack[-1]
+            with os.scandir(fd) as entries:
+                child = next((item.name for item in entries), None)
+            if child is None:
+                stack.pop()
+                os.close(fd)
+                os.rmdir(entry, dir_fd=into)
+                continue
+            try:
+                os.unlink(child, dir_fd=fd)
+            except IsADirectoryError:
+                descend(fd, child)
+    finally:
+        for _, _, fd in stack:
+            os.close(fd)
 
 
 def _sweep_as(uid: int, paths: list[str]) -> None:
@@ -491,7 +527,13 @@ class Host:
                 elif key.data == "runner":
                     self._from_runner()
                 elif key.data == "zygote":
-                    self.zygote.receive()
+                    try:
+                        self.zygote.receive()
+                    except OSError:  # killed from outside: no more sessions here, so end the container
+                        if self.session is not None:
+                            self.session.exited = self.session.exited or 0
+                            self.session.end(self.zygote)
+                        return
                     session = self.session
                     if session is not None and session.pid in self.zygote.statuses:
                         self._runner_exited(self.zygote.statuses.pop(session.pid))
