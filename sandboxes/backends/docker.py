@@ -169,8 +169,9 @@ class DockerExecutor(Executor):
         # RLIMIT_NPROC is not used here: it counts every process of the uid on the whole host, and all
         # sandbox containers share uid 1000, so sessions would starve each other of threads.
         limits = self.policy.limits
-        # +1 for the init; a shared container also holds its session host and a clean-up helper.
-        pids_limit = min(pids_limit, limits.max_processes + (3 if sessions_per_container > 1 else 1))
+        # +1 for the init; a shared container also holds its session host, its zygote, a clean-up
+        # or file helper and the next session's runner started while the last one is cleaned up.
+        pids_limit = min(pids_limit, limits.max_processes + (5 if sessions_per_container > 1 else 1))
         self.settings = ContainerSettings(
             image=image,
             memory_mb=limits.memory_mb,
