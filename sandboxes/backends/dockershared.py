@@ -69,6 +69,8 @@ FILE_LINE_LIMIT = 1 << 30
 
 CLEAN_SECONDS: collections.deque[float] = collections.deque(maxlen=10_000)
 """How long the session hosts took to end and clean each recent session (for `bench`)."""
+CLEAN_PARTS: collections.deque[dict[str, float]] = collections.deque(maxlen=10_000)
+"""Of each: the seconds of its parts (the runner's end, the kill, the sweep, waiting for reaping)."""
 
 _BACKGROUND = concurrent.futures.ThreadPoolExecutor(
     max_workers=2, thread_name_prefix="kodeagent-docker-shared"
@@ -259,6 +261,11 @@ class SharedContainer:
             clean = bool(reply.get("clean"))
             self.last_problems = [str(p) for p in reply.get("problems", [])]
             CLEAN_SECONDS.append(float(reply.get("seconds", 0.0)))
+            parts = reply.get("parts")
+            if isinstance(parts, dict):
+                CLEAN_PARTS.append(
+                    {str(k): float(v) for k, v in parts.items() if isinstance(v, (int, float))}
+                )
         except WorkerExited as exc:
             clean, self.last_problems = False, [str(exc)]
         if not clean:
