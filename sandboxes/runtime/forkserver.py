@@ -129,28 +129,7 @@ def main(argv: list[str]) -> None:
     runner = _load_runner()
     for path in preloads:  # trusted code of the caller's (`HostExecutor(preload=...)`), never a session's
         runner.preload(path)  # type: ignore[attr-defined]
-    # Pay for every import now, once, instead of in each session.
-    guard = runner._load_sibling("guard")  # type: ignore[attr-defined]
-    runner._load_sibling("audit")  # type: ignore[attr-defined]
-    guard.make_transformer(frozenset(), frozenset())
-    import resource  # noqa: F401  (used by the runner's limits)
-    import sysconfig
-
-    sysconfig.get_config_var("TZPATH")  # loads the config-vars cache the audit guard consults at init
-
-    import RestrictedPython.Guards  # noqa: F401  (used by Guard.builtins)
-
-    if sys.platform.startswith("linux"):
-        import ctypes  # noqa: F401  (the runner becomes a subreaper through it)
-
-    # What a program run as its own harness runs it (`bench humaneval`: fork, tempdir, reliability
-    # guard) imports at once; loaded here they cost a session nothing. Loading grants nothing: a
-    # guarded session still imports only what its policy allows.
-    import faulthandler  # noqa: F401
-    import shutil  # noqa: F401
-    import site  # noqa: F401
-    import subprocess  # noqa: F401
-    import tempfile  # noqa: F401
+    runner.preimport()  # type: ignore[attr-defined]
 
     netns = runner._load_sibling("netns") if private_network else None  # type: ignore[attr-defined]
     error = _probe(netns) if netns is not None else None

@@ -768,6 +768,32 @@ def preload(path: str) -> None:
     spec.loader.exec_module(module)
 
 
+def preimport() -> None:
+    """Pay once, in a fork server (the host's, a shared container's session host), for every import
+    a session would otherwise pay for itself; never runs user code."""
+    guard = _load_sibling("guard")
+    _load_sibling("audit")
+    guard.make_transformer(frozenset(), frozenset())
+    import resource  # noqa: F401  (used by the runner's limits)
+    import sysconfig
+
+    sysconfig.get_config_var("TZPATH")  # loads the config-vars cache the audit guard consults at init
+
+    import RestrictedPython.Guards  # noqa: F401  (used by Guard.builtins)
+
+    if sys.platform.startswith("linux"):
+        import ctypes  # noqa: F401  (the runner becomes a subreaper through it)
+
+    # What a program run as its own harness runs it (`bench humaneval`: fork, tempdir, reliability
+    # guard) imports at once; loaded here they cost a session nothing. Loading grants nothing: a
+    # guarded session still imports only what its policy allows.
+    import faulthandler  # noqa: F401
+    import shutil  # noqa: F401
+    import site  # noqa: F401
+    import subprocess  # noqa: F401
+    import tempfile  # noqa: F401
+
+
 def _take_channel() -> Channel:
     """Move stdin/stdout to private descriptors; fd 0 becomes /dev/null."""
     read_fd, write_fd = os.dup(0), os.dup(1)  # dup() makes them non-inheritable

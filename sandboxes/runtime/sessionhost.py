@@ -487,8 +487,8 @@ class Session:
 class Host:
     def __init__(self) -> None:
         self.runner = _load("runner")
-        self.proctools = _load("proctools")
-        self._preload()
+        self.proctools = self.runner._load_sibling("proctools")
+        self.runner.preimport()
         self.selector = selectors.DefaultSelector()
         self.selector.register(0, selectors.EVENT_READ, "parent")
         self._zygote: Zygote | None = None
@@ -504,24 +504,6 @@ class Host:
             self._zygote = Zygote(self.runner)
             self.selector.register(self._zygote.sock, selectors.EVENT_READ, "zygote")
         return self._zygote
-
-    def _preload(self) -> None:
-        runner = self.runner
-        guard = runner._load_sibling("guard")
-        runner._load_sibling("audit")
-        guard.make_transformer(frozenset(), frozenset())
-        import resource  # noqa: F401  (the runner's limits)
-        import sysconfig
-
-        import RestrictedPython.Guards  # noqa: F401
-
-        sysconfig.get_config_var("TZPATH")
-        # What a program run as its own harness imports at once (as the host's fork server does):
-        # loading grants nothing, a guarded session still imports only what its policy allows.
-        import faulthandler  # noqa: F401
-        import shutil  # noqa: F401
-        import subprocess  # noqa: F401
-        import tempfile  # noqa: F401
 
     def serve(self) -> None:
         say({"ready": True, "pid": os.getpid()})
