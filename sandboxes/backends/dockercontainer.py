@@ -200,6 +200,40 @@ class Demultiplexer:
                 del self.stderr_tail[:-STDERR_KEPT]
 
 
+def stream_open(sock: socket.socket) -> bool:
+    """Whether a container's attach stream is still open. No daemon call: the daemon ends the stream
+    when the container stops, is removed, or the daemon itself goes away, so this is cheap and
+    sufficient."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+async def stream_line(channel: SocketLineReader, demux: Demultiplexer, limit: int) -> bytes:
+    """The next line of a container's stdout on its attach stream (`WorkerExited` at its end)."""
+    while True:
+        line = take_line(demux.stdout, limit)
+        if line is not None:
+            return line
+        chunk = await channel.receive_some()
+        if not chunk:
+            raise WorkerExited("the container's attach stream ended")
+        demux.feed(chunk)
+
+
+def container_cgroup_dirs(container_id: str) -> tuple[str, str] | None:
+    """The container's cpuacct and memory cgroup directories on this host, from its init's pid
+    (blocking), or None where they cannot be read from here."""
+    try:
+        pid = client().api.inspect_container(container_id)["State"]["Pid"]
+    except Exception:
+        pid = 0
+    return find_cgroup_dirs(pid) if pid else None
+
+
 class Family:
     """The sessions sharing one container: its first session and the forks made in it (`fork()`).
 
@@ -250,7 +284,7 @@ class DockerWorker(Worker):
         self._removed = False
         self._cgroups: tuple[str, str] | None | bool = False  # False: not looked up yet
         self.stats_peak: int | None = None
-        self._finalizer: weakref.finalize[Any, Any] = weakref.finalize(self, _remove_later, container_id, raw)
+        self._finalizer: weakref.finalize[Any, Any] = weakref.finalize(self, remove_later, container_id, raw)
         self._finalizer.atexit = False  # at exit, `_remove_all_at_exit` removes it synchronously
         _LIVE[container_id] = self
 
@@ -264,38 +298,21 @@ class DockerWorker(Worker):
         """The container's cpuacct and memory cgroup directories on this host (looked up once, from
         its init's pid: blocking), or None where they cannot be read from here."""
         if self._cgroups is False:
-            try:
-                pid = client().api.inspect_container(self.container_id)["State"]["Pid"]
-            except Exception:
-                pid = 0
-            self._cgroups = find_cgroup_dirs(pid) if pid else None
+            self._cgroups = container_cgroup_dirs(self.container_id)
         return self._cgroups if isinstance(self._cgroups, tuple) else None
 
     async def send(self, data: bytes) -> None:
         await self.channel.send(data)
 
     async def receive_line(self) -> bytes:
-        while True:
-            line = take_line(self.demux.stdout, self.line_limit)
-            if line is not None:
-                return line
-            chunk = await self.channel.receive_some()
-            if not chunk:
-                raise WorkerExited("the container's attach stream ended")
-            self.demux.feed(chunk)
+        return await stream_line(self.channel, self.demux, self.line_limit)
 
     async def alive(self) -> bool:
         return self.socket_open()
 
     def socket_open(self) -> bool:
-        """Whether the attach stream is still open. No daemon call: the daemon ends the stream when the
-        container stops, is removed, or the daemon itself goes away, so this is cheap and sufficient."""
-        try:
-            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
+        """Whether the attach stream is still open (`stream_open`)."""
+        return stream_open(self.sock)
 
     def remove_now(self) -> None:
         """Kill and remove the container and its volume (blocking); in a family with other live
@@ -436,12 +453,7 @@ class DockerWorker(Worker):
         return child
 
     async def abandon_fork(self, plan: ForkPlan) -> None:
-        relay = plan.state.pop("relay", None)
-        if relay is not None:  # the relay then ends; the runner removed the directory itself
-            try:
-                getattr(relay, "_sock", relay).close()
-            except OSError:
-                pass
+        drop_relay(plan)
 
     # ------------------------------------------------------------------ files, through the Docker API
 
@@ -610,6 +622,16 @@ def container_exit_info(container_id: str, stderr_tail: bytes) -> WorkerExit:
     if state.get("Running"):
         return WorkerExit(detail="the container closed its stream but is still running" + suffix)
     return WorkerExit(detail=f"the container exited with code {state.get('ExitCode')}" + suffix)
+
+
+def drop_relay(plan: ForkPlan) -> None:
+    """Close the relay of a fork given up (it then ends; the runner removed the directory itself)."""
+    relay = plan.state.pop("relay", None)
+    if relay is not None:
+        try:
+            getattr(relay, "_sock", relay).close()
+        except OSError:
+            pass
 
 
 def listen_answer(plan: ForkPlan) -> tuple[str, str, int]:
@@ -850,7 +872,7 @@ def remove_container(container_id: str, sock: socket.socket | None) -> None:
         pass
 
 
-def _remove_later(container_id: str, sock: socket.socket) -> None:
+def remove_later(container_id: str, sock: socket.socket) -> None:
     """Finalizer of a worker nobody closed: closing the socket stops it, the removal runs in the background."""
     _LIVE.pop(container_id, None)
     try:

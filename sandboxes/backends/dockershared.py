@@ -47,13 +47,17 @@ from .dockercontainer import (
     Family,
     ForkedDockerWorker,
     client,
+    container_cgroup_dirs,
     container_exit_info,
     create_and_attach,
-    find_cgroup_dirs,
+    drop_relay,
     listen_answer,
     remove_container,
+    remove_later,
     run_helper,
     start_relay,
+    stream_line,
+    stream_open,
 )
 from .hostreap import PrivateUsers
 
@@ -101,7 +105,7 @@ class SharedContainer:
         # The next session, started by the host at the last close: (nonce, uid, its open answer).
         self.ready: tuple[str, int, dict[str, Any]] | None = None
         self._cgroups: tuple[str, str] | None | bool = False
-        self._finalizer = weakref.finalize(self, _remove_quietly, container_id, raw)
+        self._finalizer = weakref.finalize(self, remove_later, container_id, raw)
         self._finalizer.atexit = False
         _LIVE[container_id] = self
 
@@ -111,29 +115,25 @@ class SharedContainer:
     # ------------------------------------------------------------------ the stream
 
     async def next_line(self, limit: int) -> bytes:
-        while True:
-            line = take_line(self.demux.stdout, limit)
-            if line is not None:
-                return line
-            chunk = await self.channel.receive_some()
-            if not chunk:
-                raise WorkerExited("the shared container's attach stream ended")
-            self.demux.feed(chunk)
+        return await stream_line(self.channel, self.demux, limit)
 
     def wait_for(self, nonce: str | None, timeout: float, limit: int = 1 << 20) -> dict[str, Any]:
         """The host's message answering `nonce` (None: its ready message), skipping everything else
         (a previous session's last words); blocking, for threads. `WorkerExited` if none comes."""
         deadline = time.monotonic() + timeout
-        while True:
-            line = take_line(self.demux.stdout, limit)
-            if line is not None:
-                message = host_message(line)
-                if message is not None and message.get("nonce") == nonce:
-                    return message
-                continue
+        while (line := self._line_before(deadline, limit)) is not None:
+            message = host_message(line)
+            if message is not None and message.get("nonce") == nonce:
+                return message
+        raise WorkerExited(f"the session host did not answer within {timeout:.0f} s")
+
+    def _line_before(self, deadline: float, limit: int) -> bytes | None:
+        """The stream's next line, or None once `deadline` (monotonic) passed; blocking, for threads.
+        `WorkerExited` at the stream's end."""
+        while (line := take_line(self.demux.stdout, limit)) is None:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise WorkerExited(f"the session host did not answer within {timeout:.0f} s")
+                return None
             readable, _, _ = select.select([self.sock], [], [], left)
             if not readable:
                 continue
@@ -146,9 +146,13 @@ class SharedContainer:
             if not chunk:
                 raise WorkerExited("the shared container's attach stream ended")
             self.demux.feed(chunk)
+        return line
 
     def send_blocking(self, message: dict[str, Any]) -> None:
-        data = memoryview(b"!" + json.dumps(message).encode() + b"\n")
+        self._send_blocking(host_request(message))
+
+    def _send_blocking(self, payload: bytes) -> None:
+        data = memoryview(payload)
         while data:
             try:
                 data = data[self.sock.send(data) :]
@@ -180,20 +184,12 @@ class SharedContainer:
         return None
 
     def socket_open(self) -> bool:
-        try:
-            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-        except BlockingIOError:
-            return True
-        except OSError:
-            return False
+        return stream_open(self.sock)
 
     def cgroup_dirs(self) -> tuple[str, str] | None:
+        """`container_cgroup_dirs`, looked up once for all the sessions it hosts."""
         if self._cgroups is False:
-            try:
-                pid = client().api.inspect_container(self.container_id)["State"]["Pid"]
-            except Exception:
-                pid = 0
-            self._cgroups = find_cgroup_dirs(pid) if pid else None
+            self._cgroups = container_cgroup_dirs(self.container_id)
         return self._cgroups if isinstance(self._cgroups, tuple) else None
 
     # ------------------------------------------------------------------ sessions
@@ -210,9 +206,7 @@ class SharedContainer:
         uid = SHARED_USERS.take()
         nonce = _nonce()
         try:
-            await self.channel.send(
-                b"!" + json.dumps({"op": "open", "nonce": nonce, "uid": uid}).encode() + b"\n"
-            )
+            await self.channel.send(host_request({"op": "open", "nonce": nonce, "uid": uid}))
             while True:
                 message = host_message(await self.next_line(1 << 20))
                 if message is not None and message.get("nonce") == nonce:
@@ -309,39 +303,23 @@ class SharedContainer:
         """Have the next session's runner touch what a session uses (its first requests then run at
         full speed: a fork's copy-on-write pages, lazily built caches), here, off every caller's
         path. True when it answered as a runner does."""
-        try:
-            self.sock.sendall(b'{"op": "warmup"}\n')
-        except BlockingIOError:
-            select.select([], [self.sock], [], 5)
-            return False
-        except OSError:
-            return False
         deadline = time.monotonic() + CLOSE_TIMEOUT
-        while time.monotonic() < deadline:
-            line = take_line(self.demux.stdout, 1 << 20)
-            if line is None:
-                readable, _, _ = select.select([self.sock], [], [], max(0.0, deadline - time.monotonic()))
-                try:
-                    chunk = self.sock.recv(1 << 20) if readable else b""
-                except BlockingIOError:
+        try:
+            self._send_blocking(b'{"op": "warmup"}\n')
+            while (line := self._line_before(deadline, 1 << 20)) is not None:
+                if not line.strip() or host_message(line) is not None:
                     continue
-                except OSError:
-                    chunk = b""
-                if not chunk:
+                try:
+                    return json.loads(line).get("op") == "reply"
+                except ValueError:
                     return False
-                self.demux.feed(chunk)
-                continue
-            if not line.strip() or host_message(line) is not None:
-                continue
-            try:
-                return json.loads(line).get("op") == "reply"
-            except ValueError:
-                return False
+        except WorkerExited:
+            pass
         return False
 
     async def file_request(self, message: dict[str, Any], limit: int = 1 << 20) -> dict[str, Any]:
         nonce = _nonce()
-        await self.channel.send(b"!" + json.dumps({**message, "nonce": nonce}).encode() + b"\n")
+        await self.channel.send(host_request({**message, "nonce": nonce}))
         while True:
             reply = host_message(await self.next_line(limit))
             if reply is not None and reply.get("nonce") == nonce:
@@ -362,6 +340,11 @@ class SharedContainer:
             ready, self.ready = self.ready, None
             if ready is not None:  # its processes died with the container
                 SHARED_USERS.release(ready[1])
+
+
+def host_request(message: dict[str, Any]) -> bytes:
+    """`message` as a request line to the session host (``!{json}``)."""
+    return b"!" + json.dumps(message).encode() + b"\n"
 
 
 def host_message(line: bytes) -> dict[str, Any] | None:
@@ -496,12 +479,7 @@ class SharedSessionWorker(Worker):
         )
 
     async def abandon_fork(self, plan: ForkPlan) -> None:
-        relay = plan.state.pop("relay", None)
-        if relay is not None:
-            try:
-                getattr(relay, "_sock", relay).close()
-            except OSError:
-                pass
+        drop_relay(plan)
 
     def _family_ended(self, sock: socket.socket) -> None:
         """The last fork left after this session: close its relay, end the uid in the host."""
@@ -540,13 +518,6 @@ def _end_quietly(container: SharedContainer, uid: int) -> None:
     except RuntimeError:
         container.remove_now()
     SHARED_USERS.release(uid)
-
-
-def _remove_quietly(container_id: str, sock: socket.socket) -> None:
-    try:
-        _BACKGROUND.submit(remove_container, container_id, sock)
-    except RuntimeError:
-        remove_container(container_id, sock)
 
 
 # ---------------------------------------------------------------------- start and pool
