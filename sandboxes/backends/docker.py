@@ -48,6 +48,7 @@ import anyio
 from ..errors import BackendUnavailable
 from ..executor import Executor, ExecutorOptions
 from ..images import DEFAULT_IMAGE, image_missing_message, stale_runner
+from ..preload import read_preload
 from ..runtime.protocol import InitRequest, LimitsConfig
 from ..session import RunnerSession, Session
 from ..worker import Worker
@@ -69,19 +70,15 @@ from .dockershared import SharedSessionWorker, idle_count, refill_shared, start_
 _checked_images: set[str] = set()
 
 
-def read_preload(paths: Sequence[str | os.PathLike[str]]) -> tuple[tuple[str, str], ...]:
-    """(module name, source) of each trusted preload file, checked as `HostExecutor` checks them."""
-    modules = []
-    for path in paths:
-        name, extension = os.path.splitext(os.path.basename(os.fspath(path)))
-        if extension != ".py" or not name.isidentifier():
-            raise ValueError(f"preload takes Python files named like modules (name.py), not {str(path)!r}")
+def _preload_sources(paths: Sequence[str | os.PathLike[str]]) -> tuple[tuple[str, str], ...]:
+    """(module name, source text) of each preload file (`read_preload`), for the session host."""
+    sources = []
+    for (name, data), path in zip(read_preload(paths), paths, strict=True):
         try:
-            with open(path, encoding="utf-8") as handle:
-                modules.append((name, handle.read()))
-        except (OSError, UnicodeDecodeError) as exc:
+            sources.append((name, data.decode("utf-8")))
+        except UnicodeDecodeError as exc:
             raise ValueError(f"cannot read the preload file {str(path)!r}: {exc}") from exc
-    return tuple(modules)
+    return tuple(sources)
 
 
 SHARED_WAIT = 2.0
@@ -187,7 +184,7 @@ class DockerExecutor(Executor):
             file_size_mb=file_size_mb,
             host_workdir=self.workdir,
             sessions_per_container=sessions_per_container,
-            preload=read_preload(preload),
+            preload=_preload_sources(preload),
         )
         self.pool_size = max(0, pool_size) if pool and self.workdir is None else 0
 

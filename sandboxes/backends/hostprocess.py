@@ -35,6 +35,7 @@ from collections.abc import Iterable
 import anyio
 
 from ..errors import ForkError, SandboxFileError, WorkerStartError
+from ..preload import read_preload
 from ..runtime import RUNTIME_DIR
 from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
 from ..usage import ProcessProbe, ProcessTree, find_in_namespace
@@ -505,19 +506,12 @@ def stage_preload(paths: Iterable[str | os.PathLike[str]]) -> tuple[str, ...]:
     """Copies of trusted module files where every sandbox can read them (never write them), named
     by content: what `HostExecutor(preload=...)` imports in the fork server before any session."""
     staged = []
-    for path in paths:
-        source = pathlib.Path(path)
-        if source.suffix != ".py" or not source.stem.isidentifier():
-            raise ValueError(f"preload takes Python files named like modules (name.py), not {str(path)!r}")
-        try:
-            data = source.read_bytes()
-        except OSError as exc:
-            raise ValueError(f"cannot read the preload file {str(path)!r}: {exc}") from exc
+    for name, data in read_preload(paths):
         folder = _preload_root() / hashlib.sha256(data).hexdigest()[:16]
-        target = folder / source.name
+        target = folder / f"{name}.py"
         if not target.exists():
             folder.mkdir(mode=0o755, exist_ok=True)
-            partial = folder / f".{source.name}.{os.getpid()}.{threading.get_ident()}"
+            partial = folder / f".{name}.py.{os.getpid()}.{threading.get_ident()}"
             partial.write_bytes(data)
             os.chmod(partial, 0o644)
             os.replace(partial, target)
