@@ -12,6 +12,7 @@ Why these helpers exist:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime as _dt
 import json
@@ -143,6 +144,19 @@ def _nan_to_none(value: Any) -> Any:
 
 
 # ---------------------------------------------------------------------- options
+
+
+def add_backend_option(parser: argparse.ArgumentParser, example: str) -> None:
+    """The repeatable ``-o KEY=VALUE`` flag of a benchmark that opens sessions (read it with
+    `parse_key_values`); `example` shows one in the help."""
+    parser.add_argument(
+        "-o",
+        "--backend-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"option of the backend, e.g. {example} (JSON values; repeatable)",
+    )
 
 
 def parse_key_values(values: Sequence[str]) -> dict[str, Any]:

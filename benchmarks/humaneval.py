@@ -53,6 +53,7 @@ from sandboxes.backends import BACKEND_NAMES
 
 from .common import (
     RESULTS_DIR,
+    add_backend_option,
     fmt_ms,
     fmt_ratio,
     make_console,
@@ -815,14 +816,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "per-problem policy, which refuses imports the harness allows"
         ),
     )
-    parser.add_argument(
-        "-o",
-        "--backend-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="option of the backend, e.g. isolation=process (JSON values; repeatable)",
-    )
+    add_backend_option(parser, "isolation=process")
     parser.add_argument(
         "--reuse-sessions",
         action="store_true",

@@ -57,7 +57,7 @@ from rich.console import Console
 from sandboxes import BackendUnavailable, Limits, Policy, open_executor
 from sandboxes.executor import Executor
 
-from .common import make_console, parse_key_values, print_table, publish, script_main
+from .common import add_backend_option, make_console, parse_key_values, print_table, publish, script_main
 
 DEFAULT_SESSIONS = {"host": 10_000, "docker": 1_000}
 BACKENDS = tuple(DEFAULT_SESSIONS)
@@ -532,14 +532,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--image", help="docker: the sandbox image (default the backend's, kodeagent-sandbox:py)"
     )
-    parser.add_argument(
-        "-o",
-        "--backend-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="option of the backend, e.g. sessions_per_container=100 (JSON values; repeatable)",
-    )
+    add_backend_option(parser, "sessions_per_container=100")
     parser.add_argument(
         "--output", metavar="PATH", help="result JSON path (default results/soak-<time>.json)"
     )
