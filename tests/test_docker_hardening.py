@@ -164,17 +164,21 @@ async def test_no_network_unless_asked_for():
         listener.close()
 
 
+THREAD_BOMB = (
+    "import threading\nstop = threading.Event()\nstarted = 0\n"
+    "try:\n"
+    "    for _ in range(200):\n"
+    "        threading.Thread(target=stop.wait, daemon=True).start(); started += 1\n"
+    "except RuntimeError as e:\n"
+    "    print('refused after', started)\n"
+    "stop.set()"
+)
+"""Starts threads until the process limit refuses one and prints how many started."""
+
+
 async def test_process_limit_stops_a_thread_bomb():
     async with backend_docker.make_executor(policy=OPEN, timeout=30, pool=False, pids_limit=24) as ex:
-        result = await ex.run(
-            "import threading, time\nstop = threading.Event()\nstarted = 0\n"
-            "try:\n"
-            "    for _ in range(200):\n"
-            "        threading.Thread(target=stop.wait, daemon=True).start(); started += 1\n"
-            "except RuntimeError as e:\n"
-            "    print('refused after', started)\n"
-            "stop.set()"
-        )
+        result = await ex.run(THREAD_BOMB)
         assert "refused after" in result.stdout, result
         assert int(result.stdout.split()[-1]) < 24
 
@@ -234,14 +238,6 @@ async def test_shared_sessions_process_limit_is_their_uids_rlimit():
             ex, "import json, resource\nprint(json.dumps(resource.getrlimit(resource.RLIMIT_NPROC)))"
         )
         assert limit == [24, 24]
-        result = await ex.run(
-            "import threading\nstop = threading.Event()\nstarted = 0\n"
-            "try:\n"
-            "    for _ in range(200):\n"
-            "        threading.Thread(target=stop.wait, daemon=True).start(); started += 1\n"
-            "except RuntimeError as e:\n"
-            "    print('refused after', started)\n"
-            "stop.set()"
-        )
+        result = await ex.run(THREAD_BOMB)
         assert "refused after" in result.stdout, result
         assert int(result.stdout.split()[-1]) < 24
