@@ -800,6 +800,16 @@ async def test_a_session_host_killed_from_outside_recycles_the_container_and_the
             lambda: api().exec_start(api().exec_create(container, ["sh", "-c", f"kill -9 {host}"], user="0"))
         )
         assert done == b"", done
+
+        def stopped() -> bool:  # the host ends its container once its zygote or itself is gone
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                if not api().inspect_container(container)["State"]["Running"]:
+                    return True
+                time.sleep(0.05)
+            return False
+
+        assert await anyio.to_thread.run_sync(stopped), "the container outlived its session host"
         result = await ex.run("print('x' in dir())")
         assert result.state_lost, result
         assert result.stdout == "False\n" or result.error is not None, result
