@@ -38,7 +38,7 @@ from ..errors import ForkError, SandboxFileError, WorkerStartError
 from ..preload import read_preload
 from ..runtime import RUNTIME_DIR
 from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
-from ..usage import ProcessProbe, ProcessTree, find_in_namespace
+from ..usage import ProcessProbe, ProcessTree, descendants, find_in_namespace
 from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited
 from .bubblewrap import Bubblewrap, choose
 from .hostreap import REAPER, PrivateUsers
@@ -148,15 +148,17 @@ class HostWorker(Worker):
                 kill_process_tree(tree.pid, include_root=True)  # its own tree: not its forks'
                 signal_group(tree.pid, signal.SIGKILL)
             if self.uid is not None and last and (self.isolation == "process" or self.process is None):
-                _kill_user_processes(self.uid)
+                _kill_user_processes(self.uid, self.server_pid)
             self.channel.sock.close()
             gone = True
             if self.process is None:
-                gone = _wait_until_reaped(
-                    self.pid if self.isolation == "process" else None,
-                    self.start_time,
-                    self.uid if last else None,
-                )
+                if self.isolation == "process":
+                    watched, start = self.pid, self.start_time
+                elif self._tree is not None:  # its host pid: waiting on it is cheaper than on its user
+                    watched, start = self._tree.pid, self._tree.start_time
+                else:
+                    watched = start = None
+                gone = _wait_until_reaped(watched, start, self.uid if last else None, self.server_pid)
             self._free_uid = self.uid is not None and last and gone
             if self._tree is not None:
                 self._tree.close()
@@ -434,21 +436,66 @@ def _start_time(pid: int | None) -> int | None:
         return None
 
 
-def _wait_until_reaped(pid: int | None, start: int | None, uid: int | None, limit: float = 2.0) -> bool:
+def _wait_until_reaped(
+    pid: int | None, start: int | None, uid: int | None, within: int | None = None, limit: float = 2.0
+) -> bool:
     """Wait (briefly) until a fork-server child and its user's processes are gone, zombies included,
-    so that a reaped session has nothing left in the process table; False if some are still there."""
+    so that a reaped session has nothing left in the process table; False if some are still there.
+    `within`: see `_user_processes`."""
     deadline = time.monotonic() + limit
     while time.monotonic() < deadline:
         if pid is not None and start is not None and _start_time(pid) == start:
-            time.sleep(0.002)
+            time.sleep(0.001)
             continue
-        if uid is not None and any(
-            _owner(entry) == uid for entry in os.scandir("/proc") if entry.name.isdigit()
-        ):
+        if uid is not None and _user_processes(uid, within):
             time.sleep(0.002)
             continue
         return True
     return False
+
+
+def _user_processes(uid: int, within: int | None = None) -> list[int]:
+    """The pids of `uid`'s processes, zombies included.
+
+    `within` (the fork server's bwrap, under namespaces): only the processes below it, which are
+    every process of its PID namespace (none can leave it, and an orphan is re-parented to a
+    reaper inside it), matched by real, effective or saved uid; the listing is taken twice and
+    must agree on being empty, as a process re-parented during a walk could be missed once. That
+    is a few processes instead of the machine's whole process table, scanned several times per
+    closed session. Without `within`: every process in /proc, by its entry's owner."""
+    if within is None:
+        return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and _owner(e) == uid]
+    for _ in range(2):
+        found = [pid for pid in descendants(within) if _uid_state(pid, uid) is not None]
+        if found:
+            return found
+    return []
+
+
+def _living_user_processes(uid: int, within: int | None = None) -> list[int]:
+    """`_user_processes` without the zombies (which a signal cannot end), where that can be told."""
+    if within is None:
+        return _user_processes(uid)
+    for _ in range(2):
+        found = [pid for pid in descendants(within) if _uid_state(pid, uid) not in (None, b"Z")]
+        if found:
+            return found
+    return []
+
+
+def _uid_state(pid: int, uid: int) -> bytes | None:
+    """The state letter of `pid` (``R``, ``S``, ``Z``...) when one of its uids is `uid`, else None."""
+    state = b""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"State:"):
+                    state = line.split()[1]
+                elif line.startswith(b"Uid:"):
+                    return state if str(uid).encode() in line.split()[1:4] else None
+    except (OSError, IndexError):
+        pass
+    return None
 
 
 def _owner(entry: os.DirEntry[str]) -> int | None:
@@ -458,18 +505,14 @@ def _owner(entry: os.DirEntry[str]) -> int | None:
         return None
 
 
-def _kill_user_processes(uid: int) -> None:
+def _kill_user_processes(uid: int, within: int | None = None) -> None:
     """Kill every process of a worker's private user: catches `setsid` children that left the group."""
     for _ in range(3):
-        found = False
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
+        found = _living_user_processes(uid, within)
+        for pid in found:
             try:
-                if entry.stat().st_uid == uid:
-                    os.kill(int(entry.name), signal.SIGKILL)
-                    found = True
-            except (OSError, ValueError):
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
                 continue
         if not found:
             return
