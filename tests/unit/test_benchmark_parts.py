@@ -42,6 +42,28 @@ def test_pass_at_k_estimator() -> None:
     assert humaneval.pass_at_k(4, 1, 2) == pytest.approx(0.5)
 
 
+def test_slot_seconds_split_by_verdict() -> None:
+    def outcome(index: int, result: str, seconds: float) -> humaneval.Outcome:
+        return humaneval.Outcome(f"HumanEval/{index}", 0, result == "passed", result, seconds)
+
+    ours = [outcome(0, "passed", 0.1), outcome(1, "timed out", 3.0), outcome(2, "failed: x", 0.3)]
+    theirs = [outcome(0, "passed", 0.4), outcome(1, "timed out", 4.0), outcome(2, "timed out", 3.1)]
+    slots = humaneval.slot_summary(ours, concurrency=2, wall=3.0)
+    assert slots["timed_out"] == {
+        "count": 1,
+        "slot_seconds": 3.0,
+        "wall_seconds_at_concurrency": 1.5,
+        "share_of_wall": 0.5,
+    }
+    assert slots["rest"]["count"] == 2 and slots["rest"]["slot_seconds"] == pytest.approx(0.4)
+    assert slots["rest"]["per_program"]["max_ms"] == pytest.approx(300)
+    assert humaneval.slot_summary(theirs, 2, 5.0)["timed_out"]["slot_seconds"] == pytest.approx(7.1)
+    # the ratio pairs only programs neither side timed out: HumanEval/0 here
+    rest = humaneval.rest_speedup(ours, theirs)
+    assert rest["programs"] == 1 and rest["ratio"] == pytest.approx(4.0) and rest["target_met"]
+    assert not humaneval.rest_speedup(theirs[:1], ours[:1])["target_met"]
+
+
 def test_policy_comes_from_trusted_parts_only() -> None:
     problems = humaneval.load_problems()
     assert "eval" in humaneval.policy_for(problems["HumanEval/160"]).allow_builtins
