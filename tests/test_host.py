@@ -133,3 +133,49 @@ async def test_preloaded_modules_are_imported_once_and_each_session_has_its_own_
     assert refused.error is not None and refused.error.type == "PolicyViolation"  # the allowlist still rules
     with pytest.raises(ValueError, match="name.py"):
         HostExecutor(preload=[tmp_path / "not-a-module.txt"])
+
+
+def _processes_of(uid: int) -> list[int]:
+    """Every host process one of whose uids (real, effective, saved) is `uid` (read from its status,
+    not from its /proc entry's owner, which the kernel may give to root for a non-dumpable one)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status") as handle:
+                uids = next(line for line in handle if line.startswith("Uid:")).split()[1:4]
+        except (OSError, StopIteration):
+            continue
+        if str(uid) in uids:
+            found.append(int(entry.name))
+    return found
+
+
+ESCAPEE = """
+import ctypes, os, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE 0
+        time.sleep(60)
+    os._exit(0)
+time.sleep(0.3)
+"""
+
+
+async def test_a_pooled_session_leaves_no_process_of_its_user_even_non_dumpable_setsid_ones():
+    """A fork-server child under namespaces is ended by its private user alone (swept among the fork
+    server's namespace): the sweep must find a double-forked, `setsid`, non-dumpable grandchild."""
+    require(
+        None if namespaces_available() and os.getuid() == 0 else "needs bubblewrap namespaces and root",
+        "the private-user sweep test",
+    )
+    async with HostExecutor(timeout=10, policy=Policy(python_guards=False)) as ex:
+        result = await ex.run(ESCAPEE)
+        assert result.ok, result.error
+        uid = ex.session.worker.uid
+        assert uid is not None
+        assert len(_processes_of(uid)) >= 2, "control: the runner and the escaped grandchild run"
+    await ex.wait_closed()
+    assert _processes_of(uid) == []
