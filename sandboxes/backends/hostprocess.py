@@ -25,6 +25,7 @@ import shutil
 import signal
 import site
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -38,7 +39,7 @@ from ..errors import ForkError, SandboxFileError, WorkerStartError
 from ..preload import read_preload
 from ..runtime import RUNTIME_DIR
 from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
-from ..usage import ProcessProbe, ProcessTree, descendants, find_in_namespace
+from ..usage import ProcessProbe, ProcessTree, children, find_in_namespace, parse_nspid
 from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited
 from .bubblewrap import Bubblewrap, choose
 from .hostreap import REAPER, PrivateUsers
@@ -246,23 +247,40 @@ class HostWorker(Worker):
         and find its host process for the usage probe here rather than on the first run's path
         (under namespaces that walks the fork server's children)."""
         sock = self.channel.sock
+        sender: int | None = None
         try:
             sock.settimeout(timeout)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             sock.sendall(b'{"op": "warmup"}\n')
             reply = b""
             while not reply.endswith(b"\n"):
-                chunk = sock.recv(1 << 16)
+                chunk, ancillary, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(_UCRED.size))
                 if not chunk:
                     return False
+                sender = sender or _sender_pid(ancillary)
                 reply += chunk
         except OSError:
             return False
         finally:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)
             sock.setblocking(False)
         if b'"reply"' not in reply:
             return False
+        if sender is not None and self._tree is None and self.pid is not None:
+            self._adopt_host_pid(sender)
         self.process_tree()
         return True
+
+    def _adopt_host_pid(self, sender: int) -> None:
+        """The runner's host pid, as the kernel gave it with the warm-up reply (SCM_CREDENTIALS: the
+        sender's pid translated into our PID namespace), checked against the pid the fork server
+        named (the innermost of its NSpid): no walk of the server's process tree is needed."""
+        status = _read_text(f"/proc/{sender}/status")
+        nspid = parse_nspid(status) if status else []
+        if nspid and nspid[-1] == self.pid and (self.isolation == "namespaces") == (len(nspid) > 1):
+            tree = ProcessTree(sender)
+            if tree.start_time is not None:
+                self._tree = tree
 
     async def kill(self) -> None:
         self.channel.wake_waiters()
@@ -427,6 +445,25 @@ def _path_is_world_traversable(path: str) -> bool:
     return True
 
 
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
+            pid = _UCRED.unpack(data[: _UCRED.size])[0]
+            return pid if pid > 0 else None
+    return None
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read().decode("ascii", "replace")
+    except OSError:
+        return None
+
+
 def _start_time(pid: int | None) -> int | None:
     """The kernel's start time of `pid` (clock ticks since boot), or None if there is no such process."""
     try:
@@ -454,48 +491,68 @@ def _wait_until_reaped(
     return False
 
 
-def _user_processes(uid: int, within: int | None = None) -> list[int]:
-    """The pids of `uid`'s processes, zombies included.
+def _user_processes(
+    uid: int, within: int | None = None, *, living: bool = False, confirm: bool = True
+) -> list[int]:
+    """The pids of `uid`'s processes, zombies included unless `living`.
 
     `within` (the fork server's bwrap, under namespaces): only the processes below it, which are
-    every process of its PID namespace (none can leave it, and an orphan is re-parented to a
-    reaper inside it), matched by real, effective or saved uid; the listing is taken twice and
-    must agree on being empty, as a process re-parented during a walk could be missed once. That
-    is a few processes instead of the machine's whole process table, scanned several times per
-    closed session. Without `within`: every process in /proc, by its entry's owner."""
+    every process of its PID namespace (none can leave it, and an orphan is re-parented to a reaper
+    inside it, an ancestor), matched by real, effective or saved uid; the walk skips what lies below
+    another session's process (no unprivileged process can start one of another user, nor be
+    re-parented below a process that was not its ancestor). The listing is taken twice and must
+    agree on being empty (unless not `confirm`: a caller that looks again after), as a process
+    re-parented during a walk could be missed once. That is a
+    few processes instead of the machine's whole process table. Without `within`: every process in
+    /proc, by its entry's owner (zombies included: /proc does not tell them apart here)."""
     if within is None:
         return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and _owner(e) == uid]
-    for _ in range(2):
-        found = [pid for pid in descendants(within) if _uid_state(pid, uid) is not None]
+    for _ in range(2 if confirm else 1):
+        found = [pid for pid, state in _namespace_processes(uid, within) if not (living and state == b"Z")]
         if found:
             return found
     return []
 
 
-def _living_user_processes(uid: int, within: int | None = None) -> list[int]:
-    """`_user_processes` without the zombies (which a signal cannot end), where that can be told."""
-    if within is None:
-        return _user_processes(uid)
-    for _ in range(2):
-        found = [pid for pid in descendants(within) if _uid_state(pid, uid) not in (None, b"Z")]
-        if found:
-            return found
-    return []
+def _namespace_processes(uid: int, within: int) -> list[tuple[int, bytes]]:
+    """(pid, state letter) of `uid`'s processes below `within`, pruned as `_user_processes` says."""
+    mine = str(uid).encode()
+    found: list[tuple[int, bytes]] = []
+    queue = [within]
+    seen = {within}
+    while queue:
+        pid = queue.pop()
+        owner = _uids_and_state(pid)
+        if owner is None:
+            continue  # gone
+        uids, state = owner
+        if mine in uids:
+            found.append((pid, state))
+        elif b"0" not in uids:
+            continue  # another session's process: nothing of ours lies below it
+        for child in children(pid):
+            if child not in seen:
+                seen.add(child)
+                queue.append(child)
+    return found
 
 
-def _uid_state(pid: int, uid: int) -> bytes | None:
-    """The state letter of `pid` (``R``, ``S``, ``Z``...) when one of its uids is `uid`, else None."""
-    state = b""
+def _uids_and_state(pid: int) -> tuple[list[bytes], bytes] | None:
+    """The real, effective and saved uids of `pid` and its state letter (``R``, ``S``, ``Z``...)."""
     try:
-        with open(f"/proc/{pid}/status", "rb") as handle:
-            for line in handle:
-                if line.startswith(b"State:"):
-                    state = line.split()[1]
-                elif line.startswith(b"Uid:"):
-                    return state if str(uid).encode() in line.split()[1:4] else None
-    except (OSError, IndexError):
-        pass
-    return None
+        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        text = os.read(fd, 4096)  # State and Uid are in the first few hundred bytes
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    state_at, uid_at = text.find(b"\nState:\t"), text.find(b"\nUid:\t")
+    if state_at < 0 or uid_at < 0:
+        return None
+    return text[uid_at + 6 : text.find(b"\n", uid_at + 1)].split()[:3], text[state_at + 8 : state_at + 9]
 
 
 def _owner(entry: os.DirEntry[str]) -> int | None:
@@ -506,9 +563,11 @@ def _owner(entry: os.DirEntry[str]) -> int | None:
 
 
 def _kill_user_processes(uid: int, within: int | None = None) -> None:
-    """Kill every process of a worker's private user: catches `setsid` children that left the group."""
+    """Kill every process of a worker's private user: catches `setsid` children that left the group.
+    After each round of signals, wait (briefly) for those processes to die before looking again, so
+    the next look finds only what was started meanwhile."""
     for _ in range(3):
-        found = _living_user_processes(uid, within)
+        found = _user_processes(uid, within, living=True, confirm=False)  # the reap's wait confirms
         for pid in found:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -516,6 +575,20 @@ def _kill_user_processes(uid: int, within: int | None = None) -> None:
                 continue
         if not found:
             return
+        if within is not None:
+            _wait_dead(found, uid)
+
+
+def _wait_dead(pids: list[int], uid: int, limit: float = 0.5) -> None:
+    """Until each of `pids` (if still `uid`'s) is a zombie or gone, at most `limit` seconds."""
+    deadline = time.monotonic() + limit
+    mine = str(uid).encode()
+    for pid in pids:
+        while time.monotonic() < deadline:
+            owner = _uids_and_state(pid)
+            if owner is None or mine not in owner[0] or owner[1] == b"Z":
+                break
+            time.sleep(0.0005)
 
 
 def _private_user(directory: str, isolation: str) -> int | None:
