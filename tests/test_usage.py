@@ -141,3 +141,14 @@ async def test_usage_cannot_be_forged_by_code_that_writes_the_reply(
     assert usage.source == EXPECTED[backend][0]
     assert cpu(result) >= 0.3, usage
     assert usage.peak_memory_bytes is not None and usage.peak_memory_bytes > 1 * MB
+
+
+async def test_measure_usage_false_reads_nothing_and_the_run_is_unchanged(executor_factory: Any) -> None:
+    async with executor_factory(timeout=2, measure_usage=False) as ex:
+        quiet = await ex.run("x = 6 * 7\nx")
+        stopped = await ex.run("while True:\n    pass")
+    async with executor_factory(timeout=30) as measured:
+        loud = await measured.run("x = 6 * 7\nx")
+    assert quiet.ok and quiet.value == 42 and quiet.usage is None, quiet
+    assert stopped.timed_out and stopped.usage is None, stopped
+    assert loud.ok and loud.value == 42 and loud.usage is not None, loud

@@ -153,6 +153,7 @@ class RayExecutor(Executor):
             "workdir": self.workdir,
             "stateless": self.stateless,
             "output_limit": self.output_limit,
+            "measure_usage": self.measure_usage,
             **{name: value for name, value in options.items() if name not in COMMON_OPTIONS},
         }
         # refuses unknown or invalid options now, not at open
