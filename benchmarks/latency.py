@@ -232,26 +232,19 @@ async def host_warm(
 
 
 async def _wait_for_pool(settle: float) -> None:
-    """Wait until the host pool is full again (bounded), then `settle` seconds, so the next open is a hit.
+    """Wait until the host pools' refill has finished (bounded), then `settle` seconds, so the next open
+    is a hit.
 
-    The pool is refilled in the background after every open; reading its size is the only way to know
-    when a worker was spawned, so this peeks at the backend's module state (a pause if it cannot).
-    A pooled worker counts as pooled as soon as its process exists, before its interpreter has
-    finished starting, so we also let it settle for about a cold start's time.
+    The pools are refilled in the background after every open (`sandboxes.backends.host`); a pooled
+    worker counts as pooled once it answered its warm-up (and, in a ready pool, its `init`), and we
+    also let the machine settle after the refill's work.
     """
     import anyio
 
     from sandboxes.backends import host
 
-    pools = getattr(host, "_POOLS", None)
-    if not isinstance(pools, dict):
-        await anyio.sleep(0.5 + settle)
-        return
     deadline = time.perf_counter() + POOL_REFILL_WAIT
-    target = getattr(host, "POOL_SIZE", 1)
-    while time.perf_counter() < deadline:
-        if pools and all(len(workers) >= target for workers in pools.values()):
-            break
+    while host.refilling() and time.perf_counter() < deadline:
         await anyio.sleep(0.005)
     await anyio.sleep(settle)
 

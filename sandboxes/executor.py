@@ -220,11 +220,18 @@ class Executor(ABC):
         }
 
     async def _runner_session(
-        self, worker: Worker, init: InitRequest | None = None, release: Release | None = None
+        self,
+        worker: Worker,
+        init: InitRequest | None = None,
+        release: Release | None = None,
+        *,
+        initialised: bool = False,
     ) -> RunnerSession:
         """The runner's protocol over a started `worker`, handshake done; for `_new_session`.
 
-        `release` disposes of the worker at a normal close (default: kill it)."""
+        `release` disposes of the worker at a normal close (default: kill it). `initialised`: the
+        worker's runner already answered `init` (`session.initialise_ahead`, by a pool), with the
+        request `init or self._runner_init()` exactly: no round trip then."""
         if not self.policy.python_guards and worker.isolation == "process":
             with anyio.CancelScope(shield=True):
                 await worker.kill()
@@ -234,7 +241,10 @@ class Executor(ABC):
                 "install bubblewrap (`apt-get install bubblewrap`) for the 'namespaces' level, or use "
                 "the docker or e2b backend, or keep python_guards=True"
             )
-        return await RunnerSession.start(worker, init or self._runner_init(), release)
+        init = init or self._runner_init()
+        if initialised:
+            return RunnerSession.initialised(worker, init["output_limit"], release)
+        return await RunnerSession.start(worker, init, release)
 
     # ----------------------------------------------------------------- introspection
 

@@ -180,7 +180,8 @@ Release = Callable[[Worker], Awaitable[None]]
 class RunnerSession(Session):
     """The runner's protocol (`runtime/protocol.py`) over a `Worker`: the one implementation that every
     backend running our runner shares. Start it with `start`, which sends `init` and waits for the
-    handshake."""
+    handshake, or, over a worker whose handshake was done ahead (`initialise_ahead`), with
+    `initialised`."""
 
     def __init__(self, worker: Worker, output_limit: int, release: Release | None = None) -> None:
         self.worker = worker
@@ -188,7 +189,8 @@ class RunnerSession(Session):
         self._release = release
         self.isolation = worker.isolation
         self.handshake_seconds: float | None = None
-        """How long the runner took to answer `init` (for breakdowns: `bench humaneval`)."""
+        """How long the open waited for the runner's answer to `init` (for breakdowns: `bench humaneval`);
+        0 for a session whose handshake a pool did ahead (`initialised`)."""
         self.exec_seconds: float | None = None
         """Of the last run this session's runner answered, the seconds the code itself ran, as the
         runner reports them (None before a run, after one without an answer, or from a runner that
@@ -198,6 +200,17 @@ class RunnerSession(Session):
         """Of the last run, the runner's whole time on it (the code and the runner's own work), as
         reported by the runner; the same caveats as `exec_seconds`."""
         worker.line_limit = bounds.line_limit(output_limit)
+
+    @classmethod
+    def initialised(cls, worker: Worker, output_limit: int, release: Release | None = None) -> RunnerSession:
+        """A session over a worker whose runner already answered its `init` (`initialise_ahead`, done
+        by a pool before anyone asked): no round trip. Its `handshake_seconds` is 0, the time this
+        open waited for the handshake (the handshake itself was paid ahead, off the caller's path)."""
+        if worker.channel_token is None:
+            raise ProtocolError("this worker's runner has not answered an init request")
+        session = cls(worker, output_limit, release)
+        session.handshake_seconds = 0.0
+        return session
 
     @classmethod
     async def start(cls, worker: Worker, init: InitRequest, release: Release | None = None) -> RunnerSession:
@@ -335,24 +348,7 @@ class RunnerSession(Session):
 
     async def _receive(self, learn_token: bool = False) -> dict[str, Any]:
         """The runner's next message, its token checked (with `learn_token`: learnt, for a greeting)."""
-        worker = self.worker
-        line = await worker.receive_line()
-        try:
-            reply = json.loads(line)
-        except ValueError as exc:
-            raise ProtocolError(f"the runner sent a line that is not JSON: {line[:200]!r}") from exc
-        if not isinstance(reply, dict):
-            raise ProtocolError(f"the runner sent a line that is not a message: {line[:200]!r}")
-        token = reply.pop("token", None)
-        known = worker.channel_token
-        if known is None and learn_token and isinstance(token, str):
-            worker.channel_token = token  # learnt before any code runs
-        elif known is None or token != known:
-            raise ProtocolError(
-                "a message on the sandbox channel did not come from the runner "
-                "(the code wrote to the channel's descriptor)"
-            )
-        return reply
+        return _decode(self.worker, await self.worker.receive_line(), learn_token)
 
     async def _exchange(
         self, message: Request, call_tool: ToolCaller, gate: OutputGate | None = None
@@ -377,7 +373,7 @@ class RunnerSession(Session):
             elif op == "tool_call":
                 await worker.send(_encode(await call_tool(cast(ToolCall, reply))))
             elif op == "fatal":
-                raise WorkerStartError(f"the sandbox runner failed: {reply.get('message')}")
+                raise _fatal(reply)
             elif op == "reply":
                 return reply
             else:
@@ -419,6 +415,49 @@ class OutputGate:
             if self.dropped[name]:
                 self.on_output(OutputEvent(stream=name, text="", dropped=self.dropped[name]))
                 self.dropped[name] = 0
+
+
+def initialise_ahead(worker: Worker, init: InitRequest, exchange: Callable[[bytes, float], bytes]) -> float:
+    """The `init` handshake of a started runner, done ahead of its session and blocking: for a pool's
+    refill thread, never an event loop. `exchange(line, timeout)` sends the request line and returns
+    the runner's next line. The answer is checked and the channel token learnt as `RunnerSession.start`
+    does; then `RunnerSession.initialised` makes the session without a round trip. Returns the seconds
+    the handshake took. Raises as `start` would (`WorkerExited`, `ProtocolError`, `WorkerStartError`);
+    the caller kills the worker then."""
+    worker.line_limit = bounds.line_limit(init["output_limit"])
+    started = time.perf_counter()
+    reply = _decode(worker, exchange(_encode(init), HANDSHAKE_TIMEOUT), learn_token=True)
+    op = reply.get("op")
+    if op == "fatal":
+        raise _fatal(reply)
+    if op != "reply":
+        raise ProtocolError(f"unexpected answer to init from the runner: {op!r}")
+    return time.perf_counter() - started
+
+
+def _decode(worker: Worker, line: bytes, learn_token: bool) -> dict[str, Any]:
+    """A line from the runner as a message, its token checked (with `learn_token`: learnt, for the
+    answer to `init` or a fork's greeting, when the worker has none yet)."""
+    try:
+        reply = json.loads(line)
+    except ValueError as exc:
+        raise ProtocolError(f"the runner sent a line that is not JSON: {line[:200]!r}") from exc
+    if not isinstance(reply, dict):
+        raise ProtocolError(f"the runner sent a line that is not a message: {line[:200]!r}")
+    token = reply.pop("token", None)
+    known = worker.channel_token
+    if known is None and learn_token and isinstance(token, str):
+        worker.channel_token = token  # learnt before any code runs
+    elif known is None or token != known:
+        raise ProtocolError(
+            "a message on the sandbox channel did not come from the runner "
+            "(the code wrote to the channel's descriptor)"
+        )
+    return reply
+
+
+def _fatal(reply: dict[str, Any]) -> WorkerStartError:
+    return WorkerStartError(f"the sandbox runner failed: {reply.get('message')}")
 
 
 async def _no_tools(call: ToolCall) -> ToolResult:

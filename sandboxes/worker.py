@@ -11,6 +11,7 @@ The channel carries one JSON object per line in each direction (see `runtime/run
 from __future__ import annotations
 
 import socket
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -141,6 +142,29 @@ class SocketLineReader:
             if not chunk:
                 raise WorkerExited("the runner closed its channel")
             self._buffer += chunk
+
+    def exchange_blocking(self, data: bytes, timeout: float, limit: int = MAX_MESSAGE_BYTES) -> bytes:
+        """Blocking: send `data`, then return the next line; `WorkerExited` at end-of-file, past `limit`
+        bytes or past `timeout` seconds. Only for a thread that has the socket to itself before any
+        event loop reads it (a pool's refill: the warm-up, the handshake ahead)."""
+        deadline = time.monotonic() + timeout
+        try:
+            self.sock.settimeout(timeout)
+            self.sock.sendall(data)
+            while (line := take_line(self._buffer, limit)) is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise WorkerExited(f"the runner did not answer within {timeout:g} s")
+                self.sock.settimeout(remaining)
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    raise WorkerExited("the runner closed its channel")
+                self._buffer += chunk
+            return line
+        except OSError as exc:  # a timeout included
+            raise WorkerExited(f"the runner's channel failed ({type(exc).__name__}: {exc})") from exc
+        finally:
+            self.sock.setblocking(False)
 
     async def receive_some(self) -> bytes:
         while True:

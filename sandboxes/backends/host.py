@@ -25,16 +25,20 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import json
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Literal, Unpack
+from typing import Literal, Unpack, cast
 
 import anyio
 
-from ..errors import BackendUnavailable, WorkerStartError
+from ..errors import BackendUnavailable, ProtocolError, WorkerStartError
 from ..executor import Executor, ExecutorOptions
-from ..session import Session
-from ..worker import Worker
+from ..runtime.protocol import InitRequest
+from ..session import Session, initialise_ahead
+from ..worker import Worker, WorkerExited
 from .hostprocess import (
     _LIVE_WORKERS,
     HostWorker,
@@ -53,6 +57,9 @@ _SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_pref
 
 PoolKey = tuple[str, bool, tuple[str, ...]]
 """Workers are interchangeable when they have the same isolation level, network and preloads."""
+ReadyKey = tuple[PoolKey, str]
+"""Initialised workers are interchangeable when, besides, their `init` requests are the same (the
+request's canonical JSON: policy, limits, environment, tool names, stateless, output limit)."""
 
 
 def make_worker(
@@ -72,43 +79,174 @@ async def _spawn(key: PoolKey, workdir: str | None) -> HostWorker:
     return await anyio.to_thread.run_sync(future.result)
 
 
-# ---------------------------------------------------------------------- the pool
+def init_key(init: InitRequest) -> str:
+    """The canonical text of an `init` request: two sessions whose requests have the same text are
+    started alike, so either may take the other's pre-initialised worker."""
+    return json.dumps(init, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
-_POOLS: dict[PoolKey, list[HostWorker]] = {}
+
+# ---------------------------------------------------------------------- the pools
+
 POOL_SIZE = 2
+"""Idle workers kept per key, in each kind of pool."""
+READY_KEYS = 4
+"""Option sets (`ReadyKey`s) that keep initialised workers: the most recently opened ones."""
 
 
-def _take_pooled(key: PoolKey) -> HostWorker | None:
-    pool = _POOLS.get(key, [])
+class _Pools:
+    """The idle workers of this process, shared by every executor (event loops in any thread) and
+    filled by the spawner thread.
+
+    Two kinds: *started* workers (warmed up, no `init` yet) per `PoolKey`, without bound in keys as
+    before; and *ready* ones per `ReadyKey`, whose `init` handshake is done ahead, for only the
+    `READY_KEYS` option sets most recently opened: a new one evicts the least recently opened, whose
+    idle workers are killed, so many option sets (a policy per problem) never pile up idle processes.
+    An open takes a ready worker of its options; failing that a started one (its handshake then on
+    the open's path, as for any first open of new options); failing that it starts one."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started: dict[PoolKey, list[HostWorker]] = {}
+        self.ready: OrderedDict[ReadyKey, list[HostWorker]] = OrderedDict()
+        self.pending = 0  # refills submitted and not yet finished
+
+    def take(self, key: PoolKey, ready_key: ReadyKey) -> tuple[HostWorker | None, bool]:
+        """A live idle worker, and whether it is initialised (for `ready_key`)."""
+        with self.lock:
+            pool = self.ready.get(ready_key)
+            if pool is not None:
+                self.ready.move_to_end(ready_key)
+                worker = _take_live(pool)
+                if worker is not None:
+                    return worker, True
+            return _take_live(self.started.get(key, [])), False
+
+    def want(self, ready_key: ReadyKey) -> list[HostWorker]:
+        """Keep initialised workers for `ready_key` (most recently used now); the idle workers of the
+        key this evicts, for the caller to kill."""
+        evicted: list[HostWorker] = []
+        with self.lock:
+            self.ready.setdefault(ready_key, [])
+            self.ready.move_to_end(ready_key)
+            while len(self.ready) > READY_KEYS:
+                evicted += self.ready.popitem(last=False)[1]
+        return evicted
+
+    def started_short(self, key: PoolKey) -> bool:
+        with self.lock:
+            return len(self.started.setdefault(key, [])) < POOL_SIZE
+
+    def ready_short(self, ready_key: ReadyKey, target: int) -> bool:
+        with self.lock:
+            pool = self.ready.get(ready_key)
+            return pool is not None and len(pool) < target
+
+    def put(self, worker: HostWorker, key: PoolKey, ready_key: ReadyKey | None = None) -> bool:
+        """Pool an idle worker; False (the caller kills it) when its ready key was evicted meanwhile."""
+        with self.lock:
+            pool = self.started.setdefault(key, []) if ready_key is None else self.ready.get(ready_key)
+            if pool is None:
+                return False
+            _LIVE_WORKERS.discard(worker)
+            pool.append(worker)
+            return True
+
+    def idle(self) -> list[HostWorker]:
+        """Every pooled worker (for tests and `bench latency`)."""
+        with self.lock:
+            return [w for pools in (self.started, self.ready) for pool in pools.values() for w in pool]
+
+    def drain(self) -> list[HostWorker]:
+        with self.lock:
+            workers = [w for pools in (self.started, self.ready) for pool in pools.values() for w in pool]
+            self.started.clear()
+            self.ready.clear()
+        return workers
+
+
+def _take_live(pool: list[HostWorker]) -> HostWorker | None:
     while pool:
         worker = pool.pop()
         if worker.is_alive():
             return worker
-        worker.kill_now()
+        _SPAWNER.submit(worker.kill_now)  # died while idle: reaped off the caller's path
     return None
 
 
-def _refill(key: PoolKey) -> None:
-    """Top the pool up in the background spawner thread; nobody waits for it."""
+_POOLS = _Pools()
+
+
+def refilling() -> bool:
+    """Whether a refill is still pending or running (`bench latency` waits for the pools to settle)."""
+    with _POOLS.lock:
+        return _POOLS.pending > 0
+
+
+def pooled_workers() -> list[HostWorker]:
+    """The idle workers of every pool, started and initialised."""
+    return _POOLS.idle()
+
+
+def _refill(key: PoolKey, ready_key: ReadyKey, hit: bool) -> None:
+    """Top the pools up in the background spawner thread after an open; nobody waits for it.
+
+    After an open that found an initialised worker the ready pool of its options is topped up to
+    `POOL_SIZE`; after one that did not (new options, or the pool ran dry), to one worker only, so
+    options opened once cost one spare handshake, not a pool, and the started pool as before."""
+    init = cast(InitRequest, json.loads(ready_key[1]))  # exactly the key's request, whatever changes later
+    evicted = _POOLS.want(ready_key)
+    with _POOLS.lock:
+        _POOLS.pending += 1
 
     def fill() -> None:
-        pool = _POOLS.setdefault(key, [])
-        while len(pool) < POOL_SIZE:
-            worker = make_worker(key[0], None, key[1], key[2])
-            if not worker.warm_up():
-                worker.kill_now()
-                return
-            _LIVE_WORKERS.discard(worker)
-            pool.append(worker)
+        try:
+            for idle in evicted:
+                idle.kill_now()
+            # the ready worker first: the next open of these options is the likeliest to come
+            while _POOLS.ready_short(ready_key, POOL_SIZE if hit else 1):
+                ready = _started_worker(key)
+                if ready is None:
+                    return
+                if not (_initialise(ready, init) and _POOLS.put(ready, key, ready_key)):
+                    ready.kill_now()  # a failed handshake (or evicted meanwhile): never handed out
+                    return
+            while not hit and _POOLS.started_short(key):
+                started = _started_worker(key)
+                if started is None:
+                    return
+                _POOLS.put(started, key)
+        finally:
+            with _POOLS.lock:
+                _POOLS.pending -= 1
 
     _SPAWNER.submit(fill)
 
 
+def _started_worker(key: PoolKey) -> HostWorker | None:
+    """A new worker, warmed up (in the spawner thread); None if it could not start or warm up."""
+    try:
+        worker = make_worker(key[0], None, key[1], key[2])
+    except WorkerStartError:
+        return None
+    if not worker.warm_up():
+        worker.kill_now()
+        return None
+    return worker
+
+
+def _initialise(worker: HostWorker, init: InitRequest) -> bool:
+    """The worker's `init` handshake, ahead of its session; False if it failed (then never handed out)."""
+    try:
+        initialise_ahead(worker, init, worker.exchange_blocking)
+    except (WorkerExited, ProtocolError, WorkerStartError):
+        return False
+    return True
+
+
 @atexit.register
 def _kill_pooled_workers() -> None:
-    for pool in _POOLS.values():
-        for worker in pool:
-            worker.kill_now()
+    for worker in _POOLS.drain():
+        worker.kill_now()
 
 
 async def _retire(worker: Worker) -> None:
@@ -162,14 +300,28 @@ class HostExecutor(Executor):
             raise BackendUnavailable(f"{bubblewrap().problem}; or use isolation='process'")
         return "process"
 
+    async def _level(self) -> str:
+        """The isolation level, found once per process and request (finding it may start a probe:
+        in a worker thread, that first time only)."""
+        level = _LEVELS.get(self.requested_isolation)
+        if level is None:
+            level = _LEVELS[self.requested_isolation] = await anyio.to_thread.run_sync(self._isolation_level)
+        return level
+
     async def _new_session(self) -> Session:
-        level = await anyio.to_thread.run_sync(self._isolation_level)
-        key = (level, self.policy.network, self.preload)
-        worker = _take_pooled(key) if self.use_pool else None
-        if worker is None:
-            worker = await _spawn(key, self.workdir)
+        key = (await self._level(), self.policy.network, self.preload)
+        init = self._runner_init()
+        if not self.use_pool:
+            return await self._runner_session(await _spawn(key, self.workdir), init, release=_retire)
+        ready_key = (key, init_key(init))
+        worker, initialised = _POOLS.take(key, ready_key)
+        if worker is None:  # started before the refill is queued behind it in the spawner thread
+            worker = await _spawn(key, None)
         else:
             _LIVE_WORKERS.add(worker)
-        if self.use_pool:
-            _refill(key)
-        return await self._runner_session(worker, release=_retire)
+        _refill(key, ready_key, initialised)
+        return await self._runner_session(worker, init, release=_retire, initialised=initialised)
+
+
+_LEVELS: dict[str, str] = {}
+"""The isolation level each requested isolation resolved to (it cannot change within a process)."""

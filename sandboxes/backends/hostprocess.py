@@ -282,6 +282,11 @@ class HostWorker(Worker):
             if tree.start_time is not None:
                 self._tree = tree
 
+    def exchange_blocking(self, data: bytes, timeout: float) -> bytes:
+        """Blocking: send a request line and return the runner's next line (the pool's refill thread
+        only, before the worker is handed out: `session.initialise_ahead`)."""
+        return self.channel.exchange_blocking(data, timeout, self.line_limit)
+
     async def kill(self) -> None:
         self.channel.wake_waiters()
         await anyio.to_thread.run_sync(self.kill_now)
