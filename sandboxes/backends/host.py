@@ -261,7 +261,9 @@ class HostExecutor(Executor):
     Args:
         isolation: ``"auto"`` (namespaces when bubblewrap works here, else process), ``"namespaces"``
             (fail if unavailable) or ``"process"``.
-        pool: take a pre-started worker from the warm pool (not possible with an explicit `workdir`).
+        pool: take a pre-started worker from the warm pool (not possible with an explicit `workdir`);
+            for options opened recently, one whose runner has already answered this executor's
+            `init` (see `_Pools`), so opening costs no round trip to the runner.
         preload: trusted Python files (``name.py``) imported once, in the fork server, before any
             session: every session then has them in ``sys.modules`` (``import name`` costs nothing,
             subject to the policy's import allowlist like any import). What many sessions share (a
