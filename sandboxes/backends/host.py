@@ -193,13 +193,13 @@ def _refill(key: PoolKey, ready_key: ReadyKey, hit: bool) -> None:
     After an open that found an initialised worker the ready pool of its options is topped up to
     `POOL_SIZE`; after one that did not (new options, or the pool ran dry), to one worker only, so
     options opened once cost one spare handshake, not a pool, and the started pool as before."""
-    init = cast(InitRequest, json.loads(ready_key[1]))  # exactly the key's request, whatever changes later
     evicted = _POOLS.want(ready_key)
     with _POOLS.lock:
         _POOLS.pending += 1
 
     def fill() -> None:
         try:
+            init = cast(InitRequest, json.loads(ready_key[1]))  # exactly the key's request, whatever changed
             for idle in evicted:
                 idle.kill_now()
             # the ready worker first: the next open of these options is the likeliest to come
