@@ -199,6 +199,10 @@ class RunnerSession(Session):
         self.runner_seconds: float | None = None
         """Of the last run, the runner's whole time on it (the code and the runner's own work), as
         reported by the runner; the same caveats as `exec_seconds`."""
+        self.after_first_run: Callable[[], None] | None = None
+        """Called once, when the session's first run has ended (or at its close or discard, if it
+        never ran): for a backend's work that would otherwise compete with that run for the CPU
+        (host: topping its pools up). Must not block or raise."""
         worker.line_limit = bounds.line_limit(output_limit)
 
     @classmethod
@@ -256,7 +260,10 @@ class RunnerSession(Session):
             }
             gate = OutputGate(request["stream"], on_output)
         self.exec_seconds = self.runner_seconds = None
-        reply = await self._exchange(request, call_tool, gate)
+        try:
+            reply = await self._exchange(request, call_tool, gate)
+        finally:
+            self._first_run_ended()
         if gate is not None:
             gate.flush()
         result = result_from_reply(reply, self.output_limit)
@@ -284,14 +291,21 @@ class RunnerSession(Session):
             raise SandboxFileError(f"could not read {path!r} from the sandbox: {exc}") from exc
 
     async def close(self) -> None:
+        self._first_run_ended()
         if self._release is not None:
             await self._release(self.worker)
         else:
             await self.worker.kill()
 
     async def discard(self) -> None:
+        self._first_run_ended()
         with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
             await self.worker.kill()
+
+    def _first_run_ended(self) -> None:
+        hook, self.after_first_run = self.after_first_run, None
+        if hook is not None:
+            hook()
 
     async def wait_closed(self) -> None:
         await self.worker.wait_reaped()

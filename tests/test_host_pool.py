@@ -11,9 +11,13 @@ Real worker processes throughout; the pools are read through the backend's own h
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -179,3 +183,46 @@ async def test_a_preinitialised_worker_killed_while_idle_is_not_handed_out() -> 
     await _settled()
     REAPER.drain()
     assert all(w.reaped.is_set() for w in doomed)  # the dead ones were reaped, not left behind
+
+
+CHILD = """
+import anyio, json, sys
+from sandboxes import HostExecutor
+from sandboxes.backends import host
+
+async def main():
+    for env in ({"SET": "1"}, {"SET": "2"}, {"SET": "1"}, {"SET": "2"}):
+        async with HostExecutor(timeout=20, env=env) as ex:
+            assert (await ex.run("print(1)")).stdout == "1\\n"
+        while host.refilling():
+            await anyio.sleep(0.01)
+    ready = [w for pool in host._POOLS.ready.values() for w in pool]
+    print(json.dumps({"ready": len(ready), "uids": sorted({w.uid for w in host.pooled_workers()})}))
+
+anyio.run(main)
+"""
+
+
+def test_idle_preinitialised_workers_end_with_the_process() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)},
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["ready"] >= 2  # both option sets had initialised workers waiting at exit
+    if os.getuid() == 0:
+        uids = set(report["uids"])
+        assert uids and None not in uids
+        left = [e.name for e in os.scandir("/proc") if e.name.isdigit() and _uid(e) in uids]
+        assert left == []  # the exit handlers killed them (and what the pool had started) before exit
+
+
+def _uid(entry: os.DirEntry[str]) -> int | None:
+    try:
+        return entry.stat().st_uid
+    except OSError:
+        return None

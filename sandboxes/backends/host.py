@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import atexit
 import concurrent.futures
+import functools
 import json
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, Unpack, cast
 
 import anyio
@@ -177,14 +178,50 @@ _POOLS = _Pools()
 
 
 def refilling() -> bool:
-    """Whether a refill is still pending or running (`bench latency` waits for the pools to settle)."""
+    """Whether a refill is still waiting (for its session's first run), pending or running (`bench
+    latency` waits for the pools to settle)."""
     with _POOLS.lock:
-        return _POOLS.pending > 0
+        return _POOLS.pending > 0 or len(_DEFERRED) > 0
 
 
 def pooled_workers() -> list[HostWorker]:
     """The idle workers of every pool, started and initialised."""
     return _POOLS.idle()
+
+
+class _Deferred:
+    """Refills waiting for their session's first run to end (`RunnerSession.after_first_run`); the
+    next open runs every one still waiting, so a session left idle never holds its refill back."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.waiting: dict[int, Callable[[], None]] = {}
+        self.count = 0
+
+    def add(self, refill: Callable[[], None]) -> int:
+        with self.lock:
+            self.count += 1
+            self.waiting[self.count] = refill
+            return self.count
+
+    def run(self, ticket: int) -> None:
+        with self.lock:
+            refill = self.waiting.pop(ticket, None)
+        if refill is not None:
+            refill()
+
+    def run_all(self) -> None:
+        with self.lock:
+            refills, self.waiting = list(self.waiting.values()), {}
+        for refill in refills:
+            refill()
+
+    def __len__(self) -> int:
+        with self.lock:
+            return len(self.waiting)
+
+
+_DEFERRED = _Deferred()
 
 
 def _refill(key: PoolKey, ready_key: ReadyKey, hit: bool) -> None:
@@ -315,14 +352,23 @@ class HostExecutor(Executor):
         init = self._runner_init()
         if not self.use_pool:
             return await self._runner_session(await _spawn(key, self.workdir), init, release=_retire)
+        _DEFERRED.run_all()  # earlier sessions' refills wait no longer: this open may need their workers
         ready_key = (key, init_key(init))
         worker, initialised = _POOLS.take(key, ready_key)
         if worker is None:  # started before the refill is queued behind it in the spawner thread
             worker = await _spawn(key, None)
         else:
             _LIVE_WORKERS.add(worker)
-        _refill(key, ready_key, initialised)
-        return await self._runner_session(worker, init, release=_retire, initialised=initialised)
+        refill = _DEFERRED.add(functools.partial(_refill, key, ready_key, initialised))
+        try:
+            session = await self._runner_session(worker, init, release=_retire, initialised=initialised)
+        except BaseException:
+            _DEFERRED.run(refill)
+            raise
+        # Refilling forks, warms up and initialises a worker: on two cores that slowed the session's
+        # first run by about as much as the handshake saved, so it waits for that run to end.
+        session.after_first_run = functools.partial(_DEFERRED.run, refill)
+        return session
 
 
 _LEVELS: dict[str, str] = {}
