@@ -20,8 +20,9 @@ Host backend rows (medians and p95, milliseconds):
   (same n, measured in blocks alternating with the warm run's). Target: the host warm run's p50 at
   or below this one's (issue 18); the row gives host warm / smolagents. Missing smolagents (the
   `bench` extra) makes the row unavailable, with the reason.
-- session from the pool: `open()` of a new session whose worker the pool has already started
-  (the runner's init handshake included). Target <= 5 ms.
+- session from the pool: `open()` of a new session whose worker the pool has already started and,
+  for these options (opened before), already initialised: the runner's init handshake was done
+  ahead, so the handshake row is 0 (a first open of new options pays it here). Target <= 5 ms.
 - fresh session rows: the parts of those same sessions, each opened, run once (the snippet) and
   closed (`benchmarks.lifecycle`, as `bench humaneval` times them): of `open()` the pool take and the
   handshake, the `run()` call, of it the locked run (`result.duration`), of that the runner's time

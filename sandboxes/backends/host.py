@@ -234,29 +234,46 @@ def _refill(key: PoolKey, ready_key: ReadyKey, hit: bool) -> None:
     with _POOLS.lock:
         _POOLS.pending += 1
 
-    def fill() -> None:
-        try:
-            init = cast(InitRequest, json.loads(ready_key[1]))  # exactly the key's request, whatever changed
-            for idle in evicted:
-                idle.kill_now()
-            # the ready worker first: the next open of these options is the likeliest to come
-            while _POOLS.ready_short(ready_key, POOL_SIZE if hit else 1):
-                ready = _started_worker(key)
-                if ready is None:
-                    return
-                if not (_initialise(ready, init) and _POOLS.put(ready, key, ready_key)):
-                    ready.kill_now()  # a failed handshake (or evicted meanwhile): never handed out
-                    return
-            while not hit and _POOLS.started_short(key):
-                started = _started_worker(key)
-                if started is None:
-                    return
-                _POOLS.put(started, key)
-        finally:
-            with _POOLS.lock:
-                _POOLS.pending -= 1
+    def step() -> bool:
+        """Make one worker the pools lack (the ready one first: the next open of these options is
+        the likeliest to come); False once none is lacking, or when making it failed."""
+        if _POOLS.ready_short(ready_key, POOL_SIZE if hit else 1):
+            ready = _started_worker(key)
+            if ready is None:
+                return False
+            init = cast(InitRequest, json.loads(ready_key[1]))  # exactly the key's request
+            if not (_initialise(ready, init) and _POOLS.put(ready, key, ready_key)):
+                ready.kill_now()  # a failed handshake (or evicted meanwhile): never handed out
+                return False
+            return True
+        if not hit and _POOLS.started_short(key):
+            started = _started_worker(key)
+            if started is not None and _POOLS.put(started, key):
+                return True
+        return False
 
-    _SPAWNER.submit(fill)
+    def fill() -> None:
+        # One worker a task: an open that found the pools empty queues its own worker behind at most
+        # one being made, not behind whole refills.
+        again = False
+        try:
+            while evicted:
+                evicted.pop().kill_now()
+            if step():
+                _SPAWNER.submit(fill)
+                again = True
+        finally:
+            if not again:
+                with _POOLS.lock:
+                    _POOLS.pending -= 1
+
+    try:
+        _SPAWNER.submit(fill)
+    except RuntimeError:  # the interpreter is exiting: nothing is refilled any more
+        with _POOLS.lock:
+            _POOLS.pending -= 1
+        for idle in evicted:
+            idle.kill_now()
 
 
 def _started_worker(key: PoolKey) -> HostWorker | None:
