@@ -26,7 +26,8 @@ class SessionParts:
 
     open_seconds: float | None = None
     handshake_seconds: float | None = None
-    """Of `open_seconds`, the runner's answer to `init` (`RunnerSession.handshake_seconds`)."""
+    """Of `open_seconds`, the runner's answer to `init` (`RunnerSession.handshake_seconds`: 0 for a
+    host session whose worker the pool initialised ahead)."""
     run_call_seconds: float | None = None
     """The parent's `run()` call: the locked run plus waiting for the lock and building the result."""
     run_seconds: float | None = None
