@@ -30,7 +30,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterable
 
 import anyio
@@ -39,10 +38,11 @@ from ..errors import ForkError, SandboxFileError, WorkerStartError
 from ..preload import read_preload
 from ..runtime import RUNTIME_DIR
 from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
-from ..usage import ProcessProbe, ProcessTree, children, find_in_namespace, parse_nspid
+from ..usage import ProcessProbe, ProcessTree, find_in_namespace, parse_nspid
 from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited
 from .bubblewrap import Bubblewrap, choose
 from .hostreap import REAPER, PrivateUsers
+from .hostsweep import kill_user_processes, start_time, wait_until_reaped
 
 RUNNER = RUNTIME_DIR / "runner.py"
 FORKSERVER = RUNTIME_DIR / "forkserver.py"
@@ -70,7 +70,7 @@ class HostWorker(Worker):
         self.pid = process.pid if process is not None else pid
         # The fork server reaps its children at once, so a dead child's pid can be reused by any
         # process: its start time tells the worker from a stranger before we signal that pid.
-        self.start_time = _start_time(pid) if process is None and pid is not None else None
+        self.start_time = start_time(pid) if process is None and pid is not None else None
         self.channel = SocketLineReader(sock)
         self.workdir = os.path.realpath(workdir)
         self.uid = uid
@@ -149,7 +149,7 @@ class HostWorker(Worker):
                 kill_process_tree(tree.pid, include_root=True)  # its own tree: not its forks'
                 signal_group(tree.pid, signal.SIGKILL)
             if self.uid is not None and last and (self.isolation == "process" or self.process is None):
-                _kill_user_processes(self.uid, self.server_pid)
+                kill_user_processes(self.uid, self.server_pid)
             self.channel.sock.close()
             gone = True
             if self.process is None:
@@ -159,7 +159,7 @@ class HostWorker(Worker):
                     watched, start = self._tree.pid, self._tree.start_time
                 else:
                     watched = start = None
-                gone = _wait_until_reaped(watched, start, self.uid if last else None, self.server_pid)
+                gone = wait_until_reaped(watched, start, self.uid if last else None, self.server_pid)
             self._free_uid = self.uid is not None and last and gone
             if self._tree is not None:
                 self._tree.close()
@@ -239,7 +239,7 @@ class HostWorker(Worker):
         return (
             self.isolation == "process"
             and self.start_time is not None
-            and _start_time(self.pid) == self.start_time
+            and start_time(self.pid) == self.start_time
         )
 
     def warm_up(self, timeout: float = 20.0) -> bool:
@@ -467,133 +467,6 @@ def _read_text(path: str) -> str | None:
             return handle.read().decode("ascii", "replace")
     except OSError:
         return None
-
-
-def _start_time(pid: int | None) -> int | None:
-    """The kernel's start time of `pid` (clock ticks since boot), or None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            return int(handle.read().rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _wait_until_reaped(
-    pid: int | None, start: int | None, uid: int | None, within: int | None = None, limit: float = 2.0
-) -> bool:
-    """Wait (briefly) until a fork-server child and its user's processes are gone, zombies included,
-    so that a reaped session has nothing left in the process table; False if some are still there.
-    `within`: see `_user_processes`."""
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        if pid is not None and start is not None and _start_time(pid) == start:
-            time.sleep(0.001)
-            continue
-        if uid is not None and _user_processes(uid, within):
-            time.sleep(0.002)
-            continue
-        return True
-    return False
-
-
-def _user_processes(
-    uid: int, within: int | None = None, *, living: bool = False, confirm: bool = True
-) -> list[int]:
-    """The pids of `uid`'s processes, zombies included unless `living`.
-
-    `within` (the fork server's bwrap, under namespaces): only the processes below it, which are
-    every process of its PID namespace (none can leave it, and an orphan is re-parented to a reaper
-    inside it, an ancestor), matched by real, effective or saved uid; the walk skips what lies below
-    another session's process (no unprivileged process can start one of another user, nor be
-    re-parented below a process that was not its ancestor). The listing is taken twice and must
-    agree on being empty (unless not `confirm`: a caller that looks again after), as a process
-    re-parented during a walk could be missed once. That is a
-    few processes instead of the machine's whole process table. Without `within`: every process in
-    /proc, by its entry's owner (zombies included: /proc does not tell them apart here)."""
-    if within is None:
-        return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and _owner(e) == uid]
-    for _ in range(2 if confirm else 1):
-        found = [pid for pid, state in _namespace_processes(uid, within) if not (living and state == b"Z")]
-        if found:
-            return found
-    return []
-
-
-def _namespace_processes(uid: int, within: int) -> list[tuple[int, bytes]]:
-    """(pid, state letter) of `uid`'s processes below `within`, pruned as `_user_processes` says."""
-    mine = str(uid).encode()
-    found: list[tuple[int, bytes]] = []
-    queue = [within]
-    seen = {within}
-    while queue:
-        pid = queue.pop()
-        owner = _uids_and_state(pid)
-        if owner is None:
-            continue  # gone
-        uids, state = owner
-        if mine in uids:
-            found.append((pid, state))
-        elif b"0" not in uids:
-            continue  # another session's process: nothing of ours lies below it
-        for child in children(pid):
-            if child not in seen:
-                seen.add(child)
-                queue.append(child)
-    return found
-
-
-def _uids_and_state(pid: int) -> tuple[list[bytes], bytes] | None:
-    """The real, effective and saved uids of `pid` and its state letter (``R``, ``S``, ``Z``...)."""
-    try:
-        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        text = os.read(fd, 4096)  # State and Uid are in the first few hundred bytes
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    state_at, uid_at = text.find(b"\nState:\t"), text.find(b"\nUid:\t")
-    if state_at < 0 or uid_at < 0:
-        return None
-    return text[uid_at + 6 : text.find(b"\n", uid_at + 1)].split()[:3], text[state_at + 8 : state_at + 9]
-
-
-def _owner(entry: os.DirEntry[str]) -> int | None:
-    try:
-        return entry.stat().st_uid
-    except OSError:
-        return None
-
-
-def _kill_user_processes(uid: int, within: int | None = None) -> None:
-    """Kill every process of a worker's private user: catches `setsid` children that left the group.
-    After each round of signals, wait (briefly) for those processes to die before looking again, so
-    the next look finds only what was started meanwhile."""
-    for _ in range(3):
-        found = _user_processes(uid, within, living=True, confirm=False)  # the reap's wait confirms
-        for pid in found:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                continue
-        if not found:
-            return
-        if within is not None:
-            _wait_dead(found, uid)
-
-
-def _wait_dead(pids: list[int], uid: int, limit: float = 0.5) -> None:
-    """Until each of `pids` (if still `uid`'s) is a zombie or gone, at most `limit` seconds."""
-    deadline = time.monotonic() + limit
-    mine = str(uid).encode()
-    for pid in pids:
-        while time.monotonic() < deadline:
-            owner = _uids_and_state(pid)
-            if owner is None or mine not in owner[0] or owner[1] == b"Z":
-                break
-            time.sleep(0.0005)
 
 
 def _private_user(directory: str, isolation: str) -> int | None:
