@@ -426,13 +426,13 @@ def attempt(call):
         return 'ok'
     except OSError as exc:
         return type(exc).__name__
-def tries(pid):
+def tries(pid):  # the attach first: SIGUSR1 ends an untraced control child, and a dying one refuses it
     return {
         'kill 0': attempt(lambda: os.kill(pid, 0)),
+        'ptrace attach': attempt(lambda: libc.ptrace(16, pid, None, None)),
         'SIGSTOP': attempt(lambda: os.kill(pid, signal.SIGSTOP)),
         'SIGKILL': attempt(lambda: os.kill(pid, signal.SIGKILL)) if pid != child.pid else 'skipped',
         'SIGUSR1': attempt(lambda: os.kill(pid, signal.SIGUSR1)),
-        'ptrace attach': attempt(lambda: libc.ptrace(16, pid, None, None)),
         'environ': attempt(lambda: open(f'/proc/{pid}/environ', 'rb').read() and None),
         'mem': attempt(lambda: open(f'/proc/{pid}/mem', 'rb').close()),
         'cwd': attempt(lambda: os.readlink(f'/proc/{pid}/cwd') and None),
