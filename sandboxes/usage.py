@@ -68,7 +68,8 @@ def parse_nspid(text: str) -> list[int]:
     return []
 
 
-def _read(path: str) -> str | None:
+def read_text(path: str) -> str | None:
+    """A small /proc (or /sys) file's text, or None when it cannot be read (the process is gone)."""
     # Raw descriptors: a text file object costs several times the read itself, and a run reads a few
     # of these files before and after it.
     try:
@@ -91,20 +92,22 @@ def children(pid: int) -> list[int]:
     except OSError:
         return found
     for task in tasks:
-        text = _read(f"/proc/{pid}/task/{task}/children")
+        text = read_text(f"/proc/{pid}/task/{task}/children")
         if text:
             found.extend(int(p) for p in text.split())
     return found
 
 
-def descendants(root: int) -> list[int]:
-    """Every process below `root` (zombies included), breadth first."""
+def descendants(root: int, root_children: list[int] | None = None) -> list[int]:
+    """Every process below `root` (zombies included), breadth first; `root_children`: the root's
+    children where the caller has read them already."""
     found: list[int] = []
     seen = {root}
     queue = [root]
     while queue:
         pid = queue.pop(0)
-        for child in children(pid):
+        below = root_children if pid == root and root_children is not None else children(pid)
+        for child in below:
             if child not in seen:
                 seen.add(child)
                 found.append(child)
@@ -133,7 +136,7 @@ class ProcessTree:
         self._children: dict[str, int] = {}  # thread id -> its ``children`` file
         self._closed = False
         self._clear_refused = False
-        text = _read(f"/proc/{pid}/stat")
+        text = read_text(f"/proc/{pid}/stat")
         self.start_time = parse_stat(text)[1] if text else None
 
     def _fd(self, name: str, flags: int = os.O_RDONLY) -> int:
@@ -198,15 +201,10 @@ class ProcessTree:
             _state, _start, user, system, _ppid = parse_stat(root)
         except (IndexError, ValueError):
             return None
-        seen = {self.pid}
-        queue = self._own_children()
-        while queue:  # the code's own processes, if any: read by path (rare, and they come and go)
-            pid = queue.pop(0)
-            if pid in seen:
-                continue
-            seen.add(pid)
-            queue.extend(children(pid))
-            text = _read(f"/proc/{pid}/stat")
+        # below the runner's own children (read through its descriptors), the code's processes, if
+        # any, by path: rare, and they come and go
+        for pid in descendants(self.pid, self._own_children()):
+            text = read_text(f"/proc/{pid}/stat")
             if text is None:
                 continue  # ended between the listing and the read: its parent's cutime has it
             try:
@@ -256,7 +254,7 @@ def find_in_namespace(root: int, ns_pid: int | None, skip: Iterable[str] = ("bwr
     innermost pid is `ns_pid`, or (`ns_pid` None) the first below `root` that is not one of `skip`."""
     skipped = set(skip)
     for pid in descendants(root):
-        status = _read(f"/proc/{pid}/status")
+        status = read_text(f"/proc/{pid}/status")
         if status is None:
             continue
         if ns_pid is not None:

@@ -11,6 +11,7 @@ The channel carries one JSON object per line in each direction (see `runtime/run
 from __future__ import annotations
 
 import socket
+import struct
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -131,6 +132,8 @@ class SocketLineReader:
         self.sock = sock
         self.sock.setblocking(False)
         self._buffer = bytearray()
+        self.sender: int | None = None
+        """The sender's pid of the last `exchange_blocking` answer, where the socket passes credentials."""
 
     async def receive_line(self, limit: int = MAX_MESSAGE_BYTES) -> bytes:
         """The next line; `WorkerExited` at end-of-file or once more than `limit` bytes lack a newline."""
@@ -146,8 +149,11 @@ class SocketLineReader:
     def exchange_blocking(self, data: bytes, timeout: float, limit: int = MAX_MESSAGE_BYTES) -> bytes:
         """Blocking: send `data`, then return the next line; `WorkerExited` at end-of-file, past `limit`
         bytes or past `timeout` seconds. Only for a thread that has the socket to itself before any
-        event loop reads it (a pool's refill: the warm-up, the handshake ahead)."""
+        event loop reads it (a pool's refill: the warm-up, the handshake ahead). On a socket that
+        passes credentials (``SO_PASSCRED``), `sender` is then the pid the kernel gave with the
+        answer's first chunk, in our PID namespace (None otherwise)."""
         deadline = time.monotonic() + timeout
+        self.sender = None
         try:
             self.sock.settimeout(timeout)
             self.sock.sendall(data)
@@ -156,9 +162,10 @@ class SocketLineReader:
                 if remaining <= 0:
                     raise WorkerExited(f"the runner did not answer within {timeout:g} s")
                 self.sock.settimeout(remaining)
-                chunk = self.sock.recv(1 << 16)
+                chunk, ancillary, _, _ = self.sock.recvmsg(1 << 16, _CREDENTIALS_SPACE)
                 if not chunk:
                     raise WorkerExited("the runner closed its channel")
+                self.sender = self.sender or _sender_pid(ancillary)
                 self._buffer += chunk
             return line
         except OSError as exc:  # a timeout included
@@ -204,6 +211,18 @@ class SocketLineReader:
             except (BrokenPipeError, ConnectionResetError, OSError) as exc:
                 raise WorkerExited(f"the runner's channel is closed ({exc})") from exc
             view = view[sent:]
+
+
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_CREDENTIALS_SPACE = socket.CMSG_SPACE(_UCRED.size)
+
+
+def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
+            pid = _UCRED.unpack(data[: _UCRED.size])[0]
+            return pid if pid > 0 else None
+    return None
 
 
 def take_line(buffer: bytearray, limit: int) -> bytes | None:

@@ -25,7 +25,6 @@ import shutil
 import signal
 import site
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from ..errors import ForkError, SandboxFileError, WorkerStartError
 from ..preload import read_preload
 from ..runtime import RUNTIME_DIR
 from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
-from ..usage import ProcessProbe, ProcessTree, find_in_namespace, parse_nspid
+from ..usage import ProcessProbe, ProcessTree, find_in_namespace, parse_nspid, read_text
 from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited
 from .bubblewrap import Bubblewrap, choose
 from .hostreap import REAPER, PrivateUsers
@@ -247,25 +246,16 @@ class HostWorker(Worker):
         and find its host process for the usage probe here rather than on the first run's path
         (under namespaces that walks the fork server's children)."""
         sock = self.channel.sock
-        sender: int | None = None
         try:
-            sock.settimeout(timeout)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            sock.sendall(b'{"op": "warmup"}\n')
-            reply = b""
-            while not reply.endswith(b"\n"):
-                chunk, ancillary, _, _ = sock.recvmsg(1 << 16, socket.CMSG_SPACE(_UCRED.size))
-                if not chunk:
-                    return False
-                sender = sender or _sender_pid(ancillary)
-                reply += chunk
-        except OSError:
+            reply = self.exchange_blocking(b'{"op": "warmup"}\n', timeout)
+        except (OSError, WorkerExited):
             return False
         finally:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)
-            sock.setblocking(False)
         if b'"reply"' not in reply:
             return False
+        sender = self.channel.sender
         if sender is not None and self._tree is None and self.pid is not None:
             self._adopt_host_pid(sender)
         self.process_tree()
@@ -275,7 +265,7 @@ class HostWorker(Worker):
         """The runner's host pid, as the kernel gave it with the warm-up reply (SCM_CREDENTIALS: the
         sender's pid translated into our PID namespace), checked against the pid the fork server
         named (the innermost of its NSpid): no walk of the server's process tree is needed."""
-        status = _read_text(f"/proc/{sender}/status")
+        status = read_text(f"/proc/{sender}/status")
         nspid = parse_nspid(status) if status else []
         if nspid and nspid[-1] == self.pid and (self.isolation == "namespaces") == (len(nspid) > 1):
             tree = ProcessTree(sender)
@@ -284,7 +274,7 @@ class HostWorker(Worker):
 
     def exchange_blocking(self, data: bytes, timeout: float) -> bytes:
         """Blocking: send a request line and return the runner's next line (the pool's refill thread
-        only, before the worker is handed out: `session.initialise_ahead`)."""
+        only, before the worker is handed out: the warm-up, `session.initialise_ahead`)."""
         return self.channel.exchange_blocking(data, timeout, self.line_limit)
 
     async def kill(self) -> None:
@@ -448,25 +438,6 @@ def _path_is_world_traversable(path: str) -> bool:
         except OSError:
             return False
     return True
-
-
-_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
-
-def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
-    for level, kind, data in ancillary:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(data) >= _UCRED.size:
-            pid = _UCRED.unpack(data[: _UCRED.size])[0]
-            return pid if pid > 0 else None
-    return None
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, "rb") as handle:
-            return handle.read().decode("ascii", "replace")
-    except OSError:
-        return None
 
 
 def _private_user(directory: str, isolation: str) -> int | None:

@@ -13,7 +13,7 @@ import os
 import signal
 import time
 
-from ..usage import children
+from ..usage import children, read_text
 
 
 def start_time(pid: int | None) -> int | None:
@@ -60,16 +60,16 @@ def user_processes(
     if within is None:
         return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and _owner(e) == uid]
     for _ in range(2 if confirm else 1):
-        found = [pid for pid, state in _namespace_processes(uid, within) if not (living and state == b"Z")]
+        found = [pid for pid, state in _namespace_processes(uid, within) if not (living and state == "Z")]
         if found:
             return found
     return []
 
 
-def _namespace_processes(uid: int, within: int) -> list[tuple[int, bytes]]:
+def _namespace_processes(uid: int, within: int) -> list[tuple[int, str]]:
     """(pid, state letter) of `uid`'s processes below `within`, pruned as `user_processes` says."""
-    mine = str(uid).encode()
-    found: list[tuple[int, bytes]] = []
+    mine = str(uid)
+    found: list[tuple[int, str]] = []
     queue = [within]
     seen = {within}
     while queue:
@@ -80,7 +80,7 @@ def _namespace_processes(uid: int, within: int) -> list[tuple[int, bytes]]:
         uids, state = owner
         if mine in uids:
             found.append((pid, state))
-        elif b"0" not in uids:
+        elif "0" not in uids:
             continue  # another session's process: nothing of ours lies below it
         for child in children(pid):
             if child not in seen:
@@ -89,22 +89,15 @@ def _namespace_processes(uid: int, within: int) -> list[tuple[int, bytes]]:
     return found
 
 
-def _uids_and_state(pid: int) -> tuple[list[bytes], bytes] | None:
+def _uids_and_state(pid: int) -> tuple[list[str], str] | None:
     """The real, effective and saved uids of `pid` and its state letter (``R``, ``S``, ``Z``...)."""
-    try:
-        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY)
-    except OSError:
+    text = read_text(f"/proc/{pid}/status")  # State and Uid are in its first few hundred bytes
+    if text is None:
         return None
-    try:
-        text = os.read(fd, 4096)  # State and Uid are in the first few hundred bytes
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    state_at, uid_at = text.find(b"\nState:\t"), text.find(b"\nUid:\t")
+    state_at, uid_at = text.find("\nState:\t"), text.find("\nUid:\t")
     if state_at < 0 or uid_at < 0:
         return None
-    return text[uid_at + 6 : text.find(b"\n", uid_at + 1)].split()[:3], text[state_at + 8 : state_at + 9]
+    return text[uid_at + 6 : text.find("\n", uid_at + 1)].split()[:3], text[state_at + 8 : state_at + 9]
 
 
 def _owner(entry: os.DirEntry[str]) -> int | None:
@@ -134,10 +127,10 @@ def kill_user_processes(uid: int, within: int | None = None) -> None:
 def _wait_dead(pids: list[int], uid: int, limit: float = 0.5) -> None:
     """Until each of `pids` (if still `uid`'s) is a zombie or gone, at most `limit` seconds."""
     deadline = time.monotonic() + limit
-    mine = str(uid).encode()
+    mine = str(uid)
     for pid in pids:
         while time.monotonic() < deadline:
             owner = _uids_and_state(pid)
-            if owner is None or mine not in owner[0] or owner[1] == b"Z":
+            if owner is None or mine not in owner[0] or owner[1] == "Z":
                 break
             time.sleep(0.0005)

@@ -87,11 +87,11 @@ def _private_json() -> Any:
 json = _private_json()  # noqa: F811
 MAX_ARTIFACT_SCAN = 5000
 RESERVE_BYTES = 32 << 20
+"""Address space the runner keeps back for itself under a memory limit (added to the limit)."""
 COMPILED_CELLS = 64
 COMPILED_SOURCE_CHARS = 16_000
 """The compiled-cell cache keeps the last 64 sources of up to 16,000 characters: small snippets are
 the ones run again; a cache of large ones would hold memory under the session's limit."""
-"""Address space the runner keeps back for itself under a memory limit (added to the limit)."""
 
 
 def _load_sibling(name: str) -> Any:
@@ -215,8 +215,8 @@ class Runner:
         self.stdout = Capture(1, "stdout")
         self.stderr = Capture(2, "stderr")
         self._start_capture_threads()
-        sys.stdout = sys.__stdout__ = _text_stream(1)  # type: ignore[misc]  # the originals point at the channel
-        sys.stderr = sys.__stderr__ = _text_stream(2)  # type: ignore[misc]
+        _fresh_streams()
+        sys.__stdout__, sys.__stderr__ = _STREAMS  # type: ignore[misc]  # the originals point at the channel
         self.initialised = False
         self.python_guards = True
         self.guard: Any = None
@@ -669,7 +669,8 @@ def _renamed(code: types.CodeType, filename: str) -> types.CodeType:
 
 
 _STREAMS: list[io.TextIOWrapper] = []
-"""The runner's own sys.stdout and sys.stderr (made by `_text_stream`), kept from run to run."""
+"""The runner's own sys.stdout and sys.stderr (`_fresh_streams`, from the runner's start), kept from
+run to run."""
 
 
 def _text_stream(fd: int) -> io.TextIOWrapper:
@@ -700,13 +701,12 @@ def _flush_streams() -> None:
             flushed = False  # what it still holds must not reach the next run's output
     # The code may have replaced, closed or reconfigured them (via an allowed module): then start
     # clean next time; else keep them (making two text streams per run is a tenth of a warm run).
-    if (
-        flushed
-        and len(_STREAMS) == 2
-        and _stream_intact(sys.stdout, _STREAMS[0])
-        and _stream_intact(sys.stderr, _STREAMS[1])
-    ):
+    if flushed and _stream_intact(sys.stdout, _STREAMS[0]) and _stream_intact(sys.stderr, _STREAMS[1]):
         return
+    _fresh_streams()
+
+
+def _fresh_streams() -> None:
     _STREAMS[:] = [_text_stream(1), _text_stream(2)]
     sys.stdout, sys.stderr = _STREAMS
 
