@@ -38,8 +38,10 @@ answer (cancelled, timed out, malformed, lost) discards the session, and the nex
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
@@ -52,14 +54,20 @@ from .events import DEFAULT_STREAM_CHARS, DEFAULT_STREAM_RATE, OutputEvent
 from .models import Artifact, ExecutionError, ExecutionResult, ForkReport, RunUsage
 from .runtime import bounds
 from .runtime.protocol import (
+    Fatal,
     ForkRequest,
+    InitReply,
     InitRequest,
+    OutputMessage,
+    Reply,
     Request,
+    RunReply,
     RunRequest,
     StreamOptions,
     ToolCall,
     ToolResult,
 )
+from .wire import check
 from .worker import Worker, WorkerExited
 
 HANDSHAKE_TIMEOUT = 30.0
@@ -266,7 +274,7 @@ class RunnerSession(Session):
             self._first_run_ended()
         if gate is not None:
             gate.flush()
-        result = result_from_reply(reply, self.output_limit)
+        result = result_from_reply(cast(RunReply, reply), self.output_limit)  # checked by `_request`
         self.exec_seconds = reported_seconds(reply.get("exec_seconds"))
         self.runner_seconds = reported_seconds(reply.get("runner_seconds"))
         return result
@@ -378,20 +386,24 @@ class RunnerSession(Session):
     ) -> dict[str, Any]:
         """Send one request and serve tool calls (and a streamed run's output) until its reply arrives."""
         worker = self.worker
+        answer = _ANSWERS[message["op"]]
         await worker.send(_encode(message))
         while True:
             reply = await self._receive(learn_token=message["op"] == "init")
-            op = reply.get("op")
+            op = reply["op"]
             if op == "output" and gate is not None:
                 gate.receive(reply)
-            elif op == "tool_call":
-                await worker.send(_encode(await call_tool(cast(ToolCall, reply))))
+            elif op == "tool_call" and message["op"] == "run":
+                await worker.send(_encode(await call_tool(check(ToolCall, reply))))
             elif op == "fatal":
-                raise _fatal(reply)
+                raise _fatal(check(Fatal, reply))
             elif op == "reply":
-                return reply
+                return check(answer, reply)
             else:
-                raise ProtocolError(f"unexpected message from the runner: {op!r}")
+                raise ProtocolError(
+                    f"unexpected message from the runner while it {_DOING[message['op']]}: "
+                    f"{bounds.clipped(repr(op), 60)}"
+                )
 
 
 class OutputGate:
@@ -407,13 +419,12 @@ class OutputGate:
         self.on_output = on_output
         self.dropped = {"stdout": 0, "stderr": 0}
 
-    def receive(self, message: dict[str, Any]) -> None:
-        name, text, dropped = message.get("stream"), message.get("text"), message.get("dropped", 0)
-        if name not in ("stdout", "stderr") or not isinstance(text, str) or not isinstance(dropped, int):
-            raise ProtocolError(
-                f"malformed output message from the runner: {bounds.clipped(repr(message), 300)}"
-            )
-        dropped = max(0, dropped) + self.dropped[name]
+    def receive(self, reply: dict[str, Any]) -> None:
+        """Check one output message against `OutputMessage` (`ProtocolError` if it is not one) and
+        hand on what the budget allows."""
+        message = check(OutputMessage, reply)
+        name, text = message["stream"], message["text"]
+        dropped = _count(message["dropped"]) + self.dropped[name]
         granted = self.bucket.take(min(len(text), bounds.STREAM_MESSAGE_CHARS), time.monotonic())
         if granted < len(text):
             self.dropped[name] = len(text) - granted
@@ -441,37 +452,67 @@ def initialise_ahead(worker: Worker, init: InitRequest, exchange: Callable[[byte
     worker.line_limit = bounds.line_limit(init["output_limit"])
     started = time.perf_counter()
     reply = _decode(worker, exchange(_encode(init), HANDSHAKE_TIMEOUT), learn_token=True)
-    op = reply.get("op")
+    op = reply["op"]
     if op == "fatal":
-        raise _fatal(reply)
+        raise _fatal(check(Fatal, reply))
     if op != "reply":
-        raise ProtocolError(f"unexpected answer to init from the runner: {op!r}")
+        raise ProtocolError(f"unexpected answer to init from the runner: {bounds.clipped(repr(op), 60)}")
+    check(InitReply, reply)
     return time.perf_counter() - started
 
 
 def _decode(worker: Worker, line: bytes, learn_token: bool) -> dict[str, Any]:
-    """A line from the runner as a message, its token checked (with `learn_token`: learnt, for the
-    answer to `init` or a fork's greeting, when the worker has none yet)."""
+    """A line from the runner as a message whose `op` is text, its token checked (with `learn_token`:
+    learnt, for the answer to `init` or a fork's greeting, when the worker has none yet).
+
+    The runner writes its token first, so a line that does not start with it is refused before it is
+    parsed: code that can write to the channel's descriptor but does not hold the token cannot make
+    the parent decode anything. The line is already bounded in length (`Worker.line_limit`); JSON
+    nested past the parser's recursion limit is refused as malformed, not raised."""
+    known = worker.channel_token
+    if known is not None and not line.startswith(_token_prefix(known)):
+        raise ProtocolError(_NOT_FROM_THE_RUNNER)
+    if known is None and not learn_token:
+        raise ProtocolError(_NOT_FROM_THE_RUNNER)
     try:
         reply = json.loads(line)
-    except ValueError as exc:
-        raise ProtocolError(f"the runner sent a line that is not JSON: {line[:200]!r}") from exc
-    if not isinstance(reply, dict):
+    except (ValueError, RecursionError) as exc:
+        kind = "nested too deeply" if isinstance(exc, RecursionError) else "not JSON"
+        raise ProtocolError(f"the runner sent a line that is {kind}: {line[:200]!r}") from None
+    if type(reply) is not dict or type(reply.get("op")) is not str:
         raise ProtocolError(f"the runner sent a line that is not a message: {line[:200]!r}")
     token = reply.pop("token", None)
-    known = worker.channel_token
-    if known is None and learn_token and isinstance(token, str):
+    if known is None:
+        if type(token) is not str or not _TOKEN_SHAPE.fullmatch(token):
+            raise ProtocolError(_NOT_FROM_THE_RUNNER)
         worker.channel_token = token  # learnt before any code runs
-    elif known is None or token != known:
-        raise ProtocolError(
-            "a message on the sandbox channel did not come from the runner "
-            "(the code wrote to the channel's descriptor)"
-        )
+    elif token != known:  # a second "token" key: JSON keeps the last one
+        raise ProtocolError(_NOT_FROM_THE_RUNNER)
     return reply
 
 
-def _fatal(reply: dict[str, Any]) -> WorkerStartError:
-    return WorkerStartError(f"the sandbox runner failed: {reply.get('message')}")
+_NOT_FROM_THE_RUNNER = "a message on the sandbox channel did not come from the runner (the code wrote to the channel's descriptor)"
+_TOKEN_SHAPE = re.compile(r"[0-9a-f]{32}")
+"""The runner's channel token: 16 random bytes in hex (`runner.Channel`)."""
+
+
+@functools.lru_cache(maxsize=64)
+def _token_prefix(token: str) -> bytes:
+    return b'{"token": "' + token.encode() + b'", '
+
+
+_ANSWERS: dict[str, type[Any]] = {
+    "init": InitReply,
+    "run": RunReply,
+    "reset": Reply,
+    "warmup": Reply,
+}
+"""The reply each request is answered with (a fork's replies are checked by `RunnerSession.fork`)."""
+_DOING = {"init": "started", "run": "ran code", "reset": "reset", "warmup": "warmed up"}
+
+
+def _fatal(reply: Fatal) -> WorkerStartError:
+    return WorkerStartError(f"the sandbox runner failed: {bounds.clipped(reply['message'], 500)}")
 
 
 async def _no_tools(call: ToolCall) -> ToolResult:
@@ -489,15 +530,16 @@ def reported_seconds(value: Any) -> float | None:
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
-def result_from_reply(reply: dict[str, Any], limit: int) -> ExecutionResult:
-    """The result of a run reply, every part cut to its bound again here: the runner already cuts, but
-    code without the Python-level guards can replace the runner's reply."""
+def result_from_reply(reply: RunReply, limit: int) -> ExecutionResult:
+    """The result of a run reply (already checked against `RunReply`), every part cut to its bound
+    again here: the runner already cuts, but code without the Python-level guards can replace the
+    runner's reply."""
     try:
-        stdout, stdout_cut = bounds.clip(_text(reply.get("stdout", "")), limit)
-        stderr, stderr_cut = bounds.clip(_text(reply.get("stderr", "")), limit)
-        error = reply.get("error")
-        artifacts, artifacts_cut = bounds.bound_artifacts(list(reply.get("artifacts") or []))
-        final = reply.get("final_answer")
+        stdout, stdout_cut = bounds.clip(reply["stdout"], limit)
+        stderr, stderr_cut = bounds.clip(reply["stderr"], limit)
+        error = reply["error"]
+        artifacts, artifacts_cut = bounds.bound_artifacts(cast(list[dict[str, Any]], reply["artifacts"]))
+        final = reply["final_answer"]
         final_cut = 0
         if isinstance(final, str):
             final, final_cut = bounds.clip(final, limit)
@@ -506,36 +548,38 @@ def result_from_reply(reply: dict[str, Any], limit: int) -> ExecutionResult:
             if len(encoded) > limit:
                 final, final_cut = bounds.clip(encoded, limit)
         # A run has a final answer or a value, never both: the bound holds 3 texts of `limit`.
-        value = None if final is not None or reply.get("has_final_answer") else reply.get("value")
+        value = None if final is not None or reply["has_final_answer"] else reply["value"]
         value_cut = 0
         if isinstance(value, str):
             value, value_cut = bounds.clip(value, limit)
         elif value is not None and len(encoded := json.dumps(value, ensure_ascii=False)) > limit:
             value, value_cut = bounds.clip(encoded, limit)
-        artifacts_omitted = int(reply.get("artifacts_omitted", 0)) + artifacts_cut
         return ExecutionResult(
             stdout=stdout,
             stderr=stderr,
-            stdout_omitted=int(reply.get("stdout_omitted", 0)) + stdout_cut,
-            stderr_omitted=int(reply.get("stderr_omitted", 0)) + stderr_cut,
-            error=ExecutionError(**bounds.bound_error(error)) if error else None,
-            oom=bool(reply.get("oom")),
-            truncated=bool(reply.get("truncated"))
+            stdout_omitted=_count(reply["stdout_omitted"]) + stdout_cut,
+            stderr_omitted=_count(reply["stderr_omitted"]) + stderr_cut,
+            error=ExecutionError(**bounds.bound_error(dict(error))) if error else None,
+            oom=reply["oom"],
+            truncated=reply["truncated"]
             or bool(stdout_cut or stderr_cut or final_cut or value_cut or artifacts_cut),
             artifacts=[Artifact(**a) for a in artifacts],
-            artifacts_omitted=artifacts_omitted,
+            artifacts_omitted=_count(reply["artifacts_omitted"]) + artifacts_cut,
             final_answer=final,
-            has_final_answer=bool(reply.get("has_final_answer")),
+            has_final_answer=reply["has_final_answer"],
             value=value,
         )
-    except (TypeError, ValueError, AttributeError) as exc:
+    except (TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise ProtocolError(f"malformed result from the runner: {bounds.clipped(str(exc), 500)}") from exc
 
 
-def _text(value: Any) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"expected text, got {type(value).__name__}")
-    return value
+def _count(value: int) -> int:
+    """A count the runner reported, held to what a result can say (never negative, never past 2**53)."""
+    return min(max(0, value), COUNT_LIMIT)
+
+
+COUNT_LIMIT = 2**53
+"""The most any count of a result says (what JSON numbers carry exactly)."""
 
 
 def _encode(message: Request | ToolResult) -> bytes:

@@ -131,8 +131,9 @@ async def test_usage_cannot_be_forged_by_code_that_writes_the_reply(
         + "runner = next(o for o in gc.get_objects() if type(o).__name__ == 'Runner' and hasattr(o, 'channel'))\n"
         + "fake = {'cpu_user_seconds': 0.0, 'cpu_system_seconds': 0.0, 'cpu_seconds': 0.0, "
         + "'peak_memory_bytes': 1, 'wall_seconds': 0.0, 'peak_scope': 'run', 'exact': {}, 'source': 'forged'}\n"
-        + "runner.channel.send({'op': 'reply', 'stdout': 'forged', 'stderr': '', 'error': None, "
-        + "'usage': fake, 'artifacts': []})\n"
+        + "runner.channel.send({'op': 'reply', 'stdout': 'forged', 'stderr': '', 'stdout_omitted': 0, "
+        + "'stderr_omitted': 0, 'truncated': False, 'error': None, 'oom': False, 'final_answer': None, "
+        + "'has_final_answer': False, 'value': None, 'usage': fake, 'artifacts': [], 'artifacts_omitted': 0})\n"
     )
     async with executor_factory(policy=Policy(python_guards=False), timeout=30) as ex:
         result = await ex.run(code)

@@ -2,8 +2,8 @@
 
 It is started as ``python3 -I runner.py [--sys-path DIR]... [--uid N --gid N] [--subreaper]`` (or
 forked from `forkserver.py`, which calls `main` with the same flags) and talks to the parent over its
-original stdin (requests) and stdout (replies), one JSON object per line, each reply carrying the
-channel token. Before any user code runs it moves that channel to private descriptors and points
+original stdin (requests) and stdout (replies), one JSON object per line, each reply starting with
+the channel token (the parent refuses a line that does not, before parsing it). Before any user code runs it moves that channel to private descriptors and points
 fd 0 at /dev/null and fd 1/2 at pipes that a drain thread empties (head and tail kept, the middle
 counted), so everything the code (or a C extension, or a child process) writes is captured, writing
 never fails, and nothing it writes can reach the channel. ``--subreaper`` makes orphans of the code's
@@ -13,7 +13,7 @@ Requests and replies::
 
     {"op": "warmup"}                       -> {"op": "reply"}   (pool workers, before init only)
     {"op": "init", "policy": {...}, "env": {...}, "tools": [...], "stateless": b, "output_limit": n}
-                                           -> {"op": "reply", "pid", "uid", "token"}
+                                           -> {"op": "reply", "pid", "uid"}
     {"op": "run", "code": "..."}           -> {"op": "reply", "stdout", "stderr", "stdout_omitted",
                                                "stderr_omitted", "truncated", "error", "oom",
                                                "final_answer", "has_final_answer", "value",
@@ -155,7 +155,7 @@ class Channel:
         """Write one message; with `limit`, refuse (ValueError, nothing sent) one longer than that."""
         if self.forked_child:
             raise RuntimeError("a forked process cannot use the sandbox channel")
-        message = {**message, "token": self.token}
+        message = {"token": self.token, **message}  # first: the parent checks it before parsing
         encoded = json.dumps(message, ensure_ascii=False).encode("utf-8", "surrogatepass") + b"\n"
         if limit is not None and len(encoded) > limit:
             raise ValueError(f"the message is {len(encoded):,} bytes of JSON; the limit is {limit:,}")

@@ -24,20 +24,46 @@ from sandboxes.worker import Worker, WorkerExit, WorkerExited
 
 pytestmark = pytest.mark.anyio
 
-TOKEN = "t0ken"
+TOKEN = "0123456789abcdef" * 2
 Script = Callable[[dict[str, Any]], list[Any]]
 HANG = object()
 
 
 def reply(**fields: Any) -> dict[str, Any]:
-    return {"op": "reply", "token": TOKEN, **fields}
+    return {"token": TOKEN, "op": "reply", **fields}
+
+
+RUN_REPLY: dict[str, Any] = {
+    "stdout": "",
+    "stderr": "",
+    "stdout_omitted": 0,
+    "stderr_omitted": 0,
+    "truncated": False,
+    "error": None,
+    "oom": False,
+    "final_answer": None,
+    "has_final_answer": False,
+    "value": None,
+    "artifacts": [],
+    "artifacts_omitted": 0,
+}
+"""Every field a run's reply must have (`runtime.protocol.RunReply`), each at its 'nothing happened' value."""
+
+
+def run_reply(**fields: Any) -> dict[str, Any]:
+    return reply(**{**RUN_REPLY, **fields})
+
+
+def ack(message: dict[str, Any]) -> dict[str, Any]:
+    """The answer to a request other than `run`: `init`'s names the runner's pid and uid."""
+    return reply(pid=2, uid=1000) if message["op"] == "init" else reply()
 
 
 def runner_like(message: dict[str, Any]) -> list[Any]:
     """A well-behaved runner: init and reset answer; `run` prints the code back."""
     if message["op"] == "run":
-        return [reply(stdout=message["code"] + "\n")]
-    return [reply()]
+        return [run_reply(stdout=message["code"] + "\n")]
+    return [ack(message)]
 
 
 class ScriptedWorker(Worker):
@@ -75,6 +101,8 @@ class ScriptedWorker(Worker):
             raise item
         if isinstance(item, bytes):
             return item
+        if "token" in item:  # the runner writes its token first
+            item = {"token": item["token"], **item}
         return json.dumps(item).encode() + b"\n"
 
     async def alive(self) -> bool:
@@ -191,8 +219,7 @@ async def test_a_run_returns_the_reply_as_a_result() -> None:
     [
         ((0.25, 0.5), (0.25, 0.5)),
         ((0, 1), (0.0, 1.0)),
-        ((-1.0, "1"), (None, None)),  # negative, text
-        ((True, None), (None, None)),  # a bool is no duration
+        ((-1.0, None), (None, None)),  # negative
         ((10**400, float("inf")), (None, None)),  # past float's range, infinite
         ((None, float("nan")), (None, None)),
     ],
@@ -204,15 +231,29 @@ async def test_the_runner_reported_timings_are_kept_only_when_they_are_durations
 
     def script(message: dict[str, Any]) -> list[Any]:
         if message["op"] != "run":
-            return [reply()]
+            return [ack(message)]
         fields = {"exec_seconds": exec_seconds, "runner_seconds": runner_seconds}
-        return [reply(stdout="", **{k: v for k, v in fields.items() if v is not None})]
+        return [run_reply(**{k: v for k, v in fields.items() if v is not None})]
 
     async with executor(script) as ex:
         session: Any = ex.session
         assert (session.exec_seconds, session.runner_seconds) == (None, None)  # no run yet
         result = await ex.run("x")
         assert result.ok and (session.exec_seconds, session.runner_seconds) == read
+
+
+@pytest.mark.parametrize("reported", ["1", True, [1], {"s": 1}])
+async def test_a_timing_of_the_wrong_type_makes_the_reply_malformed(reported: Any) -> None:
+    def script(message: dict[str, Any]) -> list[Any]:
+        return [run_reply(exec_seconds=reported)] if message["op"] == "run" else [ack(message)]
+
+    async with executor(script) as ex:
+        first = await ex.run("x")
+        second = await ex.run("x")
+    assert first.error is not None and first.error.type == "WorkerCrashed"
+    assert "RunReply.exec_seconds: expected a number" in first.error.message
+    assert first.state_lost and len(ex.workers) == 2 and ex.workers[0].killed
+    assert not second.ok and second.error is not None  # the replacement answers with the same script
 
 
 async def test_a_policy_violation_never_reaches_the_worker() -> None:
@@ -227,11 +268,11 @@ async def test_a_forged_oversized_reply_is_cut_in_the_parent() -> None:
 
     def script(message: dict[str, Any]) -> list[Any]:
         if message["op"] != "run":
-            return [reply()]
-        error = {"type": "E" * 5000, "message": huge, "traceback": huge}
+            return [ack(message)]
+        error = {"type": "E" * 5000, "message": huge, "traceback": huge, "line": None}
         artifacts = [{"path": "p" * 1000, "size": 1}] * 500
         return [
-            reply(
+            run_reply(
                 stdout=huge,
                 stderr=huge,
                 final_answer=huge,
@@ -251,12 +292,48 @@ async def test_a_forged_oversized_reply_is_cut_in_the_parent() -> None:
 @pytest.mark.parametrize(
     ("line", "why"),
     [
-        (b"not json\n", "not JSON"),
-        (b"[1, 2]\n", "not a message"),
-        (json.dumps({"op": "reply", "token": "forged"}).encode() + b"\n", "did not come from the runner"),
+        (b"not json\n", "did not come from the runner"),  # refused before it is parsed
+        (b"[1, 2]\n", "did not come from the runner"),
+        (b'{"token": "%s", oops\n' % TOKEN.encode(), "not JSON"),
+        (json.dumps({"token": "forged", "op": "reply"}).encode() + b"\n", "did not come from the runner"),
         (json.dumps({"op": "reply"}).encode() + b"\n", "did not come from the runner"),
-        (json.dumps({"op": "surprise", "token": TOKEN}).encode() + b"\n", "unexpected message"),
-        (json.dumps({"op": "reply", "token": TOKEN, "error": "oops"}).encode() + b"\n", "malformed result"),
+        # The token, but not first: refused before the line is parsed.
+        (json.dumps({"op": "reply", "token": TOKEN}).encode() + b"\n", "did not come from the runner"),
+        # A second token key (JSON keeps the last) is no token.
+        (b'{"token": "%s", "op": "reply", "token": "x"}\n' % TOKEN.encode(), "did not come from the runner"),
+        (json.dumps({"token": TOKEN, "op": "surprise"}).encode() + b"\n", "unexpected message"),
+        (json.dumps({"token": TOKEN, "op": 7}).encode() + b"\n", "not a message"),
+        (json.dumps({"token": TOKEN, "op": "reply", "error": "oops"}).encode() + b"\n", "malformed message"),
+        (
+            json.dumps({"token": TOKEN, **run_reply(stdout_omitted=True)}).encode() + b"\n",
+            "malformed message",
+        ),
+        (json.dumps({"token": TOKEN, **run_reply(error={"type": 1})}).encode() + b"\n", "malformed message"),
+        (
+            b'{"token": "%s", "op": "reply", "value": %s}\n' % (TOKEN.encode(), b"[" * 100_000),
+            "nested too deeply",
+        ),
+        (
+            json.dumps(
+                {"token": TOKEN, "op": "tool_call", "id": 1, "name": ["x"], "args": [], "kwargs": {}}
+            ).encode()
+            + b"\n",
+            "malformed message",
+        ),
+        (
+            json.dumps(
+                {"token": TOKEN, "op": "tool_call", "id": 1, "name": "add", "args": {}, "kwargs": {}}
+            ).encode()
+            + b"\n",
+            "malformed message",
+        ),
+        (
+            json.dumps(
+                {"token": TOKEN, "op": "output", "stream": "stdin", "text": "x", "dropped": 0}
+            ).encode()
+            + b"\n",
+            "unexpected message",  # output on a run that does not stream
+        ),
     ],
 )
 async def test_a_bad_line_replaces_the_worker_and_says_the_state_is_lost(line: bytes, why: str) -> None:
@@ -328,7 +405,7 @@ def tool_round_trip(name: str, *args: Any) -> Script:
                 {"op": "tool_call", "token": TOKEN, "id": 1, "name": name, "args": list(args), "kwargs": {}}
             ]
         if message["op"] == "tool_result":
-            return [reply(final_answer=message, has_final_answer=True)]
+            return [run_reply(final_answer=message, has_final_answer=True)]
         return runner_like(message)
 
     return script

@@ -69,17 +69,23 @@ def pair() -> Iterator[tuple[SocketWorker, socket.socket]]:
     runner.close()
 
 
+TOK = "5ca1ab1e" * 4
+
+
 def line(**message: Any) -> bytes:
+    """One line as the runner writes it: its token (if any) first."""
+    if "token" in message:
+        message = {"token": message["token"], **message}
     return json.dumps(message).encode() + b"\n"
 
 
 def test_the_answer_teaches_the_token_and_the_session_needs_no_round_trip(pair: Any) -> None:
     worker, runner = pair
     # the reply comes in two pieces, and the runner's next line right behind it
-    runner.sendall(b'{"op": "reply", "pid": 7, ')
-    runner.sendall(b'"token": "tok"}\n' + line(op="reply", token="tok", stdout="later\n"))
+    runner.sendall(b'{"token": "%s", "op": "reply", ' % TOK.encode())
+    runner.sendall(b'"pid": 7, "uid": 5}\n' + line(op="reply", token=TOK, stdout="later\n"))
     seconds = initialise_ahead(worker, INIT, worker.exchange_blocking)
-    assert seconds >= 0 and worker.channel_token == "tok"
+    assert seconds >= 0 and worker.channel_token == TOK
     assert worker.line_limit == line_limit(INIT["output_limit"])
     sent = json.loads(runner.recv(1 << 16))
     assert sent == INIT  # exactly the request, once
@@ -96,8 +102,10 @@ def test_the_answer_teaches_the_token_and_the_session_needs_no_round_trip(pair: 
 @pytest.mark.parametrize(
     ("answer", "error"),
     [
-        (line(op="fatal", token="tok", message="bad policy"), WorkerStartError),
-        (line(op="output", token="tok", stream="stdout", text="x"), ProtocolError),
+        (line(op="fatal", token=TOK, message="bad policy"), WorkerStartError),
+        (line(op="output", token=TOK, stream="stdout", text="x"), ProtocolError),
+        (line(op="reply", token=TOK), ProtocolError),  # no pid and uid: not an answer to init
+        (line(op="reply", token="tok", pid=7, uid=5), ProtocolError),  # not a token the runner makes
         (b"not json\n", ProtocolError),
         (line(op="reply"), ProtocolError),  # no token: not the runner's answer
         (b"", WorkerExited),  # the runner closed its channel
