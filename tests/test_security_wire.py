@@ -58,6 +58,11 @@ ATTACKS = {
         "is missing",
     ),
     "a message of no kind": ('raw(b\'"op": ["reply"]}\')\n', "not a message"),
+    # A shared container's session host speaks on the same stream, its lines marked with "!".
+    "a session host's line nested past the parser's limit": (
+        "os.write(runner.channel.write_fd, b'!' + b'[' * 200_000 + b'\\n')\n",
+        "did not come from the runner",
+    ),
     "a line without the token": (
         'os.write(runner.channel.write_fd, b\'{"op": "reply", "token": "\' + '
         "runner.channel.token.encode() + b'\"}\\n')\n",

@@ -179,7 +179,7 @@ class SharedContainer:
             return None
         for line in bytes(self.demux.stdout).split(b"\n"):
             message = host_message(line) if marker in line else None
-            if message is not None and message.get("nonce") == nonce and "exited" in message:
+            if message is not None and message.get("nonce") == nonce and type(message.get("exited")) is int:
                 return int(message["exited"])
         return None
 
@@ -353,9 +353,9 @@ def host_message(line: bytes) -> dict[str, Any] | None:
         return None
     try:
         message = json.loads(line[1:])
-    except ValueError:
+    except (ValueError, RecursionError):  # a session can write such a line too: it is not the host's
         return None
-    return message if isinstance(message, dict) else None
+    return message if type(message) is dict and type(message.get("nonce")) is str else None
 
 
 class SharedSessionWorker(Worker):
@@ -405,8 +405,8 @@ class SharedSessionWorker(Worker):
             message = host_message(line)
             if message is None:
                 return line
-            if message.get("nonce") == self.nonce and "exited" in message:
-                self.exit_status = int(message["exited"])
+            if message.get("nonce") == self.nonce and type(message.get("exited")) is int:
+                self.exit_status = message["exited"]
                 raise WorkerExited("the session's runner exited")
             # anything else that looks like the host's was written by the session itself: dropped
 
