@@ -35,7 +35,7 @@ Check = Callable[[Any, str], str | None]
 def check(kind: type[T], message: Any, what: str = "") -> T:
     """`message` as a `kind` (the same object, its shape checked), or `ProtocolError` saying which
     field is wrong. `what` names the sender in the message ("the runner" by default)."""
-    problem = _checker(typing.cast(Any, kind))(message, kind.__name__)
+    problem = _checker(typing.cast(Any, kind))(message, getattr(kind, "__name__", "message"))
     if problem is not None:
         sender = what or "the runner"
         raise ProtocolError(f"{sender} sent a malformed message: {bounds.clipped(problem, 300)}")

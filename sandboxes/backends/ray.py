@@ -40,9 +40,10 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Self, cast
+from typing import Any, Literal, Self, TypeVar, cast
 
 import anyio
+from pydantic import BaseModel, ValidationError
 
 from ..errors import ForkError, ProtocolError, WorkerStartError
 from ..events import OutputEvent
@@ -61,6 +62,7 @@ from ..runtime.protocol import (
     ToolCall,
 )
 from ..session import OutputHandler, Session, SessionLost, ToolCaller
+from ..wire import check
 from . import executor_class
 from .raycluster import (
     SANDBOX_RESOURCE,
@@ -192,12 +194,15 @@ class RayExecutor(Executor):
             handle = agent(reservation.node_id)
             session_id = uuid.uuid4().hex
             try:
-                answer: NodeOpened | NodeError = await handle.open.remote(
-                    session_id,
-                    reservation.group.id.hex(),
-                    self.node_backend,
-                    self.node_options,
-                    sorted(self.tools),
+                answer = _from_node(
+                    NodeOpened | NodeError,
+                    await handle.open.remote(
+                        session_id,
+                        reservation.group.id.hex(),
+                        self.node_backend,
+                        self.node_options,
+                        sorted(self.tools),
+                    ),
                 )
             except RayActorError as exc:
                 # The agent (or its node) died: forget it and its node's reservations; try once more.
@@ -262,8 +267,11 @@ class RaySession(Session):
             ) from exc
         session_id = uuid.uuid4().hex
         try:
-            answer: NodeOpened | NodeError | NodeLost = await placement.agent.fork.remote(
-                placement.session_id, session_id, reservation.group.id.hex()
+            answer = _from_node(
+                NodeOpened | NodeError | NodeLost,
+                await placement.agent.fork.remote(
+                    placement.session_id, session_id, reservation.group.id.hex()
+                ),
             )
         except RayError as exc:
             remove_group(reservation.group)
@@ -285,7 +293,7 @@ class RaySession(Session):
         child = RaySession(
             Placement(session_id, reservation, placement.agent), answer["isolation"], self.placement_timeout
         )
-        return child, ForkReport.model_validate(answer.get("report") or {})
+        return child, _model_from_node(ForkReport, answer.get("report") or {})
 
     async def run(
         self,
@@ -299,7 +307,7 @@ class RaySession(Session):
         placement = self.placement
         try:
             if on_output is None:
-                event: NodeRunEvent = await placement.agent.run.remote(placement.session_id, code)
+                event = _from_node(NodeRunEvent, await placement.agent.run.remote(placement.session_id, code))
                 while event["kind"] == "tool":
                     event = await self._serve_tool(event, call_tool)
             else:
@@ -313,7 +321,7 @@ class RaySession(Session):
             raise RAISABLE.get(event["type"], WorkerStartError)(event["message"])
         if event["kind"] != "done":
             raise ProtocolError(f"unexpected event from the cluster node: {event['kind']!r}")
-        return ExecutionResult.model_validate(event["result"])
+        return _model_from_node(ExecutionResult, event["result"])
 
     async def _streamed_run(
         self, code: str, call_tool: ToolCaller, on_output: OutputHandler, stream: StreamOptions | None
@@ -326,22 +334,25 @@ class RaySession(Session):
         failure: RayError | None = None
         async with anyio.create_task_group() as group:
             try:
-                event: NodeRunEvent = await placement.agent.run.remote(placement.session_id, code, stream)
+                event = _from_node(
+                    NodeRunEvent, await placement.agent.run.remote(placement.session_id, code, stream)
+                )
                 while event["kind"] in ("tool", "output"):
                     if event["kind"] == "output":
-                        name, text = event["stream"], event["text"]
-                        if name in ("stdout", "stderr") and isinstance(text, str):
-                            on_output(
-                                OutputEvent(
-                                    stream=name,
-                                    text=text[: bounds.STREAM_MESSAGE_CHARS],
-                                    dropped=int(event["dropped"])
-                                    + max(0, len(text) - bounds.STREAM_MESSAGE_CHARS),
-                                )
+                        text = event["text"]
+                        on_output(
+                            OutputEvent(
+                                stream=event["stream"],
+                                text=text[: bounds.STREAM_MESSAGE_CHARS],
+                                dropped=max(0, event["dropped"])
+                                + max(0, len(text) - bounds.STREAM_MESSAGE_CHARS),
                             )
+                        )
                     else:
                         group.start_soon(self._answer_tool, event, call_tool)
-                    event = await placement.agent.next_event.remote(placement.session_id)
+                    event = _from_node(
+                        NodeRunEvent, await placement.agent.next_event.remote(placement.session_id)
+                    )
             except RayError as exc:  # raised outside the group, so the caller sees it, not a group of it
                 failure = exc
             group.cancel_scope.cancel()
@@ -376,7 +387,9 @@ class RaySession(Session):
         async with anyio.create_task_group() as group:
             group.start_soon(self._answer_tool, call, call_tool)
             try:
-                event: NodeRunEvent = await placement.agent.next_event.remote(placement.session_id)
+                event = _from_node(
+                    NodeRunEvent, await placement.agent.next_event.remote(placement.session_id)
+                )
             except RayError as exc:  # raised outside the group, so the caller sees it, not a group of it
                 failure = exc
             group.cancel_scope.cancel()
@@ -399,7 +412,9 @@ class RaySession(Session):
 
         placement = self.placement
         try:
-            answer: NodeAnswer = await getattr(placement.agent, method).remote(placement.session_id, *args)
+            answer = _from_node(
+                NodeAnswer, await getattr(placement.agent, method).remote(placement.session_id, *args)
+            )
         except RayError as exc:
             self._forget_node(exc)
             raise SessionLost(f"the cluster node holding the session was lost ({_describe(exc)})") from exc
@@ -429,6 +444,25 @@ class RaySession(Session):
             self._ended = True
             with anyio.CancelScope(shield=True):
                 await _release(self.placement, timeout=5.0, keep=False)
+
+
+def _from_node(kind: Any, message: Any) -> Any:
+    """A node agent's answer, checked against its declaration (`runtime/protocol.py`) before any field
+    is used: the agent sits next to the sandbox, so what it sends is treated as the runner's is."""
+    return check(kind, message, "the cluster node")
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def _model_from_node(model: type[M], data: Any) -> M:
+    """A result or report the node's executor made, as this side's model (`ProtocolError` if it is not one)."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ProtocolError(
+            f"the cluster node sent a malformed {model.__name__}: {bounds.clipped(str(exc), 300)}"
+        ) from None
 
 
 def _describe(exc: BaseException) -> str:
