@@ -43,3 +43,16 @@ class ForkError(SandboxError):
 
 class SandboxFileError(SandboxError):
     """`upload()` or `download()` was given a path outside the working directory, or the file is missing."""
+
+
+class FileTooLarge(SandboxFileError):
+    """`download()` found more bytes than its cap (`max_bytes`); it stopped reading there. The session
+    is intact where the transfer could be stopped cleanly; the message says how to raise the cap."""
+
+    @classmethod
+    def over(cls, path: str, max_bytes: int) -> FileTooLarge:
+        """The error for `path` once more than `max_bytes` of it arrived."""
+        return cls(
+            f"{path!r} is larger than the download cap of {max_bytes:,} bytes, so reading stopped there; "
+            "pass a larger max_bytes= to download() to read it"
+        )

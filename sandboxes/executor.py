@@ -36,6 +36,7 @@ from .errors import (
     BackendUnavailable,
     ExecutorBusy,
     ExecutorClosed,
+    FileTooLarge,
     ForkError,
     ProtocolError,
     SandboxFileError,
@@ -75,6 +76,7 @@ from .toolbridge import ToolFunction, call_tool
 from .worker import Worker
 
 __all__ = [
+    "DEFAULT_DOWNLOAD_LIMIT",
     "DEFAULT_OUTPUT_LIMIT",
     "DEFAULT_TIMEOUT",
     "Executor",
@@ -89,6 +91,8 @@ DEFAULT_OUTPUT_LIMIT = 64_000
 USAGE_TIMEOUT = 5.0
 """Seconds a usage reading may take (a metrics request) before the run's result goes without it."""
 """Characters kept of stdout (and of stderr): the first half and the last half, when longer."""
+DEFAULT_DOWNLOAD_LIMIT = 256 * 1024 * 1024
+"""Bytes `download()` returns at most when given no `max_bytes` (256 MiB)."""
 
 OutputCallback = Callable[[OutputEvent], Any]
 """A `run()` callback for output: called with each `OutputEvent`, in order; may be async."""
@@ -646,12 +650,22 @@ class Executor(ABC):
         async with self._lock:
             await self._transfer(path, lambda session: session.upload(relative, payload))
 
-    async def download(self, path: str) -> bytes:
-        """Read a file from the working directory (`path` is relative to it)."""
+    async def download(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Read a file from the working directory (`path` is relative to it), at most `max_bytes`
+        bytes of it (None: `DEFAULT_DOWNLOAD_LIMIT`, 256 MiB).
+
+        Every backend counts the bytes as they arrive and stops reading one past the cap, so a huge
+        or growing file costs this process no more than the cap: past it, `FileTooLarge` (a
+        `SandboxFileError`), and the session stays as it was. A size the sandbox reports is never
+        trusted. A cap that is not a whole number of bytes >= 0 is a `ValueError`."""
+        cap = _download_cap(max_bytes)
         self._check_usable()
         relative = _relative_path(path)
         async with self._lock:
-            return await self._transfer(path, lambda session: session.download(relative))
+            data = await self._transfer(path, lambda session: session.download(relative, cap))
+        if len(data) > cap:  # whatever the backend did, never more than was asked for
+            raise FileTooLarge.over(path, cap)
+        return data
 
     async def _transfer(self, path: str, operation: Callable[[Session], Awaitable[T]]) -> T:
         session, _ = await self._live_session()
@@ -707,6 +721,18 @@ async def _stop_probe(probe: UsageProbe | None) -> RunUsage | None:
     with anyio.CancelScope(shield=True), anyio.move_on_after(USAGE_TIMEOUT):
         return await probe.stop()
     return None
+
+
+def _download_cap(max_bytes: object) -> int:
+    """`download()`'s cap in bytes: `DEFAULT_DOWNLOAD_LIMIT` for None, else a whole number >= 0."""
+    if max_bytes is None:
+        return DEFAULT_DOWNLOAD_LIMIT
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+        raise ValueError(
+            f"max_bytes must be a whole number of bytes >= 0 (or None for the default of "
+            f"{DEFAULT_DOWNLOAD_LIMIT:,}), got {max_bytes!r}"
+        )
+    return max_bytes
 
 
 def _relative_path(path: str) -> str:

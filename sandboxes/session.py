@@ -155,8 +155,10 @@ class Session(ABC):
         """Write a file at `path`, relative to the working directory (already validated)."""
 
     @abstractmethod
-    async def download(self, path: str) -> bytes:
-        """Read a file at `path`, relative to the working directory (already validated)."""
+    async def download(self, path: str, max_bytes: int) -> bytes:
+        """Read a file at `path`, relative to the working directory (already validated): `FileTooLarge`
+        once more than `max_bytes` arrived, counted as they arrive, never from a size the sandbox
+        reports (the executor checks what is returned again)."""
 
     @abstractmethod
     async def close(self) -> None:
@@ -290,9 +292,9 @@ class RunnerSession(Session):
         except OSError as exc:
             raise SandboxFileError(f"could not write {path!r} in the sandbox: {exc}") from exc
 
-    async def download(self, path: str) -> bytes:
+    async def download(self, path: str, max_bytes: int) -> bytes:
         try:
-            return await self.worker.read_file(path)
+            return await self.worker.read_file(path, max_bytes)
         except WorkerExited as exc:
             raise SessionLost(str(exc)) from exc
         except OSError as exc:

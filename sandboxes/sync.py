@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, ExitStack
 from types import TracebackType
@@ -79,9 +80,9 @@ class SyncExecutor:
         """Write a file into the working directory; see `Executor.upload`."""
         self._call(self.executor.upload, path, data)
 
-    def download(self, path: str) -> bytes:
-        """Read a file from the working directory; see `Executor.download`."""
-        data: bytes = self._call(self.executor.download, path)
+    def download(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Read a file from the working directory, at most `max_bytes` of it; see `Executor.download`."""
+        data: bytes = self._call(functools.partial(self.executor.download, path, max_bytes=max_bytes))
         return data
 
     @property

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
+from .errors import FileTooLarge
+
 if TYPE_CHECKING:
     from .session import UsageProbe
 
@@ -118,8 +120,34 @@ class Worker(ABC):
         """Write a file at `path`, relative to the working directory (already validated)."""
 
     @abstractmethod
-    async def read_file(self, path: str) -> bytes:
-        """Read a file at `path`, relative to the working directory (already validated)."""
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        """Read a file at `path`, relative to the working directory (already validated), counting its
+        bytes as they arrive (`CappedBytes`): `FileTooLarge` once more than `max_bytes` came, having
+        read at most one byte more; a size the sandbox reports (a stat, a header) is never trusted."""
+
+
+class CappedBytes:
+    """A download's bytes, gathered as they arrive and refused past the cap: read no more than `room`
+    at a time, so at most `max_bytes` + 1 bytes are ever read, whatever the file claims or becomes."""
+
+    def __init__(self, path: str, max_bytes: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+        self._buffer = bytearray()
+
+    @property
+    def room(self) -> int:
+        """Bytes still worth reading: one past the cap is enough to know the file is too large."""
+        return self.max_bytes + 1 - len(self._buffer)
+
+    def add(self, chunk: bytes) -> None:
+        """Keep `chunk` (its part within the room); `FileTooLarge` once more than `max_bytes` came."""
+        self._buffer += chunk[: self.room]
+        if len(self._buffer) > self.max_bytes:
+            raise FileTooLarge.over(self.path, self.max_bytes)
+
+    def value(self) -> bytes:
+        return bytes(self._buffer)
 
 
 class SocketLineReader:

@@ -35,7 +35,7 @@ from ..images import (
 from ..models import RunUsage
 from ..session import UsageProbe
 from ..usage import CpuReading, cgroup_paths, make_usage, parse_cpuacct_stat, split_cpu
-from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
+from ..worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 
 if TYPE_CHECKING:
     from .dockershared import SharedSessionWorker
@@ -62,6 +62,9 @@ SANDBOX_UID = "1000:1000"
 POOL_SIZE = 2
 GO_MODE_SYMLINK = 1 << 27
 """The symlink bit of Go's os.FileMode, as the daemon reports it in an archive's stat header."""
+ARCHIVE_HEADER_ROOM = 1 << 20
+"""Bytes of a file read's tar stream allowed beyond the file itself: its headers (a long name, the
+extended attributes the daemon adds) and padding."""
 STDERR_KEPT = 4096
 """Bytes of the runner's own stderr kept to explain a crash (user output never goes there)."""
 
@@ -516,29 +519,74 @@ class DockerWorker(Worker):
         except docker.errors.APIError as exc:
             raise SandboxFileError(f"cannot write {path!r} in the sandbox: {exc.explanation or exc}") from exc
 
-    async def read_file(self, path: str) -> bytes:
-        return await anyio.to_thread.run_sync(self._read_file, path)
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        return await anyio.to_thread.run_sync(self._read_file, path, max_bytes)
 
-    def _read_file(self, path: str) -> bytes:
+    def _read_file(self, path: str, max_bytes: int) -> bytes:
+        """The file through the archive API, as a tar streamed off the daemon: the member's bytes are
+        counted as they are read (its header's size is not trusted), the stream's too, and the
+        response is closed at the cap, so the rest of a huge or growing file is never read here."""
         import docker.errors
+        import urllib3.exceptions
 
         self._refuse_symlinks(path)
+        api = client().api
         try:
-            stream, _ = client().api.get_archive(self.container_id, f"{self.workdir}/{path}")
-            archive_bytes = b"".join(stream)
+            response = api._get(
+                api._url("/containers/{0}/archive", self.container_id),
+                params={"path": f"{self.workdir}/{path}"},
+                stream=True,
+                headers={"Accept-Encoding": "identity"},
+            )
+        except OSError as exc:  # the daemon's socket, before any answer
+            raise SandboxFileError(f"cannot read {path!r} from the sandbox: {exc}") from exc
+        try:
+            api._raise_for_status(response)
+            stream = _CountedStream(response.raw, max_bytes + 1 + ARCHIVE_HEADER_ROOM)
+            with tarfile.open(fileobj=stream, mode="r|") as archive:
+                member = archive.next()
+                if member is None or not member.isfile():
+                    raise SandboxFileError(f"{path!r} in the sandbox is not a regular file")
+                extracted = archive.extractfile(member)
+                assert extracted is not None
+                gathered = CappedBytes(path, max_bytes)
+                while chunk := extracted.read(min(1 << 20, gathered.room)):
+                    gathered.add(chunk)
+                return gathered.value()
         except docker.errors.NotFound as exc:
             raise SandboxFileError(f"no file {path!r} in the sandbox's working directory") from exc
         except docker.errors.APIError as exc:
             raise SandboxFileError(
                 f"cannot read {path!r} from the sandbox: {exc.explanation or exc}"
             ) from exc
-        with tarfile.open(fileobj=io.BytesIO(archive_bytes)) as archive:
-            member = archive.next()
-            if member is None or not member.isfile():
-                raise SandboxFileError(f"{path!r} in the sandbox is not a regular file")
-            extracted = archive.extractfile(member)
-            assert extracted is not None
-            return extracted.read()
+        except (tarfile.TarError, OSError, urllib3.exceptions.HTTPError) as exc:  # cut, malformed, broken
+            raise SandboxFileError(f"cannot read {path!r} from the sandbox: {exc}") from exc
+        finally:
+            response.close()  # mid-body: the connection is dropped, the daemon stops sending
+
+
+class _CountedStream(io.RawIOBase):
+    """A response body read as a file, refused past `limit` bytes: bounds what tarfile reads, headers
+    included (a PAX header states its own size, and tarfile reads all of it)."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self._raw = raw
+        self._limit = limit
+        self._count = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        want = self._limit + 1 - self._count
+        data: bytes = self._raw.read(want if size < 0 else min(size, want))
+        self._count += len(data)
+        if self._count > self._limit:
+            raise SandboxFileError(
+                f"the daemon's archive of the file ran past {self._limit:,} bytes (the cap and room "
+                "for its headers); refused"
+            )
+        return data
 
 
 class ForkedDockerWorker(DockerWorker):

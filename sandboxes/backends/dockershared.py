@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import binascii
 import collections
 import concurrent.futures
 import json
@@ -37,7 +38,7 @@ from typing import Any
 
 import anyio
 
-from ..errors import ForkError, SandboxFileError, WorkerStartError
+from ..errors import FileTooLarge, ForkError, ProtocolError, SandboxFileError, WorkerStartError
 from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 from .dockercontainer import (
     SESSIONS_DIR,
@@ -68,8 +69,9 @@ READY_TIMEOUT = 60.0
 """Seconds a new container's session host may take to say it is ready (imports, on a loaded machine)."""
 CLOSE_TIMEOUT = 15.0
 """Seconds a session's clean-up may take before its container is given up (removed)."""
-FILE_LINE_LIMIT = 1 << 30
-"""The longest reply line of a file read (base64 of the file)."""
+FILE_LINE_LIMIT = 2 << 20
+"""The longest answer line of a file read: one piece of the file (the host's ``FILE_CHUNK``, 1 MiB)
+in base64, and its envelope."""
 
 CLEAN_SECONDS: collections.deque[float] = collections.deque(maxlen=10_000)
 """How long the session hosts took to end and clean each recent session (for `bench`)."""
@@ -494,13 +496,44 @@ class SharedSessionWorker(Worker):
         if "error" in reply:
             raise SandboxFileError(f"cannot write {path!r} in the sandbox: {reply['error']}")
 
-    async def read_file(self, path: str) -> bytes:
-        reply = await self._file({"op": "read", "path": path}, FILE_LINE_LIMIT)
-        if "error" in reply:
-            if reply.get("missing"):
-                raise SandboxFileError(f"no file {path!r} in the sandbox's working directory")
-            raise SandboxFileError(f"cannot read {path!r} from the sandbox: {reply['error']}")
-        return base64.b64decode(reply.get("data", ""))
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        """The file in the host's pieces, counted here as they arrive: the host stops at `max_bytes`
+        + 1 bytes (``too_large``: the stream is in step, the session intact); a host that sends more
+        than that, or anything but the answer, is not the protocol."""
+        if self.ended or self.exit_status is not None:
+            raise SandboxFileError("the sandbox session has ended")
+        nonce = _nonce()
+        request = {"op": "read", "nonce": nonce, "path": path, "max_bytes": max_bytes}
+        await self.container.channel.send(host_request(request))
+        gathered = bytearray()
+        while True:
+            reply = await self._file_answer(nonce)
+            if "error" in reply:
+                if reply.get("missing"):
+                    raise SandboxFileError(f"no file {path!r} in the sandbox's working directory")
+                raise SandboxFileError(f"cannot read {path!r} from the sandbox: {str(reply['error'])[:500]}")
+            if reply.get("too_large"):
+                raise FileTooLarge.over(path, max_bytes)
+            gathered += _piece(reply.get("data"))
+            if len(gathered) > max_bytes:
+                raise ProtocolError(
+                    f"the session host sent more of {path!r} than the {max_bytes:,} bytes asked for"
+                )
+            if not reply.get("more"):
+                return bytes(gathered)
+
+    async def _file_answer(self, nonce: str) -> dict[str, Any]:
+        """The host's next message for `nonce`; other lines are skipped (what the session wrote), this
+        session's exit notice ends the read as the runner's end."""
+        while True:
+            message = host_message(await self.container.next_line(max(FILE_LINE_LIMIT, self.line_limit)))
+            if message is None:
+                continue
+            if message.get("nonce") == nonce:
+                return message
+            if message.get("nonce") == self.nonce and "exited" in message:
+                self.exit_status = int(message["exited"])
+                raise WorkerExited("the session's runner exited")
 
     async def _file(self, message: dict[str, Any], limit: int = 1 << 20) -> dict[str, Any]:
         if self.ended or self.exit_status is not None:
@@ -509,6 +542,16 @@ class SharedSessionWorker(Worker):
             return await self.container.file_request(message, limit)
         except WorkerExited as exc:
             raise SandboxFileError(f"the sandbox container is gone ({exc})") from exc
+
+
+def _piece(data: Any) -> bytes:
+    """One piece of a read, decoded; anything but base64 text is not the protocol."""
+    if not isinstance(data, str) or len(data) > FILE_LINE_LIMIT:
+        raise ProtocolError("the session host answered a file read with something other than base64")
+    try:
+        return base64.b64decode(data, validate=True)
+    except binascii.Error as exc:
+        raise ProtocolError(f"the session host sent a file piece that is not base64 ({exc})") from None
 
 
 def _end_quietly(container: SharedContainer, uid: int) -> None:

@@ -52,13 +52,13 @@ from typing import Any, Self, Unpack
 
 import anyio
 
-from ..errors import BackendUnavailable, ForkError, SandboxFileError, WorkerStartError
+from ..errors import BackendUnavailable, FileTooLarge, ForkError, SandboxFileError, WorkerStartError
 from ..executor import KILL_TIMEOUT, Executor, ExecutorOptions
 from ..models import ForkReport, RunUsage
 from ..runtime import RUNTIME_DIR
 from ..session import Session, UsageProbe
 from ..usage import metrics_usage
-from ..worker import ForkPlan, Worker, WorkerExit, WorkerExited
+from ..worker import CappedBytes, ForkPlan, Worker, WorkerExit, WorkerExited
 
 REMOTE_RUNTIME = ".kodeagent/runtime"
 """Where the runtime goes in the sandbox, relative to the user's home (the files API's base)."""
@@ -451,11 +451,24 @@ class E2BWorker(Worker):
                 except Exception:
                     pass  # already moved into place
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        """Copied (no link followed, at most `max_bytes` + 1 bytes) to a staged file, then streamed out
+        of the files API and counted as it arrives: the staged file is within the code's reach, so
+        neither its size nor envd's is taken on trust; the stream is closed at the cap."""
         staged = self._transfer_name()
-        await self._transfer_script("fetch", path, self.workdir, path, staged)
+        await self._transfer_script("fetch", path, self.workdir, path, staged, str(max_bytes + 1))
+        gathered = CappedBytes(path, max_bytes)
         try:
-            return bytes(await self.session.sandbox.files.read(staged, format="bytes"))
+            stream = await self.session.sandbox.files.read(staged, format="stream")
+            try:
+                async for chunk in stream:
+                    gathered.add(chunk)
+            finally:  # mid-body at the cap: the connection goes, the rest is never read
+                with anyio.CancelScope(shield=True):
+                    await stream.aclose()
+            return gathered.value()
+        except FileTooLarge:
+            raise
         except Exception as exc:
             raise SandboxFileError(f"could not read {path!r} from the E2B sandbox: {exc}") from exc
         finally:

@@ -38,7 +38,7 @@ from ..preload import read_preload
 from ..runtime import RUNTIME_DIR
 from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
 from ..usage import ProcessProbe, ProcessTree, find_in_namespace, parse_nspid, read_text
-from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited
+from ..worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited
 from .bubblewrap import Bubblewrap, choose
 from .hostreap import REAPER, PrivateUsers
 from .hostsweep import kill_user_processes, start_time, wait_until_reaped
@@ -318,14 +318,14 @@ class HostWorker(Worker):
 
         await anyio.to_thread.run_sync(write)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
         def read() -> bytes:
             fd = _open_file(self.workdir, path, os.O_RDONLY)
-            try:
-                chunks = []
-                while chunk := os.read(fd, 1 << 20):
-                    chunks.append(chunk)
-                return b"".join(chunks)
+            gathered = CappedBytes(path, max_bytes)
+            try:  # never asks for more than one byte past the cap, however long the file is or grows
+                while chunk := os.read(fd, min(1 << 20, gathered.room)):
+                    gathered.add(chunk)
+                return gathered.value()
             finally:
                 os.close(fd)
 

@@ -403,8 +403,16 @@ class RaySession(Session):
     async def upload(self, path: str, data: bytes) -> None:
         await self._node_call("upload", path, data)
 
-    async def download(self, path: str) -> bytes:
-        value: bytes = await self._node_call("download", path)
+    async def download(self, path: str, max_bytes: int) -> bytes:
+        value = await self._node_call("download", path, max_bytes)
+        if not isinstance(value, bytes):
+            raise ProtocolError(
+                f"the cluster node answered a download with {type(value).__name__}, not bytes"
+            )
+        if len(value) > max_bytes:  # the node was told the cap: more than it is not the protocol
+            raise ProtocolError(
+                f"the cluster node sent more of {path!r} than the {max_bytes:,} bytes asked for"
+            )
         return value
 
     async def _node_call(self, method: str, *args: Any) -> Any:

@@ -51,6 +51,7 @@ RAISABLE = {
         "BackendUnavailable",
         "ExecutorBusy",
         "ExecutorClosed",
+        "FileTooLarge",
         "ForkError",
         "WorkerStartError",
         "ProtocolError",
@@ -273,15 +274,17 @@ class NodeAgent:
     async def upload(self, session_id: str, path: str, data: bytes) -> NodeAnswer:
         return await self._call(session_id, "upload", path, data)
 
-    async def download(self, session_id: str, path: str) -> NodeAnswer:
-        return await self._call(session_id, "download", path)
+    async def download(self, session_id: str, path: str, max_bytes: int | None = None) -> NodeAnswer:
+        """The file, read here under the driver's cap: the node's backend stops at it, so no more than
+        the cap ever crosses the cluster (the driver checks the size again)."""
+        return await self._call(session_id, "download", path, max_bytes=max_bytes)
 
-    async def _call(self, session_id: str, method: str, *args: Any) -> NodeAnswer:
+    async def _call(self, session_id: str, method: str, *args: Any, **options: Any) -> NodeAnswer:
         session = self.sessions.get(session_id)
         if session is None or session.executor is None:
             return _LOST
         try:
-            value = await getattr(session.executor, method)(*args)
+            value = await getattr(session.executor, method)(*args, **options)
         except Exception as exc:
             return _failure(exc)
         return {"kind": "value", "value": value}

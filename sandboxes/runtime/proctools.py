@@ -14,7 +14,7 @@ As a script (standard library only; exit 2: no such file, 3: refused)::
     python3 -I proctools.py launch RUNNER        # own process group, then exec the runner (same pid)
     python3 -I proctools.py kill-tree PID
     python3 -I proctools.py place SOURCE ROOT RELATIVE   # copy SOURCE to ROOT/RELATIVE, then remove it
-    python3 -I proctools.py fetch ROOT RELATIVE TARGET
+    python3 -I proctools.py fetch ROOT RELATIVE TARGET [LIMIT]   # copy at most LIMIT bytes to TARGET
 """
 
 from __future__ import annotations
@@ -168,8 +168,12 @@ def kill_process_tree(root: int, include_root: bool = False) -> None:
             signal_group(root, signal.SIGKILL)
 
 
-def _copy(source: int, target: int) -> None:
-    while chunk := os.read(source, 1 << 20):
+def _copy(source: int, target: int, limit: int | None = None) -> None:
+    """Copy until end-of-file, or `limit` bytes (a file that grows while it is copied is cut there)."""
+    left = limit
+    while chunk := os.read(source, 1 << 20 if left is None else min(1 << 20, left)):
+        if left is not None:
+            left -= len(chunk)
         view = memoryview(chunk)
         while view:
             view = view[os.write(target, view) :]
@@ -197,11 +201,11 @@ def main(argv: list[str]) -> int:
             os.unlink(source)
             return 0
         if command == "fetch":
-            root, relative, target_path = args
+            root, relative, target_path, *limit = args
             opened = open_beneath(root, relative, os.O_RDONLY)
             try:
                 with open(target_path, "wb") as copy:
-                    _copy(opened, copy.fileno())
+                    _copy(opened, copy.fileno(), int(limit[0]) if limit else None)
             finally:
                 os.close(opened)
             return 0

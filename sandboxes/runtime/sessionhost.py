@@ -30,7 +30,9 @@ its parent, so taking a warm container costs no round trip to the host:
     !{"op": "preload", "nonce": N, "modules": [[name, source], ...]}  (before any session)
                                                   -> {"nonce": N, "ok": true} | {"nonce": N, "error"}
     !{"op": "write", "nonce": N, "path", "data"}   -> {"nonce": N, "ok": true} | {"nonce": N, "error", "missing"}
-    !{"op": "read", "nonce": N, "path"}            -> {"nonce": N, "data"} | {"nonce": N, "error", "missing"}
+    !{"op": "read", "nonce": N, "path", "max_bytes": M}
+                                                  -> {"nonce": N, "data", "more": true}... then {"nonce": N, "data"}
+                                                     | {"nonce": N, "too_large": true} | {"nonce": N, "error", "missing"}
     (the runner exited)                           -> {"nonce": <the open's N>, "exited": status}
 
 Files are placed and read *as the session's uid* below its working directory without following a
@@ -49,6 +51,7 @@ import selectors
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -319,13 +322,22 @@ def clean(uid: int, extra: list[str]) -> list[str]:
 # ---------------------------------------------------------------------- files, as the session
 
 
-def file_op(request: dict[str, Any], session: Session, proctools: Any) -> dict[str, Any]:
-    """Place or read a file below the session's working directory, as its uid, following no link."""
+FILE_CHUNK = 1 << 20
+"""Bytes of a file read per answer line: the parent's line bound and this host's memory stay small."""
+
+
+def file_op(
+    request: dict[str, Any], session: Session, proctools: Any, answer: Callable[[dict[str, Any]], None]
+) -> None:
+    """Place or read a file below the session's working directory, as its uid, following no link.
+
+    Done by a child as the session's uid, whose answer lines (JSON) go to `answer` one by one as they
+    come: a read sends the file in `FILE_CHUNK` pieces (``more`` on all but the last) and stops at
+    ``max_bytes`` + 1 bytes (``too_large``), so neither side ever holds more than a piece of it."""
     read_end, write_end = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_end)
-        reply: dict[str, Any]
         try:
             become_user(session.uid)
             if request["op"] == "write":
@@ -333,27 +345,57 @@ def file_op(request: dict[str, Any], session: Session, proctools: Any) -> dict[s
                 fd = proctools.open_beneath(session.workdir, request["path"], flags)
                 with os.fdopen(fd, "wb") as handle:
                     handle.write(base64.b64decode(request["data"]))
-                reply = {"ok": True}
+                _answer_line(write_end, {"ok": True})
             else:
                 fd = proctools.open_beneath(session.workdir, request["path"], os.O_RDONLY)
-                with os.fdopen(fd, "rb") as handle:
-                    reply = {"data": base64.b64encode(handle.read()).decode()}
+                try:
+                    _send_file(fd, int(request.get("max_bytes", 1 << 62)), write_end)
+                finally:
+                    os.close(fd)
         except proctools.BeneathError as exc:
-            reply = {"error": str(exc), "missing": exc.missing}
+            _answer_line(write_end, {"error": str(exc), "missing": exc.missing})
         except BaseException as exc:  # noqa: BLE001 - the parent reports it
-            reply = {"error": f"{type(exc).__name__}: {exc}", "missing": isinstance(exc, FileNotFoundError)}
-        try:
-            _write_all(write_end, json.dumps(reply).encode())
+            missing = isinstance(exc, FileNotFoundError)
+            _answer_line(write_end, {"error": f"{type(exc).__name__}: {exc}", "missing": missing})
         finally:
             os._exit(0)
     os.close(write_end)
+    finished = False
     with os.fdopen(read_end, "rb") as reader:
-        text = reader.read()
+        for line in reader:
+            try:
+                message = dict(json.loads(line))
+            except ValueError:
+                break
+            answer(message)
+            if not message.get("more"):
+                finished = True
+                break
+        for _ in reader:  # a child past its last answer: drained, so it never blocks on the pipe
+            pass
     os.waitpid(pid, 0)
-    try:
-        return dict(json.loads(text))
-    except ValueError:
-        return {"error": "the file helper ended without an answer", "missing": False}
+    if not finished:
+        answer({"error": "the file helper ended without an answer", "missing": False})
+
+
+def _send_file(fd: int, max_bytes: int, out: int) -> None:
+    """The file as answer lines, counted as read: at most `max_bytes` + 1 bytes are ever read (a size
+    the file states, or one that grows while it is read, changes nothing)."""
+    left = max_bytes + 1
+    while True:
+        chunk = os.read(fd, min(FILE_CHUNK, left)) if left else b""
+        left -= len(chunk)
+        if not left:
+            _answer_line(out, {"too_large": True})
+            return
+        if not chunk:
+            _answer_line(out, {"data": ""})
+            return
+        _answer_line(out, {"data": base64.b64encode(chunk).decode(), "more": True})
+
+
+def _answer_line(fd: int, message: dict[str, Any]) -> None:
+    _write_all(fd, json.dumps(message).encode() + b"\n")
 
 
 # ---------------------------------------------------------------------- the host
@@ -605,7 +647,7 @@ class Host:
         elif op == "preload" and not self.served:
             say({"nonce": nonce, **self._preload_modules(request.get("modules", []))})
         elif op in ("write", "read") and self.session is not None:
-            say({"nonce": nonce, **file_op(request, self.session, self.proctools)})
+            file_op(request, self.session, self.proctools, lambda answer: say({"nonce": nonce, **answer}))
         else:
             say({"nonce": nonce, "error": f"the session host cannot {op!r} now"})
 

@@ -125,7 +125,7 @@ class ScriptedWorker(Worker):
         await self._file_trouble()
         self.files[path] = data
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
         await self._file_trouble()
         return self.files[path]
 

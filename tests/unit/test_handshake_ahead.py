@@ -56,7 +56,7 @@ class SocketWorker(Worker):
     async def write_file(self, path: str, data: bytes) -> None:
         raise OSError("no files here")
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
         raise OSError("no files here")
 
 

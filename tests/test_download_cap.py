@@ -1,0 +1,128 @@
+"""`download()` takes a byte cap, and every backend stops reading at it.
+
+The file is the sandbox's: its size, what a stat or an archive header says of it, and whether it is
+still growing are all the code's to choose. Each backend counts the bytes as they arrive and stops
+one past the cap, so the caller's memory is bounded by the cap, never by the file; past it the
+download raises `FileTooLarge` and the session goes on as it was (its variables, its threads).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+from security_helpers import policy
+
+from sandboxes import FileTooLarge, HostExecutor, SandboxFileError, SyncExecutor
+from sandboxes.executor import DEFAULT_DOWNLOAD_LIMIT
+
+pytestmark = pytest.mark.anyio
+
+MIB = 1024 * 1024
+WRITE = "open({name!r}, 'wb').write(bytes(range(256)) * ({size} // 256) + bytes({size} % 256))\n"
+
+
+def content(size: int) -> bytes:
+    """What `WRITE` puts in a file of `size` bytes (not all one byte: a shifted copy would show)."""
+    return bytes(range(256)) * (size // 256) + bytes(size % 256)
+
+
+async def test_one_byte_over_the_cap_is_refused_and_one_at_it_is_returned(executor_factory) -> None:
+    size = 10_000
+    async with executor_factory(timeout=20) as ex:
+        made = await ex.run("kept = 'still here'\n" + WRITE.format(name="data.bin", size=size))
+        assert made.ok, made
+        assert await ex.download("data.bin", max_bytes=size) == content(size)
+        with pytest.raises(FileTooLarge) as refused:
+            await ex.download("data.bin", max_bytes=size - 1)
+        after = await ex.run("print(kept)")
+        assert await ex.download("data.bin") == content(size)  # the default cap, far above it
+    message = str(refused.value)
+    assert "'data.bin'" in message and f"{size - 1:,} bytes" in message and "max_bytes=" in message
+    assert isinstance(refused.value, SandboxFileError)
+    assert after.ok and after.stdout == "still here\n" and not after.state_lost, after
+
+
+async def test_a_cap_of_zero_returns_an_empty_file_and_refuses_any_byte(executor_factory) -> None:
+    async with executor_factory(timeout=20) as ex:
+        made = await ex.run("open('empty', 'wb').close()\nopen('one', 'wb').write(b'x')")
+        assert made.ok, made
+        assert await ex.download("empty", max_bytes=0) == b""
+        with pytest.raises(FileTooLarge):
+            await ex.download("one", max_bytes=0)
+        assert await ex.download("one", max_bytes=1) == b"x"
+        after = await ex.run("print('fine')")
+    assert after.stdout == "fine\n" and not after.state_lost, after
+
+
+async def test_a_file_that_grows_while_it_is_read_is_cut_at_the_cap(executor_factory) -> None:
+    # A thread of the session appends to the file with no end in sight (until 256 MiB, or told to
+    # stop) while it is downloaded: a reader that reads to end-of-file would return whatever it had
+    # reached, far past the cap, or never end.
+    grow = (
+        "import threading, time, os\n"
+        "stop = threading.Event()\n"
+        "def append():\n"
+        "    with open('growing.log', 'ab') as out:\n"
+        "        while not stop.is_set() and out.tell() < 256 * 1024 * 1024:\n"
+        "            out.write(b'y' * 65536)\n"
+        "            out.flush()\n"
+        "            time.sleep(0.001)\n"
+        "writer = threading.Thread(target=append, daemon=True)\n"
+        "writer.start()\n"
+        "while not os.path.exists('growing.log') or os.path.getsize('growing.log') <= 2 * 1024 * 1024:\n"
+        "    time.sleep(0.01)\n"
+        "print('growing')\n"
+    )
+    async with executor_factory(policy=policy("threading", "time", "os", "os.path"), timeout=30) as ex:
+        started = await ex.run(grow)
+        assert started.stdout == "growing\n", started
+        with pytest.raises(FileTooLarge):
+            await ex.download("growing.log", max_bytes=MIB)
+        after = await ex.run("stop.set()\nwriter.join(10)\nprint(writer.is_alive())")
+    assert after.stdout == "False\n" and not after.state_lost, after  # the session went on, its thread too
+
+
+def _peak_rss_reset() -> None:
+    """Start a new high-water mark of this process's resident memory (Linux: clear_refs 5)."""
+    pathlib.Path("/proc/self/clear_refs").write_text("5")
+
+
+def _peak_rss() -> int:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc/self/status")
+
+
+async def test_a_huge_file_costs_this_process_no_more_than_the_cap(executor_factory, backend: str) -> None:
+    # 200 MB of zeros (a sparse file: no disk) read with a 1 MB cap: an uncapped read holds all of it
+    # (and its join, twice that) in this process before it could refuse anything.
+    if backend == "e2b":
+        pytest.skip("the E2B stand-in serves its files from this process: its own reads would count")
+    async with executor_factory(timeout=30) as ex:
+        made = await ex.run("f = open('huge.bin', 'wb')\nf.truncate(200 * 1000 * 1000)\nf.close()")
+        assert made.ok, made
+        _peak_rss_reset()
+        before = _peak_rss()
+        with pytest.raises(FileTooLarge):
+            await ex.download("huge.bin", max_bytes=1000 * 1000)
+        growth = _peak_rss() - before
+    assert growth < 50 * 1000 * 1000, f"the peak resident memory grew by {growth:,} bytes"
+
+
+@pytest.mark.parametrize("bad", [-1, True, False, 1.5, "10"])
+async def test_a_cap_that_is_not_a_whole_number_of_bytes_is_refused(bad: object) -> None:
+    ex = HostExecutor()  # checked before anything else: not even opened
+    with pytest.raises(ValueError, match="max_bytes"):
+        await ex.download("f.txt", max_bytes=bad)  # type: ignore[arg-type]
+
+
+def test_the_sync_facade_takes_the_cap() -> None:
+    with SyncExecutor(HostExecutor(timeout=10)) as ex:
+        ex.upload("note.txt", b"12345")
+        assert ex.download("note.txt", max_bytes=5) == b"12345"
+        with pytest.raises(FileTooLarge):
+            ex.download("note.txt", max_bytes=4)
+        assert ex.download("note.txt") == b"12345"
+    assert DEFAULT_DOWNLOAD_LIMIT == 256 * MIB
