@@ -72,7 +72,7 @@ from .session import (
     ToolCaller,
     UsageProbe,
 )
-from .toolbridge import ToolFunction, call_tool
+from .toolbridge import ToolCalls, ToolFunction, checked_call, still_running
 from .worker import Worker
 
 __all__ = [
@@ -455,21 +455,19 @@ class Executor(ABC):
             result.backend = self.backend
             return result
 
-    def _tool_caller(self, on_event: Callable[[Event], None] | None) -> ToolCaller:
+    def _tool_caller(self, tools: ToolCalls, on_event: Callable[[Event], None] | None) -> ToolCaller:
         if on_event is None:
-            return self._call_tool
+            return tools.call
         emit = on_event
 
         async def call_and_report(call: ToolCall) -> ToolResult:
-            name = str(call.get("name", ""))
-            emit(
-                ToolCallEvent(name=name, args=list(call.get("args", [])), kwargs=dict(call.get("kwargs", {})))
-            )
-            reply = await self._call_tool(call)
+            checked = checked_call(call)  # before anything of it is reported
+            emit(ToolCallEvent(name=checked.name, args=list(checked.args), kwargs=dict(checked.kwargs)))
+            reply = await tools.run(checked)
             error = reply.get("error")
             emit(
                 ToolResultEvent(
-                    name=name,
+                    name=checked.name,
                     ok=error is None,
                     error=f"{error['type']}: {error['message']}" if error else None,
                 )
@@ -499,14 +497,16 @@ class Executor(ABC):
         if probe is not None:
             with anyio.move_on_after(USAGE_TIMEOUT):
                 await probe.start()
+        tools = ToolCalls(self.tools)
         try:
             with anyio.fail_after(limit):
-                result = await session.run(text, self._tool_caller(on_event), on_output, stream)
+                result = await session.run(text, self._tool_caller(tools, on_event), on_output, stream)
             if probe is not None:
                 result.usage = await _stop_probe(probe)
         except TimeoutError:
             usage = await _stop_probe(probe)  # before the kill: a stopped run reports what it used
             await self._discard(session, report=False)
+            running = tools.stop()
             if session.timeout_backstop:
                 message = (
                     f"the session did not answer within {limit:g} s (its timeout of {self.timeout:g} s and "
@@ -521,8 +521,9 @@ class Executor(ABC):
             return ExecutionResult(
                 timed_out=True,
                 state_lost=True,
-                error=ExecutionError(type=TIMEOUT, message=message),
+                error=ExecutionError(type=TIMEOUT, message=message + still_running(running)),
                 usage=usage,
+                tools_running=running,
             )
         except SessionLost as exc:
             await self._discard(session, report=False)
@@ -546,10 +547,12 @@ class Executor(ABC):
             await self._discard(session)
             raise
         result.state_lost = result.state_lost or state_lost
+        # A session that enforces the timeout elsewhere (Ray's node) answers a stopped run itself, and
+        # a blocking tool it had asked for may still run here.
+        result.tools_running = tools.stop()
+        if result.tools_running and result.timed_out and result.error is not None:
+            result.error.message += still_running(result.tools_running)
         return result
-
-    async def _call_tool(self, call: ToolCall) -> ToolResult:
-        return await call_tool(self.tools, call)
 
     # ----------------------------------------------------------------- fork
 

@@ -108,6 +108,13 @@ class ExecutionResult(BaseModel):
     stdout_omitted: int = Field(0, description="Characters cut out of the middle of stdout (0: complete).")
     stderr_omitted: int = Field(0, description="Characters cut out of the middle of stderr (0: complete).")
     artifacts_omitted: int = Field(0, description="Changed files not listed in `artifacts` (past the bound).")
+    tools_running: list[str] = Field(
+        default_factory=list,
+        description="Tools of this executor (by name, each once) that were still running in the parent "
+        "when the run ended: a blocking (sync) tool runs in a thread that a timeout cannot stop, so "
+        "its effects may land after the run was reported stopped. Async tools are cancelled with "
+        "the run. Names come from the executor's own tools, never from the sandbox.",
+    )
     backend: str = ""
     usage: RunUsage | None = Field(
         None,

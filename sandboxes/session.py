@@ -67,6 +67,7 @@ from .runtime.protocol import (
     ToolCall,
     ToolResult,
 )
+from .toolbridge import for_run, next_run_number
 from .wire import check
 from .worker import Worker, WorkerExited
 
@@ -261,7 +262,7 @@ class RunnerSession(Session):
         on_output: OutputHandler | None = None,
         stream: StreamOptions | None = None,
     ) -> ExecutionResult:
-        request: RunRequest = {"op": "run", "code": code}
+        request: RunRequest = {"op": "run", "code": code, "run": next_run_number()}
         gate = None
         if on_output is not None:
             request["stream"] = stream or {
@@ -271,7 +272,7 @@ class RunnerSession(Session):
             gate = OutputGate(request["stream"], on_output)
         self.exec_seconds = self.runner_seconds = None
         try:
-            reply = await self._exchange(request, call_tool, gate)
+            reply = await self._exchange(request, for_run(request["run"], call_tool), gate)
         finally:
             self._first_run_ended()
         if gate is not None:

@@ -3,56 +3,205 @@
 The function runs in the parent, with the parent's credentials and network; only JSON crosses into
 the sandbox, bounded (`runtime.bounds.TOOL_MESSAGE_LIMIT`), and a tool's failure becomes an error the
 code sees as `ToolError` (and may catch), never a failure of the run.
+
+A call belongs to the run that made it: each run request carries a number (`next_run_number`) that
+the runner's stub tags its calls with, and a call tagged with another run (a thread of an earlier
+run, still calling after that run ended) is refused, never executed (`for_run`). A tool cannot be
+cancelled once it runs in a thread (a blocking function); `ToolCalls` remembers which still run, so a
+run stopped by its timeout says its tools may still have effects.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import json
-from collections.abc import Callable, Mapping
-from typing import Any
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, NamedTuple, TypeGuard
 
 import anyio
 
+from .errors import ProtocolError
 from .runtime import bounds
-from .runtime.protocol import TOOL_RESULT_TOO_LARGE, ToolCall, ToolResult
+from .runtime.protocol import TOOL_CALL_REFUSED, TOOL_RESULT_TOO_LARGE, ToolCall, ToolResult
 
 ToolFunction = Callable[..., Any]
+Caller = Callable[[ToolCall], Awaitable[ToolResult]]
+
+RUN_ENDED = (
+    "the run that made this call has ended, so the call was not executed; a tool can be called only "
+    "while its run is in progress (join the threads that call tools before the code ends)"
+)
+
+_run_numbers = itertools.count(1)
 
 
-async def call_tool(tools: Mapping[str, ToolFunction], call: ToolCall) -> ToolResult:
-    """Run the tool `call` names with its JSON arguments; answer with its value or its error."""
-    name = call.get("name", "")
-    function = tools.get(name)
-    reply: ToolResult = {"op": "tool_result", "id": call.get("id")}
-    if function is None:
-        reply["error"] = {"type": "NameError", "message": f"no tool named {name!r}"}
-        return reply
+def next_run_number() -> int:
+    """A number for a new run request, unique in this process (`RunRequest.run`)."""
+    return next(_run_numbers)
+
+
+class CheckedCall(NamedTuple):
+    """A tool call's fields, their types checked."""
+
+    id: int
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+def checked_call(call: Mapping[str, Any]) -> CheckedCall:
+    """The fields of `call`, or `ProtocolError`. The runner's stub always sends an int id, a str name,
+    a list and a dict with str keys: anything else comes from a runner the code replaced, and the one
+    rule for a conversation that is not the protocol applies (the session is discarded)."""
+    if not isinstance(call, Mapping):
+        raise ProtocolError(f"malformed tool call from the runner: {_shown(call)}")
+    call_id, name = call.get("id"), call.get("name")
     args, kwargs = call.get("args", []), call.get("kwargs", {})
+    if (
+        not _is_int(call_id)
+        or not isinstance(name, str)
+        or not isinstance(args, list)
+        or not isinstance(kwargs, dict)
+        or not all(isinstance(key, str) for key in kwargs)
+    ):
+        raise ProtocolError(f"malformed tool call from the runner: {_shown(call)}")
+    return CheckedCall(call_id, name, args, kwargs)
+
+
+def for_run(run: int, call_tool: Caller) -> Caller:
+    """`call_tool` for the calls of run number `run` alone: a call tagged with any other run is
+    answered with a refusal (the calling thread sees `ToolError`) and never reaches the tool. Before
+    that, a missing or malformed tag is a `ProtocolError` (the runner always sends one)."""
+
+    async def call_in_run(call: ToolCall) -> ToolResult:
+        tagged = call.get("run") if isinstance(call, Mapping) else None
+        if not _is_int(tagged):
+            raise ProtocolError(f"a tool call from the runner names no run: {_shown(call)}")
+        if tagged != run:
+            refused: ToolResult = {
+                "op": "tool_result",
+                "id": checked_call(call).id,
+                "error": {"type": TOOL_CALL_REFUSED, "message": RUN_ENDED},
+            }
+            return refused
+        return await call_tool(call)
+
+    return call_in_run
+
+
+@dataclass
+class _Blocking:
+    """A blocking tool's call, handed to a worker thread."""
+
+    name: str
+    started: bool = False
+    abandoned: bool = False
+
+
+class ToolCalls:
+    """The tool calls of one run. A blocking (sync) tool runs in a worker thread, which nothing can
+    stop: when the run is stopped, `stop` says which of them are still running, so that the result
+    does not claim the run's effects ended with it. Async tools are cancelled with the run."""
+
+    def __init__(self, tools: Mapping[str, ToolFunction]) -> None:
+        self.tools = tools
+        self._lock = threading.Lock()  # the worker threads update `_blocking` too
+        self._blocking: list[_Blocking] = []
+
+    async def call(self, call: ToolCall) -> ToolResult:
+        """Run the tool `call` names with its JSON arguments; answer with its value or its error.
+        Never raises for what the tool does; a malformed call is a `ProtocolError`."""
+        return await self.run(checked_call(call))
+
+    async def run(self, call: CheckedCall) -> ToolResult:
+        """`call`, already checked (the executor reports its fields as events first)."""
+        function = self.tools.get(call.name)
+        reply: ToolResult = {"op": "tool_result", "id": call.id}
+        if function is None:
+            reply["error"] = {
+                "type": "NameError",
+                "message": f"no tool named {bounds.clipped(call.name, 200)!r}",
+            }
+            return reply
+        try:
+            if inspect.iscoroutinefunction(function):
+                value = await function(*call.args, **call.kwargs)
+            else:
+                # In a thread, so that a blocking tool cannot hold the event loop past the timeout.
+                value = await anyio.to_thread.run_sync(
+                    self._in_thread(call.name, functools.partial(function, *call.args, **call.kwargs)),
+                    abandon_on_cancel=True,
+                )
+                if inspect.isawaitable(value):
+                    value = await value
+            size = len(json.dumps(value, ensure_ascii=False).encode())
+        except Exception as exc:  # the tool's failure goes back to the code, which may catch it
+            reply["error"] = {
+                "type": type(exc).__name__,
+                "message": bounds.clipped(str(exc), bounds.ERROR_MESSAGE_LIMIT),
+            }
+            return reply
+        if size > bounds.TOOL_MESSAGE_LIMIT:
+            reply["error"] = {
+                "type": TOOL_RESULT_TOO_LARGE,
+                "message": f"the result is {size:,} bytes of JSON; at most {bounds.TOOL_MESSAGE_LIMIT:,} "
+                "cross into the sandbox. Have the tool return less, or a summary",
+            }
+            return reply
+        reply["value"] = value
+        return reply
+
+    def stop(self) -> list[str]:
+        """The run is over (stopped, or ended): a blocking tool not yet started in its thread never
+        starts; the names of those still running, each once, in the order they were called."""
+        with self._lock:
+            for call in self._blocking:
+                call.abandoned = not call.started
+            running = [call.name for call in self._blocking if call.started]
+        return list(dict.fromkeys(running))
+
+    def _in_thread(self, name: str, function: Callable[[], Any]) -> Callable[[], Any]:
+        call = _Blocking(name)
+        with self._lock:
+            self._blocking.append(call)
+
+        def run() -> Any:
+            with self._lock:
+                if call.abandoned:  # its run was stopped before a worker thread took it
+                    self._blocking.remove(call)
+                    return None
+                call.started = True
+            try:
+                return function()
+            finally:
+                with self._lock:
+                    self._blocking.remove(call)
+
+        return run
+
+
+def still_running(names: list[str]) -> str:
+    """What a stopped run's error adds when blocking tools of the run were still running."""
+    if not names:
+        return ""
+    quoted = ", ".join(repr(name) for name in names)
+    verb = "was" if len(names) == 1 else "were"
+    return (
+        f"; {'tool' if len(names) == 1 else 'tools'} {quoted} {verb} still running in this process and "
+        "may still have effects (a blocking tool cannot be stopped)"
+    )
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: Any) -> str:
     try:
-        if inspect.iscoroutinefunction(function):
-            value = await function(*args, **kwargs)
-        else:
-            # In a thread, so that a blocking tool cannot hold the event loop past the timeout.
-            value = await anyio.to_thread.run_sync(
-                functools.partial(function, *args, **kwargs), abandon_on_cancel=True
-            )
-            if inspect.isawaitable(value):
-                value = await value
-        size = len(json.dumps(value, ensure_ascii=False).encode())
-    except Exception as exc:  # the tool's failure goes back to the code, which may catch it
-        reply["error"] = {
-            "type": type(exc).__name__,
-            "message": bounds.clipped(str(exc), bounds.ERROR_MESSAGE_LIMIT),
-        }
-        return reply
-    if size > bounds.TOOL_MESSAGE_LIMIT:
-        reply["error"] = {
-            "type": TOOL_RESULT_TOO_LARGE,
-            "message": f"the result is {size:,} bytes of JSON; at most {bounds.TOOL_MESSAGE_LIMIT:,} "
-            "cross into the sandbox. Have the tool return less, or a summary",
-        }
-        return reply
-    reply["value"] = value
-    return reply
+        return bounds.clipped(repr(value), 300)
+    except Exception:  # a value decoded from JSON has a repr; this is belt and braces
+        return f"<{type(value).__name__}>"

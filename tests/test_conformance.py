@@ -300,4 +300,6 @@ async def test_a_blocking_sync_tool_cannot_outlast_the_timeout(executor_factory)
         result = await ex.run("print(slow())")
         after = await ex.run("print('next')")
     assert result.timed_out and "late" not in result.stdout
-    assert after.stdout == "next\n"
+    assert result.tools_running == ["slow"]  # it could not be stopped: the result says so
+    assert result.error is not None and "tool 'slow' was still running" in result.error.message
+    assert after.stdout == "next\n" and after.tools_running == []

@@ -21,6 +21,7 @@ ErrorKind = Literal[
     "Timeout",  # the run passed its wall-clock timeout and the sandbox was killed
     "WorkerCrashed",  # the sandbox process ended or the channel broke during the run
     "ToolResultTooLarge",  # a tool returned more than crosses into the sandbox
+    "ToolCallRefused",  # a tool call arrived after the run that made it had ended; never executed
 ]
 """The kinds of error the platform itself reports (other `ExecutionError.type`s are the code's)."""
 
@@ -30,6 +31,7 @@ POLICY_VIOLATION: ErrorKind = "PolicyViolation"
 SYNTAX_ERROR: ErrorKind = "SyntaxError"
 INVALID_CODE: ErrorKind = "InvalidCode"
 TOOL_RESULT_TOO_LARGE: ErrorKind = "ToolResultTooLarge"
+TOOL_CALL_REFUSED: ErrorKind = "ToolCallRefused"
 
 
 # ---------------------------------------------------------------------- the policy as the runner gets it
@@ -89,10 +91,15 @@ class StreamOptions(TypedDict):
 
 class RunRequest(TypedDict):
     """Run one snippet (already checked by the parent's static policy); with `stream`, the runner sends
-    `OutputMessage`s while the code runs, before the reply."""
+    `OutputMessage`s while the code runs, before the reply.
+
+    `run` numbers the run (unique in the parent process); the runner tags each `ToolCall` made while
+    the run is in progress with it, so a call that arrives after its run ended is refused, never
+    executed in a later run."""
 
     op: Literal["run"]
     code: str
+    run: int
     stream: NotRequired[StreamOptions]
 
 
@@ -186,10 +193,15 @@ class RunReply(Reply):
 
 
 class ToolCall(TypedDict):
-    """The code called a tool: the parent runs it and answers with a `ToolResult`."""
+    """The code called a tool: the parent runs it and answers with a `ToolResult`.
+
+    `run` is the `RunRequest.run` of the run in progress when the call was made; the parent refuses a
+    call of any other run (`TOOL_CALL_REFUSED`) without executing it. The runner always sends it; a
+    call relayed by a Ray node agent has none (the node's own executor checked it against its run)."""
 
     op: Literal["tool_call"]
     id: int
+    run: NotRequired[int]
     name: str
     args: list[Any]
     kwargs: dict[str, Any]

@@ -14,7 +14,7 @@ Requests and replies::
     {"op": "warmup"}                       -> {"op": "reply"}   (pool workers, before init only)
     {"op": "init", "policy": {...}, "env": {...}, "tools": [...], "stateless": b, "output_limit": n}
                                            -> {"op": "reply", "pid", "uid"}
-    {"op": "run", "code": "..."}           -> {"op": "reply", "stdout", "stderr", "stdout_omitted",
+    {"op": "run", "code": "...", "run": N} -> {"op": "reply", "stdout", "stderr", "stdout_omitted",
                                                "stderr_omitted", "truncated", "error", "oom",
                                                "final_answer", "has_final_answer", "value",
                                                "artifacts", "artifacts_omitted",
@@ -22,7 +22,9 @@ Requests and replies::
                                                   (every part bounded: bounds.py)
     {"op": "reset"}                        -> {"op": "reply"}
     {"op": "fork", "workdir": DIR, "channel": "fd"}  -> a new session's runner (`sessionfork.py`)
-    during a run:  {"op": "tool_call", "id", "name", "args", "kwargs"}  <- {"op": "tool_result", ...}
+    during a run:  {"op": "tool_call", "id", "run": N, "name", "args", "kwargs"}
+                                           <- {"op": "tool_result", "id", "value" | "error"}
+                   (a call made between runs is refused here, unsent: it belongs to a run that ended)
     during a run with "stream": {"chars", "chars_per_second"}:
                    {"op": "output", "stream": "stdout"|"stderr", "text", "dropped"}  (no answer)
     on a startup failure: {"op": "fatal", "message": "..."}, then exit
@@ -85,6 +87,11 @@ def _private_json() -> Any:
 
 
 json = _private_json()  # noqa: F811
+RUN_ENDED = (
+    "the run that made this call has ended, so the call was not executed; a tool can be called only "
+    "while its run is in progress (join the threads that call tools before the code ends)"
+)
+"""Why a tool call made between runs is refused (the parent's refusal says the same: toolbridge)."""
 MAX_ARTIFACT_SCAN = 5000
 RESERVE_BYTES = 32 << 20
 """Address space the runner keeps back for itself under a memory limit (added to the limit)."""
@@ -127,6 +134,7 @@ class Channel:
         self.own_fork = False  # set while the runner forks a new session (`sessionfork.py`)
         # One writer at a time: the stream's sender thread, tool calls and replies never interleave.
         self.lock = threading.Lock()
+        self._open_mailbox()
         if hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=self._close_in_child)
 
@@ -139,6 +147,23 @@ class Channel:
         self.token = os.urandom(16).hex()
         self.forked_child = False
         self.lock = threading.Lock()
+        self._open_mailbox()  # threads do not survive a fork: none of theirs is waiting here
+
+    def _open_mailbox(self) -> None:
+        # One thread at a time reads the descriptor (the serve loop waiting for a request, or a thread
+        # waiting for its tool's result) and files each message for whom it is: requests for the
+        # serve loop, a tool_result for the call of its id. So neither is ever taken for the other.
+        self.mail = threading.Condition()
+        self.reading = False
+        self.ended = False
+        self.requests: list[Any] = []
+        self.results: dict[int, Any] = {}
+        self.awaited: set[int] = set()
+        # The run in progress (`RunRequest.run`), None between runs; `calls` makes the stub's check of
+        # it and the sending of the call one step, so no call of a run is sent after its reply.
+        self.calls = threading.Lock()
+        self.run: int | None = None
+        self.call_id = 0
 
     def _close_in_child(self) -> None:
         if self.own_fork:  # the runner's own fork: `rebind` leaves the old channel in order
@@ -165,10 +190,94 @@ class Channel:
                 data = data[os.write(self.write_fd, data) :]
 
     def receive(self) -> Any:
-        line = self.reader.readline()
+        """The parent's next request; None at the end of the channel."""
+        return self._collect(lambda: self.requests.pop(0) if self.requests else None)
+
+    def begin_run(self, run: Any) -> None:
+        with self.calls:
+            self.run = run if isinstance(run, int) else None
+
+    def end_run(self) -> None:
+        """Before the run's reply: from now on its calls are refused here, none is sent."""
+        with self.calls:
+            self.run = None
+
+    def call(self, name: str, args: list[Any], kwargs: dict[str, Any], limit: int) -> ToolResult | None:
+        """Send a tool call tagged with the run in progress and wait for its result (None: the channel
+        ended). Between runs nothing is sent: the answer is the refusal the parent would give."""
+        if self.forked_child:  # before the lock, which a thread of the forking process may have held
+            raise RuntimeError("a forked process cannot use the sandbox channel")
+        with self.calls:
+            if self.run is None:
+                return {
+                    "op": "tool_result",
+                    "id": None,
+                    "error": {"type": "ToolCallRefused", "message": RUN_ENDED},
+                }
+            self.call_id += 1
+            call_id = self.call_id
+            message: ToolCall = {
+                "op": "tool_call",
+                "id": call_id,
+                "run": self.run,
+                "name": name,
+                "args": args,
+                "kwargs": kwargs,
+            }
+            with self.mail:
+                self.awaited.add(call_id)
+            try:
+                self.send(message, limit)
+            except BaseException:
+                with self.mail:
+                    self.awaited.discard(call_id)
+                raise
+        try:
+            return cast("ToolResult | None", self._collect(lambda: self.results.pop(call_id, None)))
+        finally:
+            with self.mail:
+                self.awaited.discard(call_id)
+                self.results.pop(call_id, None)
+
+    def _collect(self, take: Any) -> Any:
+        """What `take` finds in the mailbox, reading the channel (or waiting for the thread that does)
+        until it is there; None once the channel ended."""
+        while True:
+            with self.mail:
+                while True:
+                    found = take()
+                    if found is not None or self.ended:
+                        return found
+                    if not self.reading:
+                        self.reading = True
+                        break
+                    self.mail.wait()
+            line = b""
+            try:
+                line = self.reader.readline()
+            finally:
+                with self.mail:
+                    self.reading = False
+                    self._file(line)
+                    self.mail.notify_all()
+
+    def _file(self, line: bytes) -> None:
         if not line:
-            return None
-        return json.loads(line)  # a request, or a tool's result: the caller knows which
+            self.ended = True
+            return
+        try:
+            message = json.loads(line)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
+            message = {"op": None}  # the serve loop answers it as an unknown request
+        if message.get("op") == "tool_result":
+            call_id = message.get("id")
+            if isinstance(call_id, int) and call_id in self.awaited:
+                self.results[call_id] = message
+            # else: a result no call waits for any more; dropped, never taken for a request
+        else:
+            self.requests.append(message)
 
 
 class MemoryReserve:
@@ -228,7 +337,6 @@ class Runner:
         self.cell = 0
         self.compiled: dict[str, tuple[Any, Any]] = {}
         """Source -> its compiled cell (`compile_cell`), oldest first, at most `COMPILED_CELLS`."""
-        self.tool_call_id = 0
         self.final: Any = None
         self.has_final = False
         self.workdir = os.path.realpath(os.getcwd())
@@ -248,11 +356,13 @@ class Runner:
                 answer: InitReply = {"op": "reply", "pid": os.getpid(), "uid": os.getuid()}
                 self.channel.send(answer)
             elif op == "run":
+                self.channel.begin_run(message.get("run"))
                 try:
                     reply = self.run(message.get("code", ""), message.get("stream"))
                 except MemoryError:  # even the reserve did not suffice: a reply that needs next to nothing
                     self.reserve.release()
                     reply = _out_of_memory_reply()
+                self.channel.end_run()
                 self.streamer.finish()  # (already finished, but for a run that raised)
                 self.channel.send(reply)
                 self.reserve.take()
@@ -599,15 +709,6 @@ class Runner:
 
     def make_tool(self, name: str) -> Any:
         def call_tool(*args: Any, **kwargs: Any) -> Any:
-            self.tool_call_id += 1
-            call_id = self.tool_call_id
-            message: ToolCall = {
-                "op": "tool_call",
-                "id": call_id,
-                "name": name,
-                "args": list(args),
-                "kwargs": kwargs,
-            }
             if self.streamer.active:  # what the code wrote before the call is streamed before it
                 try:
                     sys.stdout.flush()
@@ -619,13 +720,12 @@ class Runner:
                         capture.drain()
                 self.streamer.wait_sent()
             try:
-                self.channel.send(message, limit=bounds.TOOL_MESSAGE_LIMIT)
+                reply = self.channel.call(name, list(args), kwargs, bounds.TOOL_MESSAGE_LIMIT)
             except (TypeError, ValueError, RecursionError) as exc:
                 raise TypeError(
                     f"arguments of tool {name!r} must be JSON values of at most "
                     f"{bounds.TOOL_MESSAGE_LIMIT:,} bytes: {exc}"
                 ) from None
-            reply: ToolResult | None = self.channel.receive()
             if reply is None:
                 raise SystemExit(0)
             if reply.get("error"):

@@ -402,7 +402,15 @@ def tool_round_trip(name: str, *args: Any) -> Script:
         if message["op"] == "run":
             pending.append(message)
             return [
-                {"op": "tool_call", "token": TOKEN, "id": 1, "name": name, "args": list(args), "kwargs": {}}
+                {
+                    "op": "tool_call",
+                    "token": TOKEN,
+                    "id": 1,
+                    "run": message["run"],
+                    "name": name,
+                    "args": list(args),
+                    "kwargs": {},
+                }
             ]
         if message["op"] == "tool_result":
             return [run_reply(final_answer=message, has_final_answer=True)]
