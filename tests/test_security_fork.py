@@ -1,0 +1,178 @@
+"""Forged fork replies: code without the Python guards controls its runner, so it answers a fork with
+whatever it likes (another session's pid, the sandbox's init, counts that are not numbers).
+
+The attack wraps the runner's `Channel.send` (found with `gc`) and rewrites the fork's reply (or the
+child's greeting). Each test proves the effect did not happen: another session keeps its variables
+(no `state_lost`), the forging session's own sandbox is intact, and a refused fork leaves no process
+of the family's user and no held uid behind. Host: the ``namespaces`` level (the ``process`` level
+refuses sessions without the guards, so its runner cannot be taken over). Docker (both modes) and
+the E2B stand-in: the fork's kill runs inside the family's own boundary, as its user.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import anyio
+import pytest
+
+from sandboxes import ForkError, HostExecutor, Policy
+
+pytestmark = pytest.mark.anyio
+
+UNGUARDED = Policy(python_guards=False)
+
+
+def forging(reply: dict[str, Any] | None = None, greeting: dict[str, Any] | None = None) -> str:
+    """Code that makes its own runner answer the next fork with `reply`'s fields (and the child greet
+    with `greeting`'s), by wrapping the runner's channel."""
+    return (
+        "import gc\n"
+        "channel = next(o for o in gc.get_objects()"
+        " if type(o).__name__ == 'Channel' and hasattr(o, 'write_fd') and hasattr(o, 'token'))\n"
+        "real_send = channel.send\n"
+        f"FORGED_REPLY, FORGED_GREETING = {reply or {}!r}, {greeting or {}!r}\n"
+        "def send(message, limit=None):\n"
+        "    if message.get('op') == 'reply' and 'threads' in message:\n"
+        "        message = {**message, **FORGED_REPLY}\n"
+        "    elif message.get('op') == 'reply' and 'uid' in message and 'files' in message:\n"
+        "        message = {**message, **FORGED_GREETING}\n"
+        "    return real_send(message, limit)\n"
+        "channel.send = send\n"
+    )
+
+
+async def arm(ex: Any, reply: dict[str, Any] | None = None, greeting: dict[str, Any] | None = None) -> None:
+    """Run `forging` in `ex` (and check it ran: a forgery that did not take would prove nothing)."""
+    result = await ex.run(forging(reply, greeting))
+    assert result.error is None, result.error
+
+
+async def fork_or_refusal(ex: Any) -> str:
+    """Fork `ex`: "refused" (ForkError), or "forked" once the fork was closed and its end awaited."""
+    try:
+        child = await ex.fork()
+    except ForkError:
+        return "refused"
+    await child.close()
+    await child.wait_closed()
+    return "forked"
+
+
+async def pid_of(ex: Any) -> int:
+    result = await ex.run("import os\nprint(os.getpid())")
+    assert result.error is None, result.error
+    return int(result.stdout)
+
+
+def pids_of(uid: int) -> set[int]:
+    found = set()
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if entry.stat().st_uid == uid:
+                    found.add(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def eventually(predicate: Any, seconds: float = 10.0) -> bool:
+    with anyio.move_on_after(seconds):
+        while not predicate():
+            await anyio.sleep(0.05)
+        return True
+    return bool(predicate())
+
+
+# ---------------------------------------------------------------------- host, namespaces
+
+
+@pytest.fixture
+def namespaces() -> None:
+    from sandboxes.backends.hostprocess import namespaces_available
+
+    if not namespaces_available():
+        pytest.skip("bubblewrap cannot create namespaces here")
+
+
+def host(**options: Any) -> HostExecutor:
+    return HostExecutor(isolation="namespaces", timeout=20, policy=UNGUARDED, **options)
+
+
+@pytest.mark.parametrize("target", ["victim", "init"])
+async def test_a_fork_reply_naming_another_session_reaches_nothing_on_the_host(
+    namespaces: None, target: str
+) -> None:
+    # Both sessions are children of one fork server, in one PID namespace: the victim's pid is real
+    # there, and pid 1 is the namespace's init, whose death would end every session of the server.
+    async with host() as victim, host() as attacker:
+        await victim.run("x = 42")
+        forged = await pid_of(victim) if target == "victim" else 1
+        await arm(attacker, {"pid": forged})
+        outcome = await fork_or_refusal(attacker)
+        after = await victim.run("print(x)")
+        own = await attacker.run("print('still here')")
+    assert (after.stdout, after.state_lost, after.error) == ("42\n", False, None)
+    assert outcome == "refused"  # the kernel named the real child, not the pid the runner claimed
+    assert (own.stdout, own.state_lost) == ("still here\n", False)
+
+
+async def test_a_greeting_from_another_process_is_refused(namespaces: None) -> None:
+    # The parent's runner names its child truthfully, but the greeting's sender is what counts: a
+    # child claiming to be someone else is the same lie, told from the other side.
+    async with host() as victim, host() as attacker:
+        await victim.run("x = 42")
+        victim_pid = await pid_of(victim)
+        await arm(attacker, {"pid": victim_pid}, {"pid": victim_pid})
+        outcome = await fork_or_refusal(attacker)
+        after = await victim.run("print(x)")
+    assert (after.stdout, after.state_lost) == ("42\n", False)
+    assert outcome == "refused"
+
+
+@pytest.mark.parametrize(
+    ("reply", "greeting"),
+    [
+        ({"threads": "many"}, None),
+        ({"processes": True}, None),
+        ({"sockets": -1}, None),
+        ({"pid": "1"}, None),
+        ({"pid": 1 << 40}, None),
+        (None, {"files": "all"}),
+        (None, {"bytes": -5}),
+    ],
+    ids=["threads-text", "processes-bool", "sockets-negative", "pid-text", "pid-huge", "files", "bytes"],
+)
+async def test_a_malformed_fork_reply_is_a_fork_error_and_leaves_nothing(
+    namespaces: None, reply: dict[str, Any] | None, greeting: dict[str, Any] | None
+) -> None:
+    from sandboxes.backends.hostprocess import PRIVATE_USERS
+
+    attacker = host()
+    await attacker.open()
+    await arm(attacker, reply, greeting)
+    uid = attacker.session.worker.uid  # type: ignore[union-attr]
+    assert uid is not None, "these checks need private users (run as root)"
+    with pytest.raises(ForkError):
+        await attacker.fork()
+    await attacker.close()
+    await attacker.wait_closed()
+    assert await eventually(lambda: not pids_of(uid)), f"processes of uid {uid} left: {pids_of(uid)}"
+    assert not PRIVATE_USERS.held(uid)
+
+
+async def test_a_refused_fork_is_killed_at_once_while_its_parent_lives(namespaces: None) -> None:
+    # The child existed (it greeted) but its greeting was malformed: it is killed now, not at the
+    # family's end, and the parent's own runner is untouched.
+    async with host() as parent:
+        await arm(parent, None, {"files": "all"})
+        await parent.run("x = 7")
+        uid = parent.session.worker.uid  # type: ignore[union-attr]
+        before = pids_of(uid)
+        with pytest.raises(ForkError):
+            await parent.fork()
+        assert await eventually(lambda: pids_of(uid) <= before), pids_of(uid) - before
+        kept = await parent.run("print(x)")
+    assert (kept.stdout, kept.state_lost) == ("7\n", False)
