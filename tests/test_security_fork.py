@@ -176,3 +176,68 @@ async def test_a_refused_fork_is_killed_at_once_while_its_parent_lives(namespace
         assert await eventually(lambda: pids_of(uid) <= before), pids_of(uid) - before
         kept = await parent.run("print(x)")
     assert (kept.stdout, kept.state_lost) == ("7\n", False)
+
+
+# ---------------------------------------------------------------------- docker (both modes), e2b
+# A family lives in a boundary of its own (a container, a microVM; a shared container hosts one
+# family at a time) and the fork's kill runs there as the family's user: a pid from a reply can
+# name only what the code could signal itself. Both checks below hold that line: another session
+# (in another boundary) keeps its state, and the sandbox's init (pid 1), whose descendants are the
+# whole family, is never a fork's to end, so the forging session itself survives its fork's close.
+
+
+def docker(mode: str) -> Any:
+    import backend_docker
+    import backend_dockershared
+
+    backend_docker.require()
+    make = backend_docker.make_executor if mode == "container" else backend_dockershared.make_executor
+    return make(policy=UNGUARDED, timeout=30)
+
+
+def e2b() -> Any:
+    from backend_e2b import make_executor, unavailable
+
+    if unavailable() is not None:
+        pytest.skip(str(unavailable()))
+    return make_executor(policy=UNGUARDED, timeout=30)
+
+
+async def forged_fork_of_a_boundary(make: Any, target: str) -> None:
+    async with make() as victim, make() as attacker:
+        await victim.run("x = 42")
+        forged = await pid_of(victim) if target == "victim" else 1
+        await arm(attacker, {"pid": forged})
+        await attacker.run("y = 5")
+        await fork_or_refusal(attacker)
+        after = await victim.run("print(x)")
+        own = await attacker.run("print(y)")
+    assert (after.stdout, after.state_lost, after.error) == ("42\n", False, None)
+    if target == "init":
+        assert (own.stdout, own.state_lost) == ("5\n", False), own
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("target", ["victim", "init"])
+@pytest.mark.parametrize("mode", ["container", "shared"])
+async def test_a_fork_reply_naming_another_session_reaches_nothing_in_docker(mode: str, target: str) -> None:
+    await forged_fork_of_a_boundary(lambda: docker(mode), target)
+
+
+@pytest.mark.e2b
+@pytest.mark.parametrize("target", ["victim", "init"])
+async def test_a_fork_reply_naming_another_session_reaches_nothing_in_e2b(target: str) -> None:
+    # The stand-in's sandboxes are local processes (as root, each in network and IPC namespaces of
+    # its own): a victim's pid is real here, as pid 1 is this machine's init.
+    await forged_fork_of_a_boundary(e2b, target)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("mode", ["container", "shared"])
+async def test_a_malformed_fork_reply_in_docker_is_a_fork_error(mode: str) -> None:
+    async with docker(mode) as attacker:
+        await arm(attacker, {"threads": "many"})
+        with pytest.raises(ForkError):
+            await attacker.fork()
+        again = await attacker.run("print('replaced')")
+    assert again.state_lost and again.stdout == "replaced\n"
