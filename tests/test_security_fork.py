@@ -241,3 +241,51 @@ async def test_a_malformed_fork_reply_in_docker_is_a_fork_error(mode: str) -> No
             await attacker.fork()
         again = await attacker.run("print('replaced')")
     assert again.state_lost and again.stdout == "replaced\n"
+
+
+GONE = (
+    "import os, time\n"
+    "for _ in range(200):\n"
+    "    try:\n"
+    "        os.kill({pid}, 0)\n"
+    "    except ProcessLookupError:\n"
+    "        print('gone')\n"
+    "        break\n"
+    "    time.sleep(0.05)\n"
+    "else:\n"
+    "    print('still running')\n"
+)
+SLEEPER = (
+    "import subprocess, sys\n"
+    "sleeper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+    "print(sleeper.pid)\n"
+)
+
+
+async def a_forks_close_ends_its_processes(make: Any) -> None:
+    # The control of the checks above: the helper still ends what a real fork started, also after
+    # that fork's runner crashed, and for one that made itself non-dumpable (its namespace link then
+    # cannot be read).
+    async with make() as parent:
+        for how in ("idle", "non-dumpable", "crashed"):
+            child = await parent.fork()
+            if how == "non-dumpable":
+                assert (await child.run("import ctypes\nctypes.CDLL(None).prctl(4, 0, 0, 0, 0)")).ok
+            sleeper = int((await child.run(SLEEPER)).stdout)
+            if how == "crashed":
+                await child.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+            await child.close()
+            await child.wait_closed()
+            seen = await parent.run(GONE.format(pid=sleeper))
+            assert seen.stdout == "gone\n", (how, seen)
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("mode", ["container", "shared"])
+async def test_a_forks_close_still_ends_its_processes_in_docker(mode: str) -> None:
+    await a_forks_close_ends_its_processes(lambda: docker(mode))
+
+
+@pytest.mark.e2b
+async def test_a_forks_close_still_ends_its_processes_in_e2b() -> None:
+    await a_forks_close_ends_its_processes(e2b)

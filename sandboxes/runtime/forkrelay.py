@@ -122,14 +122,13 @@ def _ours(pid: int) -> bool:
 
 
 def end(pid: int, workdir: str | None) -> int:
-    if not _ours(pid):
-        pid = 0  # nothing of ours has that pid: only the working directory goes
+    # Its tree only if the runner is ours (a forged pid 1 has the whole family below it); its group's
+    # members each if ours (the runner may be gone, a crash, leaving its group behind).
     # Stopped first, then killed: a process that forks meanwhile cannot leave a child behind.
-    for _ in range(3 if pid else 0):
+    for _ in range(3 if pid > 1 else 0):
         table = _processes()
-        targets = _descendants(pid, table) | {p for p, (_, group) in table.items() if group == pid}
-        if pid in table:
-            targets.add(pid)
+        group = {p for p, (_, leader) in table.items() if leader == pid and _ours(p)}
+        targets = group | (_descendants(pid, table) | {pid} if _ours(pid) else set())
         if not targets:
             break
         _signal(targets, signal.SIGSTOP)
