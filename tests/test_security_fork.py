@@ -4,9 +4,10 @@ whatever it likes (another session's pid, the sandbox's init, counts that are no
 The attack wraps the runner's `Channel.send` (found with `gc`) and rewrites the fork's reply (or the
 child's greeting). Each test proves the effect did not happen: another session keeps its variables
 (no `state_lost`), the forging session's own sandbox is intact, and a refused fork leaves no process
-of the family's user and no held uid behind. Host: the ``namespaces`` level (the ``process`` level
-refuses sessions without the guards, so its runner cannot be taken over). Docker (both modes) and
-the E2B stand-in: the fork's kill runs inside the family's own boundary, as its user.
+of the family's user and no held uid behind. Host: the ``namespaces`` level, and the ``process``
+level with a runner made hostile by a preload module (sessions without the guards are refused
+there). Docker (both modes) and the E2B stand-in: the fork's kill runs inside the family's own
+boundary, as its user.
 """
 
 from __future__ import annotations
@@ -176,6 +177,62 @@ async def test_a_refused_fork_is_killed_at_once_while_its_parent_lives(namespace
         assert await eventually(lambda: pids_of(uid) <= before), pids_of(uid) - before
         kept = await parent.run("print(x)")
     assert (kept.stdout, kept.state_lost) == ("7\n", False)
+
+
+# ---------------------------------------------------------------------- host, process level
+# A session without the guards is refused at this level, so its code cannot take its runner over;
+# the runner is made hostile here from outside instead: a trusted preload module (imported by the
+# fork server before any session) makes every runner of that server forge its fork replies with the
+# fields of `forge.json` in its working directory. Pids at this level are the machine's, and the
+# parent is root: pid 1 is not tried (a regression would kill every process here), a canary
+# process of ours stands in for it.
+
+FORGER = """
+import json, os, sys
+
+runner = sys.modules["_kodeagent_runner"]
+real_send = runner.Channel.send
+
+
+def send(self, message, limit=None):
+    if message.get("op") == "reply" and "threads" in message and os.path.exists("forge.json"):
+        with open("forge.json") as handle:
+            message = {**message, **json.load(handle)}
+    return real_send(self, message, limit)
+
+
+runner.Channel.send = send
+"""
+
+
+@pytest.mark.parametrize("target", ["victim", "canary"])
+async def test_a_forging_runner_at_the_process_level_reaches_nothing(tmp_path: Any, target: str) -> None:
+    import json
+    import subprocess
+    import sys
+
+    forger = tmp_path / "fork_forger.py"
+    forger.write_text(FORGER)
+    policy = Policy(allowed_imports=["os"])
+    # A group leader, as a runner is: the kill of a fork is its tree and its group.
+    canary = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        async with (
+            HostExecutor(isolation="process", timeout=20, policy=policy) as victim,
+            HostExecutor(isolation="process", timeout=20, policy=policy, preload=[forger]) as attacker,
+        ):
+            await victim.run("x = 42")
+            forged = await pid_of(victim) if target == "victim" else canary.pid
+            await attacker.upload("forge.json", json.dumps({"pid": forged}).encode())
+            outcome = await fork_or_refusal(attacker)
+            after = await victim.run("print(x)")
+        alive = canary.poll() is None
+    finally:
+        canary.kill()
+        canary.wait()
+    assert (after.stdout, after.state_lost, after.error) == ("42\n", False, None)
+    assert alive, "the canary was killed"
+    assert outcome == "refused"
 
 
 # ---------------------------------------------------------------------- docker (both modes), e2b
