@@ -69,10 +69,16 @@ from .runtime.protocol import (
 )
 from .toolbridge import for_run, next_run_number
 from .wire import check
-from .worker import Worker, WorkerExited
+from .worker import ForkPlan, Worker, WorkerExited
 
 HANDSHAKE_TIMEOUT = 30.0
 KILL_TIMEOUT = 10.0
+MAX_PID = 1 << 22
+"""Linux's largest pid (``PID_MAX_LIMIT``): a fork's reply naming more is not the protocol."""
+MAX_COUNT = 1 << 31
+"""The largest count (threads, files...) a fork's reply may carry."""
+MAX_BYTES = 1 << 60
+"""The largest byte count a fork's greeting may carry."""
 
 ToolCaller = Callable[[ToolCall], Awaitable[ToolResult]]
 """How a session asks the executor to run a tool the code called (the tool runs in the parent)."""
@@ -323,22 +329,24 @@ class RunnerSession(Session):
 
     async def fork(self) -> tuple[Session, ForkReport]:
         """Fork the runner (`runtime/sessionfork.py`): the worker supplies the new channel and the
-        copy's working directory; the child greets on its channel with a token of its own."""
+        copy's working directory; the child greets on its channel with a token of its own.
+
+        Nothing in the replies is taken on trust: every field is checked before it is used, and the
+        child's identity comes from the backend (`Worker.forked`, the greeting's kernel credentials
+        on the host), never from the pid the runner names. A reply that is not the protocol is a
+        `ProtocolError` (this session is then discarded) before the child joins the family; once the
+        child exists, any failure kills it before this raises."""
         started = time.monotonic()
         worker = self.worker
         plan = await worker.prepare_fork()
         try:
-            request: ForkRequest = {"op": "fork", "workdir": plan.workdir, "channel": plan.channel}
-            await worker.send(_encode(request))
-            ask = await self._receive()
-            if ask.get("op") == "fork_channel":
-                plan.answer = ask
-                await worker.hand_over(plan)
-                reply = await self._receive()
-            else:
-                reply = ask
-            if reply.get("op") != "reply":
-                raise ProtocolError(f"unexpected answer to a fork: {bounds.clipped(repr(reply), 200)}")
+            reply = await self._fork_reply(plan)
+            if "error" in reply:
+                raise ForkError(
+                    f"the session could not be forked: {bounds.clipped(str(reply['error']), 500)}"
+                )
+            pid = _fork_count(reply, "pid", MAX_PID, minimum=1)
+            copied = {key: _fork_count(reply, key) for key in ("threads", "processes", "sockets")}
         except WorkerExited as exc:
             await worker.abandon_fork(plan)
             info = await worker.exit_info()
@@ -347,14 +355,14 @@ class RunnerSession(Session):
             with anyio.CancelScope(shield=True):
                 await worker.abandon_fork(plan)
             raise
-        if "error" in reply:
-            await worker.abandon_fork(plan)
-            raise ForkError(f"the session could not be forked: {bounds.clipped(str(reply['error']), 500)}")
-        child = worker.forked(plan, int(reply["pid"]))
+        child = worker.forked(plan, pid)
         session = RunnerSession(child, self.output_limit)
         try:
             with anyio.fail_after(HANDSHAKE_TIMEOUT):
                 hello = await session._receive(learn_token=True)
+            if hello.get("op") != "reply":
+                raise ProtocolError(f"unexpected greeting of a fork: {bounds.clipped(repr(hello), 200)}")
+            files, size = _fork_count(hello, "files"), _fork_count(hello, "bytes", MAX_BYTES)
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await child.kill()
@@ -362,14 +370,28 @@ class RunnerSession(Session):
                 raise ForkError(f"the forked session did not start ({type(exc).__name__}: {exc})") from exc
             raise
         report = ForkReport(
-            threads_not_copied=int(reply.get("threads", 0)),
-            child_processes_not_copied=int(reply.get("processes", 0)),
-            shared_sockets=int(reply.get("sockets", 0)),
-            files_copied=int(hello.get("files", 0)),
-            bytes_copied=int(hello.get("bytes", 0)),
+            threads_not_copied=copied["threads"],
+            child_processes_not_copied=copied["processes"],
+            shared_sockets=copied["sockets"],
+            files_copied=files,
+            bytes_copied=size,
             seconds=time.monotonic() - started,
         )
         return session, report
+
+    async def _fork_reply(self, plan: ForkPlan) -> dict[str, Any]:
+        """Send the fork request, hand the channel over when the runner asks, and return its reply."""
+        worker = self.worker
+        request: ForkRequest = {"op": "fork", "workdir": plan.workdir, "channel": plan.channel}
+        await worker.send(_encode(request))
+        reply = await self._receive()
+        if reply.get("op") == "fork_channel":
+            plan.answer = reply
+            await worker.hand_over(plan)
+            reply = await self._receive()
+        if reply.get("op") != "reply":
+            raise ProtocolError(f"unexpected answer to a fork: {bounds.clipped(repr(reply), 200)}")
+        return reply
 
     async def _receive(self, learn_token: bool = False) -> dict[str, Any]:
         """The runner's next message, its token checked (with `learn_token`: learnt, for a greeting)."""
@@ -512,6 +534,18 @@ _ANSWERS: dict[str, type[Any]] = {
 }
 """The reply each request is answered with (a fork's replies are checked by `RunnerSession.fork`)."""
 _DOING = {"init": "started", "run": "ran code", "reset": "reset", "warmup": "warmed up"}
+
+
+def _fork_count(message: dict[str, Any], key: str, limit: int = MAX_COUNT, minimum: int = 0) -> int:
+    """`message[key]` as an int in [minimum, limit] (0 when absent, where 0 is allowed), else
+    `ProtocolError`: a reply the code replaced may carry anything (`True` is not a count)."""
+    value = message.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= limit:
+        raise ProtocolError(
+            f"the runner's fork reply has {key}={bounds.clipped(repr(value), 100)}, "
+            f"not a whole number from {minimum} to {limit:,}"
+        )
+    return value
 
 
 def _fatal(reply: Fatal) -> WorkerStartError:

@@ -109,7 +109,12 @@ class Worker(ABC):
         """The runner asked for the fork's channel (``fork_channel``): give it."""
 
     def forked(self, plan: ForkPlan, pid: int) -> Worker:
-        """The fork's own worker, once the runner said it forked (`pid`, as the runner sees it)."""
+        """The fork's own worker, once the runner said it forked. `pid` is what the runner claims (a
+        checked int, as the runner sees it), so never an identity to act on alone: the worker proves
+        which process its fork is from something the sandbox cannot forge (host: the kernel's
+        credentials on the greeting, refused with `ProtocolError` by `receive_line` when they do not
+        match the claim) or acts on it only with the session's own rights (inside its container or
+        microVM, as its user), so that a lie reaches nothing the code could not reach itself."""
         raise NotImplementedError
 
     async def abandon_fork(self, plan: ForkPlan) -> None:  # noqa: B027 - optional: nothing to undo
@@ -251,6 +256,17 @@ def _sender_pid(ancillary: list[tuple[int, int, bytes]]) -> int | None:
             pid = _UCRED.unpack(data[: _UCRED.size])[0]
             return pid if pid > 0 else None
     return None
+
+
+def peek_sender(sock: socket.socket) -> int | None:
+    """The pid the kernel gave with the first byte waiting on `sock` (a unix socket with
+    ``SO_PASSCRED`` set before that byte was sent), in our PID namespace, without consuming it; None
+    at end-of-file or without credentials. Blocking: call it once the socket is readable."""
+    try:
+        _, ancillary, _, _ = sock.recvmsg(1, _CREDENTIALS_SPACE, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except OSError:
+        return None
+    return _sender_pid(ancillary)
 
 
 def take_line(buffer: bytearray, limit: int) -> bytes | None:

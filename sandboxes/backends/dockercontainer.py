@@ -688,7 +688,9 @@ def listen_answer(plan: ForkPlan) -> tuple[str, str, int]:
     if (
         not isinstance(path, str)
         or not isinstance(secret, str)
+        or isinstance(pid, bool)
         or not isinstance(pid, int)
+        or not 1 < pid < 1 << 22  # Linux's PID_MAX_LIMIT; 1 is the container's init
         or any(c in path for c in "\n ")  # one line "PATH SECRET" for the relay
         or not secret.isalnum()
     ):

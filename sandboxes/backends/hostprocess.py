@@ -33,15 +33,15 @@ from collections.abc import Iterable
 
 import anyio
 
-from ..errors import ForkError, SandboxFileError, WorkerStartError
+from ..errors import ForkError, ProtocolError, SandboxFileError, WorkerStartError
 from ..preload import read_preload
 from ..runtime import RUNTIME_DIR
 from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
 from ..usage import ProcessProbe, ProcessTree, find_in_namespace, parse_nspid, read_text
-from ..worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited
+from ..worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, peek_sender
 from .bubblewrap import Bubblewrap, choose
 from .hostreap import REAPER, PrivateUsers
-from .hostsweep import kill_user_processes, start_time, wait_until_reaped
+from .hostsweep import kill_user_processes, process_uids, start_time, wait_until_reaped
 
 RUNNER = RUNTIME_DIR / "runner.py"
 FORKSERVER = RUNTIME_DIR / "forkserver.py"
@@ -83,6 +83,10 @@ class HostWorker(Worker):
         self.family: set[HostWorker] = {self}
         self.reaped = threading.Event()  # set once killed and reaped (`kill_now` has finished)
         self._free_uid = False
+        # A fork's runner names its child's pid, which the code can forge: the child is nobody's
+        # until its greeting's credentials prove which process it is (`_prove_fork`).
+        self._claimed: int | None = None
+        self._unproven = False
 
     def usage_probe(self) -> ProcessProbe:
         return ProcessProbe(self.process_tree())
@@ -90,7 +94,7 @@ class HostWorker(Worker):
     def process_tree(self) -> ProcessTree | None:
         """The runner's host process, found once (before its first run: no code has run yet, so
         nothing can pose as it) and checked against its start time on every reading."""
-        if self._tree is None and not self._killed:
+        if self._tree is None and not self._killed and not self._unproven:
             host_pid: int | None
             if self.isolation != "namespaces":
                 host_pid = self.pid
@@ -110,7 +114,61 @@ class HostWorker(Worker):
         await self.channel.send(data)
 
     async def receive_line(self) -> bytes:
+        if self._unproven:
+            await self._prove_fork()
         return await self.channel.receive_line(self.line_limit)
+
+    async def _prove_fork(self) -> None:
+        """A fork's greeting: the process that sent its first byte, as the kernel names it
+        (``SCM_CREDENTIALS``), becomes this worker's runner, once shown to be what the parent's runner
+        claimed (`_check_sender`); anything else is a `ProtocolError` and the worker stays nobody's."""
+        sock = self.channel.sock
+        try:
+            await anyio.wait_readable(sock)
+        except anyio.ClosedResourceError:
+            return  # being killed: the read that follows says end-of-file
+        sender = peek_sender(sock)
+        if sender is None and self.is_alive():
+            raise ProtocolError("the fork's greeting came without the sender's credentials")
+        if sender is None:
+            return  # end-of-file: the read that follows says so
+        tree = await anyio.to_thread.run_sync(self._check_sender, sender)
+        self._tree, self.start_time, self._unproven = tree, tree.start_time, False
+        self.pid = tree.pid if self.isolation == "process" else self._claimed
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 0)
+
+    def _check_sender(self, sender: int) -> ProcessTree:
+        """The fork's runner is `sender` (its host pid, from the kernel) if it is a process of the
+        family's own user (the private uid; ours where there is none: a process of another session,
+        or the sandbox's init, never is), the pid the parent's runner claimed (the innermost of its
+        NSpid; in the fork server's PID namespace under namespaces) and not another member's runner;
+        its start time, read before and after, pins it against pid reuse. Else `ProtocolError`."""
+        tree = ProcessTree(sender)
+        status = read_text(f"/proc/{sender}/status")
+        nspid = parse_nspid(status) if status else []
+        user = str(os.getuid() if self.uid is None else self.uid)
+        problem = None
+        if tree.start_time is None or not nspid:
+            problem = "it is gone"
+        elif set(process_uids(status or "")) != {user}:
+            problem = f"it is not of this session's user {user}"
+        elif nspid[-1] != self._claimed or (self.isolation == "namespaces") != (len(nspid) > 1):
+            problem = f"it is pid {nspid[-1]} in its namespace, not the {self._claimed} the runner named"
+        elif any(sender == member.host_pid() for member in list(self.family) if member is not self):
+            problem = "it is another session's runner"
+        elif start_time(sender) != tree.start_time:
+            problem = "it is gone"
+        if problem is not None:
+            tree.close()
+            raise ProtocolError(f"the fork's greeting did not come from its runner ({problem})")
+        return tree
+
+    def host_pid(self) -> int | None:
+        """This worker's runner's host pid, where it is known (proven, for a fork)."""
+        if self.process is not None and self.isolation == "process":
+            return self.process.pid
+        tree = self.process_tree()
+        return tree.pid if tree is not None else None
 
     async def alive(self) -> bool:
         return self.is_alive()
@@ -194,6 +252,8 @@ class HostWorker(Worker):
         if self.uid is not None:
             os.lchown(directory, self.uid, self.uid)
         ours, theirs = socket.socketpair()
+        # Before the child can write: the kernel then names the sender of its greeting (`_prove_fork`).
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         return ForkPlan(directory, "fd", {"ours": ours, "theirs": theirs})
 
     async def hand_over(self, plan: ForkPlan) -> None:
@@ -218,9 +278,9 @@ class HostWorker(Worker):
             self.uid,
             self.isolation,
             owns_workdir=True,
-            pid=pid,
             server_pid=self.server_pid if self.isolation == "namespaces" else None,
         )
+        child._claimed, child._unproven = pid, True
         child.family = self.family
         self.family.add(child)
         _LIVE_WORKERS.add(child)

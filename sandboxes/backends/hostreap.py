@@ -99,6 +99,11 @@ class PrivateUsers:
         with self._lock:
             self._in_use.discard(uid)
 
+    def held(self, uid: int) -> bool:
+        """Whether `uid` is held (by a live session family, or one whose processes are not yet gone)."""
+        with self._lock:
+            return uid in self._in_use
+
     def in_use(self) -> int:
         with self._lock:
             return len(self._in_use)

@@ -94,10 +94,18 @@ def _uids_and_state(pid: int) -> tuple[list[str], str] | None:
     text = read_text(f"/proc/{pid}/status")  # State and Uid are in its first few hundred bytes
     if text is None:
         return None
-    state_at, uid_at = text.find("\nState:\t"), text.find("\nUid:\t")
-    if state_at < 0 or uid_at < 0:
+    state_at, uids = text.find("\nState:\t"), process_uids(text)
+    if state_at < 0 or not uids:
         return None
-    return text[uid_at + 6 : text.find("\n", uid_at + 1)].split()[:3], text[state_at + 8 : state_at + 9]
+    return uids, text[state_at + 8 : state_at + 9]
+
+
+def process_uids(status: str) -> list[str]:
+    """The real, effective and saved uids in a /proc/<pid>/status text (empty if it has none)."""
+    uid_at = status.find("\nUid:\t")
+    if uid_at < 0:
+        return []
+    return status[uid_at + 6 : status.find("\n", uid_at + 1)].split()[:3]
 
 
 def _owner(entry: os.DirEntry[str]) -> int | None:

@@ -17,7 +17,10 @@ a family sharing the sandbox (stdlib only; started by the parent, as the session
                                    process: its exit would end the sandbox and every fork in it).
 
 Nothing here trusts what the session's code could have changed: it is started fresh from the
-read-only runtime directory, with ``python3 -I -S``.
+read-only runtime directory, with ``python3 -I -S``. The PID it is given came from a runner's reply,
+which the code can forge, so it ends a PID only if that process is one the code could signal itself
+(`_ours`: of this helper's user, in this sandbox's network namespace, not its init): a forged PID
+then reaches nothing beyond the session's own family, even where the helper runs with more rights.
 """
 
 from __future__ import annotations
@@ -98,13 +101,34 @@ def _signal(pids: set[int], signum: int) -> None:
                 pass
 
 
+def _ours(pid: int) -> bool:
+    """Whether `pid` is this sandbox's and this user's: real, effective and saved uid ours, and (where
+    its namespace can be read) our network namespace. Never the sandbox's init, nor this helper."""
+    if pid <= 1 or pid == os.getpid():
+        return False
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            uids = next((line.split()[1:4] for line in handle if line.startswith("Uid:")), [])
+    except OSError:
+        return False
+    if set(uids) != {str(os.getuid())}:
+        return False
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net") == os.readlink("/proc/self/ns/net")
+    except PermissionError:  # a non-dumpable process of our own user: ours to signal in any case
+        return True
+    except OSError:
+        return False
+
+
 def end(pid: int, workdir: str | None) -> int:
+    # Its tree only if the runner is ours (a forged pid 1 has the whole family below it); its group's
+    # members each if ours (the runner may be gone, a crash, leaving its group behind).
     # Stopped first, then killed: a process that forks meanwhile cannot leave a child behind.
-    for _ in range(3):
+    for _ in range(3 if pid > 1 else 0):
         table = _processes()
-        targets = _descendants(pid, table) | {p for p, (_, group) in table.items() if group == pid}
-        if pid in table:
-            targets.add(pid)
+        group = {p for p, (_, leader) in table.items() if leader == pid and _ours(p)}
+        targets = group | (_descendants(pid, table) | {pid} if _ours(pid) else set())
         if not targets:
             break
         _signal(targets, signal.SIGSTOP)
@@ -115,6 +139,8 @@ def end(pid: int, workdir: str | None) -> int:
 
 
 def retire(pid: int) -> int:
+    if not _ours(pid):
+        return 1
     _signal({pid}, signal.SIGSTOP)
     for _ in range(3):
         below = _descendants(pid, _processes())
