@@ -17,7 +17,7 @@ from kodeagent_cli.common import CommandError
 from kodeagent_cli.mcp import parse_address, settings_from_flags
 from sandboxes import DEFAULT_ALLOWED_IMPORTS
 from sandboxes.adapters.mcp import McpConfigError, ServerConfig, load_config, make_config, with_tokens
-from sandboxes.adapters.mcp.auth import TENANT_KEY, HttpGuard, TokenTable
+from sandboxes.adapters.mcp.auth import SINGLE_HEADERS, TENANT_KEY, Connections, HttpGuard, TokenTable
 from sandboxes.adapters.mcp.config import TokenConfig, load_tool
 
 TOKEN = "t" * 20
@@ -28,6 +28,8 @@ def test_defaults_are_safe() -> None:
     assert config.backend == "host" and config.http.host == "127.0.0.1"
     assert config.policy.network is False and config.http.tokens == ()
     assert config.max_sessions_per_token <= config.max_sessions
+    assert config.http.max_connections_per_token <= config.http.max_connections // 4
+    assert 60 <= config.http.connection_idle_timeout <= 600  # minutes, not the SDK's half hour
 
 
 def test_tokens_tools_and_limits_are_validated() -> None:
@@ -48,6 +50,11 @@ def test_tokens_tools_and_limits_are_validated() -> None:
         ({"tools": {"_private": "m:f"}}, "Python identifier"),
         ({"timeout": 400}, "above max_timeout"),
         ({"max_sessions": 2, "max_sessions_per_token": 3}, "max_sessions_per_token is above"),
+        (
+            {"http": {"max_connections": 2, "max_connections_per_token": 3}},
+            "max_connections_per_token is above",
+        ),
+        ({"http": {"connection_idle_timeout": 0}}, "http.connection_idle_timeout"),
         ({"backend": "nowhere"}, "backend"),
         ({"policy": {"allowed_imports": "os"}}, "not a single string"),
         ({"unknown_key": 1}, "unknown_key: Extra inputs are not permitted"),
@@ -249,6 +256,132 @@ def test_the_guard_lets_in_only_what_it_should() -> None:
         inner_calls.clear()
         status, _, _ = await _call(guard, {"Host": "127.0.0.1:9", **auth}, [b"a" * 500, b"b" * 500])
         assert status == 200 and inner_calls == [("alice", b"a" * 500 + b"b" * 500)]  # the body arrives whole
+
+    anyio.run(main)
+
+
+async def _raw(
+    guard: HttpGuard,
+    headers: list[tuple[str, str]],
+    body: bytes = b"{}",
+    method: str = "POST",
+    path: str = "/mcp",
+) -> tuple[int, Any, list[tuple[bytes, bytes]]]:
+    """One request through the guard, its headers a list (repeats kept): (status, JSON body, headers)."""
+    sent: list[MutableMapping[str, Any]] = []
+    incoming = [{"type": "http.request", "body": body}]
+
+    async def receive() -> dict[str, Any]:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": method,
+        "path": path,
+        "headers": [(k.encode(), v.encode()) for k, v in headers],
+    }
+    await guard(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    payload = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return start["status"], json.loads(payload), start.get("headers", [])
+
+
+def test_a_repeated_header_is_refused_before_the_app() -> None:
+    async def main() -> None:
+        guard = _guard()
+        inner_calls.clear()
+        single = [
+            ("host", "127.0.0.1:9"),
+            ("authorization", "Bearer " + TOKEN),
+            ("content-type", "application/json"),
+        ]
+        for name in SINGLE_HEADERS:
+            for spelling in (name, name.title()):  # names are case-insensitive: the server lower-cases
+                value = dict(single).get(name, "x")
+                status, body, _ = await _raw(guard, [*single, (spelling.lower(), value), (name, value)])
+                assert status == 400, (name, body)
+                assert f"repeats the header {name!r}" in body["error"]["message"]
+        assert inner_calls == []  # not one reached the app
+        assert (await _raw(guard, [*single, ("x-other", "1"), ("x-other", "2")]))[0] == 200
+
+    anyio.run(main)
+
+
+def test_oauth_discovery_answers_404_with_a_json_body() -> None:
+    async def main() -> None:
+        guard = _guard()
+        for path in (
+            "/.well-known/oauth-protected-resource",
+            "/.well-known/oauth-protected-resource/mcp",
+            "/.well-known/oauth-authorization-server",
+            "/.well-known/oauth-authorization-server/mcp",
+            "/.well-known/openid-configuration",
+        ):
+            for auth in ([], [("authorization", "Bearer " + TOKEN)]):
+                status, body, _ = await _raw(guard, [("host", "127.0.0.1:9"), *auth], method="GET", path=path)
+                assert status == 404 and "no OAuth" in body["error"]["message"], (path, auth)
+
+    anyio.run(main)
+
+
+class Minting:
+    """An MCP app stand-in: a request without Mcp-Session-Id opens a transport (a fresh id in the
+    answer); a request with one is served whatever it is, so only the guard keeps tenants apart."""
+
+    def __init__(self) -> None:
+        self.served: list[str | None] = []
+        self.minted = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        transport = dict(scope["headers"]).get(b"mcp-session-id")
+        self.served.append(transport and transport.decode())
+        headers = []
+        if transport is None:
+            self.minted += 1
+            headers = [(b"mcp-session-id", f"transport-{self.minted}".encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+
+def test_connections_stay_bound_while_they_live_and_are_capped_per_token() -> None:
+    now = [0.0]
+    app = Minting()
+    tokens = TokenTable([TokenConfig(name="alice", token=TOKEN), TokenConfig(name="bob", token="b" * 20)])
+    guard = HttpGuard(
+        app, tokens, max_body=1000, connections=Connections(3, 2, idle_timeout=60, clock=lambda: now[0])
+    )
+    alice = [("host", "127.0.0.1:9"), ("authorization", "Bearer " + TOKEN)]
+    bob = [("host", "127.0.0.1:9"), ("authorization", "Bearer " + "b" * 20)]
+
+    async def open_(who: list[tuple[str, str]]) -> tuple[int, str]:
+        status, body, headers = await _raw(guard, who)
+        minted = dict(headers).get(b"mcp-session-id", b"").decode()
+        return status, minted or body["error"]["message"]
+
+    async def use(who: list[tuple[str, str]], transport: str, method: str = "POST") -> int:
+        return (await _raw(guard, [*who, ("mcp-session-id", transport)], method=method))[0]
+
+    async def main() -> None:
+        first, second = (await open_(alice))[1], (await open_(alice))[1]
+        status, message = await open_(alice)
+        assert status == 429 and "max_connections_per_token" in message
+        assert (await open_(bob))[0] == 200
+        status, message = await open_(bob)  # the server's table is full: refused, nothing evicted
+        assert status == 503 and "http.max_connections" in message
+        assert await use(bob, first) == 404 and await use(alice, first) == 200  # the oldest still bound
+        assert await use(alice, "transport-999") == 404  # an id the guard never bound is not passed on
+        assert "transport-999" not in app.served and app.served.count(first) == 1
+        now[0] = 59.0
+        assert await use(alice, second) == 200 and (await open_(bob))[0] == 503  # used: not idle
+        now[0] = 61.0  # first idle a minute: it ended (the SDK ends its side after the same time)
+        assert await use(alice, first) == 404
+        assert (await open_(bob))[0] == 200
+        assert await use(alice, second, method="DELETE") == 200  # deleted: forgotten, the slot is free
+        assert await use(alice, second) == 404 and (await open_(alice))[0] == 200
 
     anyio.run(main)
 

@@ -63,7 +63,18 @@ class HttpConfig(BaseModel):
     )
     max_request_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413.")
     max_connections: int = Field(
-        100, ge=1, description="Concurrent MCP transport sessions, all tokens together."
+        100, ge=1, description="Concurrent MCP connections (transport sessions), all tokens together."
+    )
+    max_connections_per_token: int = Field(
+        16,
+        ge=1,
+        description="Concurrent MCP connections per token, so that one tenant cannot take every slot.",
+    )
+    connection_idle_timeout: float = Field(
+        300.0,
+        gt=0,
+        le=86_400,
+        description="An MCP connection with no request in flight this long is ended (its client reconnects).",
     )
 
     @field_validator("tokens", mode="before")
@@ -83,6 +94,8 @@ class HttpConfig(BaseModel):
             raise ValueError("the same token is listed twice")
         if len({t.name for t in self.tokens}) != len(self.tokens):
             raise ValueError("two tokens have the same name")
+        if self.max_connections_per_token > self.max_connections:
+            raise ValueError("max_connections_per_token is above max_connections")
         return self
 
 

@@ -24,7 +24,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from ... import ExecutionResult, SandboxError
-from .auth import TENANT_KEY, HttpGuard, TokenTable, bind
+from .auth import TENANT_KEY, Connections, HttpGuard, TokenTable, bind
 from .config import ServerConfig, load_tools
 from .sessions import Session, SessionManager
 
@@ -395,6 +395,9 @@ async def serve_http(
             streamable_http_path=http.path,
             max_request_body_size=http.max_request_bytes,
             max_sessions=http.max_connections,
+            # The guard ends its binding of an idle connection after the same time (and the SDK's
+            # clock starts first: it restarts when a request ends, the guard's after that).
+            session_idle_timeout=http.connection_idle_timeout,
             # HttpGuard in front does the Host and Origin checks (with clear errors); the SDK's copy of
             # them cannot know the names this server answers to when bound to all interfaces.
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
@@ -405,6 +408,7 @@ async def serve_http(
             max_body=http.max_request_bytes,
             allowed_hosts=http.allowed_hosts,
             allowed_origins=http.allowed_origins,
+            connections=Connections.of(http),
         )
         server = _server(
             uvicorn.Config(
