@@ -17,6 +17,7 @@ import anyio
 import anyio.abc
 
 from ... import ExecutionResult, Executor, SandboxError, open_executor
+from ...errors import FileTooLarge
 from .config import ServerConfig
 
 
@@ -256,12 +257,18 @@ class SessionManager:
                 await session.executor.upload(path, data)
 
     async def download(self, session: Session, path: str) -> bytes:
+        """The file, read under the cap: reading stops past `max_file_bytes`, so a file of any size
+        costs this process at most that much memory."""
+        limit = self.config.max_file_bytes
         with self._using(session):
             async with session.lock:
-                data = await session.executor.download(path)
-        if len(data) > self.config.max_file_bytes:
+                try:
+                    data = await session.executor.download(path, max_bytes=limit)
+                except FileTooLarge:
+                    data = None
+        if data is None or len(data) > limit:
             raise SessionRefused(
-                f"{path!r} is {len(data):,} bytes; at most {self.config.max_file_bytes:,} (max_file_bytes) are "
+                f"{path!r} is larger than {limit:,} bytes; at most {limit:,} (max_file_bytes) are "
                 "returned: have the code split or summarise it"
             )
         return data
