@@ -331,7 +331,7 @@ class RaySession(Session):
         from ray.exceptions import RayError
 
         placement = self.placement
-        failure: RayError | None = None
+        failure: RayError | ProtocolError | None = None
         async with anyio.create_task_group() as group:
             try:
                 event = _from_node(
@@ -353,7 +353,8 @@ class RaySession(Session):
                     event = _from_node(
                         NodeRunEvent, await placement.agent.next_event.remote(placement.session_id)
                     )
-            except RayError as exc:  # raised outside the group, so the caller sees it, not a group of it
+            # Raised outside the group, so that the caller sees it, not a group of it.
+            except (RayError, ProtocolError) as exc:
                 failure = exc
             group.cancel_scope.cancel()
         if failure is not None:
@@ -383,14 +384,15 @@ class RaySession(Session):
         from ray.exceptions import RayError
 
         placement = self.placement
-        failure: RayError | None = None
+        failure: RayError | ProtocolError | None = None
         async with anyio.create_task_group() as group:
             group.start_soon(self._answer_tool, call, call_tool)
             try:
                 event = _from_node(
                     NodeRunEvent, await placement.agent.next_event.remote(placement.session_id)
                 )
-            except RayError as exc:  # raised outside the group, so the caller sees it, not a group of it
+            # Raised outside the group, so that the caller sees it, not a group of it.
+            except (RayError, ProtocolError) as exc:
                 failure = exc
             group.cancel_scope.cancel()
         if failure is not None:
