@@ -434,12 +434,17 @@ class Executor(ABC):
             events.put(ResultEvent(result=result))
             events.close()
 
+        failure: Exception | None = None
         async with anyio.create_task_group() as group:
             group.start_soon(produce)
             try:
                 yield events
+            except Exception as exc:  # raised below, as itself: the group would wrap it in a group
+                failure = exc
             finally:
                 group.cancel_scope.cancel()
+        if failure is not None:
+            raise failure
 
     async def _run_stamped(
         self,

@@ -420,8 +420,12 @@ class RunnerSession(Session):
                 gate.receive(reply)
             elif op == "tool_call" and message["op"] == "run":
                 await worker.send(_encode(await call_tool(check(ToolCall, reply))))
-            elif op == "fatal":
+            elif op == "fatal" and message["op"] == "init":
                 raise _fatal(check(Fatal, reply))
+            elif op == "fatal":  # a runner fails only at its start: after that, one the code replaced
+                raise ProtocolError(
+                    f"the runner gave up: {bounds.clipped(check(Fatal, reply)['message'], 500)}"
+                )
             elif op == "reply":
                 return check(answer, reply)
             else:

@@ -173,6 +173,45 @@ async def test_a_fatal_reply_at_init_is_a_start_error_and_the_worker_is_killed()
     assert ex.workers[0].killed
 
 
+async def test_a_fatal_reply_during_a_run_is_a_lost_session_not_an_exception() -> None:
+    def script(message: dict[str, Any]) -> list[Any]:
+        if message["op"] == "run" and message["code"] == "bad":
+            return [{"token": TOKEN, "op": "fatal", "message": "given up"}]
+        return runner_like(message)
+
+    async with executor(script) as ex:
+        result = await ex.run("bad")
+        after = await ex.run("good")
+    assert result.error is not None and result.error.type == "WorkerCrashed" and result.state_lost
+    assert "the runner gave up: given up" in result.error.message
+    assert after.ok and after.stdout == "good\n" and len(ex.workers) == 2
+
+
+async def test_a_failing_stream_raises_its_own_error_and_so_does_the_block() -> None:
+    """`stream()` runs the code in a task group: what fails in it, or in the caller's block, comes out
+    as itself, never wrapped in an exception group."""
+    starts: list[dict[str, Any]] = []
+
+    def fatal_after_the_first(message: dict[str, Any]) -> list[Any]:
+        if message["op"] == "init":
+            starts.append(message)
+            if len(starts) > 1:
+                return [{"token": TOKEN, "op": "fatal", "message": "cannot start again"}]
+        return runner_like(message)
+
+    async with executor(fatal_after_the_first) as ex:
+        ex.workers[0].living = False  # died while idle: the stream's run must start a new one
+        with pytest.raises(WorkerStartError, match="cannot start again"):
+            async with ex.stream("x") as events:
+                async for _ in events:
+                    pass
+    async with executor() as ex:
+        with pytest.raises(KeyError, match="the caller's"):
+            async with ex.stream("x") as events:
+                raise KeyError("the caller's")
+        assert (await ex.run("next")).ok
+
+
 async def test_unguarded_code_is_refused_at_the_bare_process_level_before_init() -> None:
     ex = ScriptedExecutor(
         lambda: ScriptedWorker(runner_like, isolation="process"), policy=Policy(python_guards=False)
