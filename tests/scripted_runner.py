@@ -9,9 +9,11 @@ the byte that carries a fork's channel) with the next entry of its script, a lis
     ["flood", N]     write N bytes without a newline (past the parent's line limit)
     ["greet", TEXT]  write TEXT and a newline on the last channel the parent handed over (a fork)
     ["close"]        exit at once
-    ["hang"]         never answer again (the parent's timeout ends it)
+    ["hang"]         answer nothing more (the parent's timeout ends it, or the idle exit below)
 
-When the script runs out it exits. Standard library only, and nothing of the parent's is imported.
+When the script runs out it exits, and so it does after `IDLE_SECONDS` without a byte from the parent
+(the parent then waits for a line this runner will never finish: its handshake would wait 30 s).
+Standard library only, and nothing of the parent's is imported.
 """
 
 from __future__ import annotations
@@ -23,17 +25,22 @@ import sys
 import time
 
 TOKEN = os.urandom(16).hex()
+IDLE_SECONDS = 1.0
 
 
 def main() -> None:
     with open(sys.argv[1], encoding="utf-8") as file:
         script: list[list[list[object]]] = json.load(file)
     channel = socket.socket(fileno=os.dup(0))
+    channel.settimeout(IDLE_SECONDS)
     handed: list[int] = []
     buffer = b""
     for answer in script:
         while b"\n" not in buffer and not buffer.startswith(b"F"):
-            data, fds, _, _ = socket.recv_fds(channel, 1 << 16, 4)
+            try:
+                data, fds, _, _ = socket.recv_fds(channel, 1 << 16, 4)
+            except TimeoutError:
+                return
             if not data:
                 return
             handed.extend(fds)
@@ -59,8 +66,8 @@ def perform(action: list[object], handed: list[int]) -> None:
     elif kind == "close":
         os._exit(0)
     elif kind == "hang":
-        while True:
-            time.sleep(60)
+        time.sleep(IDLE_SECONDS)
+        os._exit(0)
 
 
 def write(fd: int, data: bytes) -> None:

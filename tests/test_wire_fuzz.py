@@ -154,6 +154,7 @@ actions = st.one_of(
     st.just(["line", '{"token": "@TOKEN@", "op": "reply", "value": ' + "[" * 50_000 + "]" * 50_000 + "}"]),
     st.just(["flood", line_limit(OUTPUT_LIMIT) + 10]),
     st.just(["close"]),
+    st.just(["hang"]),
 )
 answers = st.lists(actions, min_size=1, max_size=3)
 scripts = st.lists(answers, min_size=1, max_size=8)
