@@ -8,6 +8,7 @@ import os
 
 import anyio
 import pytest
+from wire_helpers import pids_of
 
 from sandboxes import (
     ExecutorBusy,
@@ -33,18 +34,6 @@ def isolation(request: pytest.FixtureRequest) -> str:
 
 def make(isolation: str, **options: object) -> HostExecutor:
     return HostExecutor(isolation=isolation, timeout=10, policy=POLICY, **options)  # type: ignore[arg-type]
-
-
-def _pids_of(uid: int) -> set[int]:
-    found = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 async def test_state_and_files_are_copied_then_independent_both_ways(isolation: str) -> None:
@@ -191,11 +180,11 @@ async def test_nothing_is_left_after_both_close() -> None:
     workdirs = [parent.session.worker.workdir, child.session.worker.workdir]  # type: ignore[union-attr]
     await child.close()
     if uid is not None:
-        assert _pids_of(uid), "the parent's runner must outlive its child's close"
+        assert pids_of(uid), "the parent's runner must outlive its child's close"
     await parent.close()
     await parent.wait_closed()  # the last close of the family sweeps the user, off the caller's path
     if uid is not None:
-        assert not _pids_of(uid)
+        assert not pids_of(uid)
     assert not any(os.path.exists(path) for path in workdirs)
 
 

@@ -12,11 +12,11 @@ boundary, as its user.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import anyio
 import pytest
+from wire_helpers import pids_of
 
 from sandboxes import ForkError, HostExecutor, Policy
 
@@ -65,18 +65,6 @@ async def pid_of(ex: Any) -> int:
     result = await ex.run("import os\nprint(os.getpid())")
     assert result.error is None, result.error
     return int(result.stdout)
-
-
-def pids_of(uid: int) -> set[int]:
-    found = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if entry.stat().st_uid == uid:
-                    found.add(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 async def eventually(predicate: Any, seconds: float = 10.0) -> bool:
@@ -287,6 +275,22 @@ async def test_a_fork_reply_naming_another_session_reaches_nothing_in_e2b(target
     # The stand-in's sandboxes are local processes (as root, each in network and IPC namespaces of
     # its own): a victim's pid is real here, as pid 1 is this machine's init.
     await forged_fork_of_a_boundary(e2b, target)
+
+
+def ray() -> Any:
+    import backend_ray
+
+    if backend_ray.unavailable() is not None:
+        pytest.skip(str(backend_ray.unavailable()))
+    return backend_ray.make_executor(policy=UNGUARDED, timeout=30)
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("target", ["victim", "init"])
+async def test_a_fork_reply_naming_another_session_reaches_nothing_on_a_ray_node(target: str) -> None:
+    # A node's agent forks with the node's host backend, whose fork server holds every session the
+    # node runs in one PID namespace: the same forgery as on the host, through the cluster.
+    await forged_fork_of_a_boundary(ray, target)
 
 
 @pytest.mark.docker

@@ -29,6 +29,7 @@ import anyio
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
+from wire_helpers import RUN_FIELDS
 
 from sandboxes import ExecutionResult, SandboxError
 from sandboxes.backends.hostprocess import HostWorker
@@ -42,20 +43,6 @@ RUNNER = pathlib.Path(__file__).with_name("scripted_runner.py")
 EXAMPLES = int(os.environ.get("KODEAGENT_FUZZ_EXAMPLES", "40"))
 OUTPUT_LIMIT = 2_000
 TIMEOUT = 0.5
-RUN_FIELDS: dict[str, Any] = {
-    "stdout": "",
-    "stderr": "",
-    "stdout_omitted": 0,
-    "stderr_omitted": 0,
-    "truncated": False,
-    "error": None,
-    "oom": False,
-    "final_answer": None,
-    "has_final_answer": False,
-    "value": None,
-    "artifacts": [],
-    "artifacts_omitted": 0,
-}
 
 # ------------------------------------------------------------------------------------ what the runner says
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from wire_helpers import RUN_FIELDS
 
 from sandboxes import BackendUnavailable, ExecutorClosed, Policy
 from sandboxes.errors import ProtocolError, SandboxFileError, WorkerStartError
@@ -33,25 +34,8 @@ def reply(**fields: Any) -> dict[str, Any]:
     return {"token": TOKEN, "op": "reply", **fields}
 
 
-RUN_REPLY: dict[str, Any] = {
-    "stdout": "",
-    "stderr": "",
-    "stdout_omitted": 0,
-    "stderr_omitted": 0,
-    "truncated": False,
-    "error": None,
-    "oom": False,
-    "final_answer": None,
-    "has_final_answer": False,
-    "value": None,
-    "artifacts": [],
-    "artifacts_omitted": 0,
-}
-"""Every field a run's reply must have (`runtime.protocol.RunReply`), each at its 'nothing happened' value."""
-
-
 def run_reply(**fields: Any) -> dict[str, Any]:
-    return reply(**{**RUN_REPLY, **fields})
+    return reply(**{**RUN_FIELDS, **fields})
 
 
 def ack(message: dict[str, Any]) -> dict[str, Any]:
