@@ -149,17 +149,19 @@ So are the hooks into attribute and class machinery, which would run the code fr
 
 - `__get__`/`__set__`/`__delete__`: read off a descriptor the code reaches, `d.__set__(obj, v)` and
   `d.__delete__(obj)` write an attribute without passing `_write_`, the one check that refuses
-  writes to modules and to classes of modules; defined, they make every read of the attribute
-  (the guard's own `getattr` included) call the code with the instance and its owner class.
+  writes to modules and to classes of modules; defined, they make every read or write of the
+  attribute (the guard's own `getattr` included) call the code with the instance and its owner class.
 - `__set_name__`: `type()` calls it with the class being built, for every value in its namespace,
-  also when library code builds the class from the code's values (`enum.Enum("E", {"a": v})`,
-  `dataclasses.make_dataclass`): the code would be handed, half built, classes it did not define.
+  also when library code builds the class from the code's values (`dataclasses.make_dataclass`
+  makes a class of the module `types`): the code would be handed, half built, classes it did not
+  define.
 - `__init_subclass__`: runs whenever anything subclasses the class, with the new class; library code
-  that subclasses what it is given (`dataclass(slots=True)` rebuilds the class, `enum`, `typing`)
-  would call the code with classes it did not make, mid-construction.
-- `__class_getitem__`: `K[x]` would run the code inside subscription, which `typing` and
-  `dataclasses` do themselves while resolving annotations; generic classes get it from
-  `typing.Generic` without defining it.
+  that builds subclasses (`dataclass(slots=True)` makes a second class and calls it again) would
+  call the code with classes it did not make, mid-construction.
+- `__class_getitem__`: `K[x]` on a class would run the code's function where the guard's
+  `_getitem_` reads an item (its result is still checked). No known escape: it stays out with the
+  other class hooks because no ordinary class needs it (generic classes get it from
+  `typing.Generic`).
 """
 
 FRAME_ATTRIBUTES: frozenset[str] = frozenset(
