@@ -2,7 +2,8 @@
 
 The function runs in the parent, with the parent's credentials and network; only JSON crosses into
 the sandbox, bounded (`runtime.bounds.TOOL_MESSAGE_LIMIT`), and a tool's failure becomes an error the
-code sees as `ToolError` (and may catch), never a failure of the run.
+code sees as `ToolError` (and may catch), never a failure of the run: a builtin exception as a
+`ToolError` that is also that exception (`except KeyError:` works), any other as `ToolError` naming it.
 
 A call belongs to the run that made it: each run request carries a number (`next_run_number`) that
 the runner's stub tags its calls with, and a call tagged with another run (a thread of an earlier
@@ -13,6 +14,7 @@ run stopped by its timeout says its tools may still have effects.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import inspect
 import itertools
@@ -140,10 +142,7 @@ class ToolCalls:
                     value = await value
             size = len(json.dumps(value, ensure_ascii=False).encode())
         except Exception as exc:  # the tool's failure goes back to the code, which may catch it
-            reply["error"] = {
-                "type": type(exc).__name__,
-                "message": bounds.clipped(str(exc), bounds.ERROR_MESSAGE_LIMIT),
-            }
+            reply["error"] = {"type": exception_type_name(exc), "message": _message(exc)}
             return reply
         if size > bounds.TOOL_MESSAGE_LIMIT:
             reply["error"] = {
@@ -194,6 +193,36 @@ def still_running(names: list[str]) -> str:
         f"; {'tool' if len(names) == 1 else 'tools'} {quoted} {verb} still running in this process and "
         "may still have effects (a blocking tool cannot be stopped)"
     )
+
+
+class RelayedToolError(Exception):
+    """A tool's failure that another bridge already named (a Ray node passing on its driver's answer):
+    it crosses under that name, as the tool's own exception would have."""
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+
+
+def exception_type_name(exc: BaseException) -> str:
+    """The name the runner raises a tool's exception as: a builtin's bare name (``KeyError``, which
+    the code sees as a `ToolError` that is also a `KeyError`), any other class by module and name
+    (``mytools.RateLimited``, a plain `ToolError`): a tool's own class called `KeyError` is no
+    builtin, and the runner maps bare builtin names only."""
+    if isinstance(exc, RelayedToolError):
+        return bounds.clipped(exc.type_name, bounds.ERROR_TYPE_LIMIT)
+    kind = type(exc)
+    if getattr(builtins, kind.__name__, None) is kind:
+        return kind.__name__
+    return bounds.clipped(f"{kind.__module__}.{kind.__qualname__}", bounds.ERROR_TYPE_LIMIT)
+
+
+def _message(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # a tool's exception whose __str__ fails still reports its type
+        text = "<the exception's message could not be read>"
+    return bounds.clipped(text, bounds.ERROR_MESSAGE_LIMIT)
 
 
 def _is_int(value: Any) -> TypeGuard[int]:

@@ -173,7 +173,7 @@ async def test_tools_run_in_the_parent_with_json_values(executor_factory):
     async with executor_factory(timeout=10, tools=tools) as ex:
         result = await ex.run(code)
     assert result.ok, result.error
-    assert result.stdout == "5\nTrue\ncaught ToolError True\n"
+    assert result.stdout == "5\nTrue\ncaught ToolRuntimeError True\n"
     assert seen == [(2, 3)]
 
 

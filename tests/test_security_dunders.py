@@ -69,6 +69,52 @@ ATTACKS = {
         "        return True\n"
         "with C():\n    1 / 0\n"
     ),
+    "traceback given to __aexit__": (
+        "class C:\n"
+        "    async def __aenter__(self):\n        return self\n"
+        "    async def __aexit__(self, kind, exc, tb):\n"
+        f"        print('{ESCAPED}', getattr(tb, 'tb_' + 'frame'))\n"
+        "        return True\n"
+        "async def main():\n    async with C():\n        1 / 0\n"
+        "main().send(None)\n"
+    ),
+    "suspended coroutine cr_frame": (
+        "class T:\n    def __await__(self):\n        yield\n"
+        "async def c():\n    await T()\n"
+        f"co = c()\nco.send(None)\nprint('{ESCAPED}', getattr(co, 'cr_' + 'frame'))"
+    ),
+    "what a coroutine awaits (cr_await)": (
+        "class T:\n    def __await__(self):\n        yield\n"
+        "async def c():\n    await T()\n"
+        f"co = c()\nco.send(None)\nprint('{ESCAPED}', getattr(co, 'cr_' + 'await'))"
+    ),
+    "async generator ag_frame": (
+        f"async def g():\n    yield 1\nprint('{ESCAPED}', getattr(g(), 'ag_' + 'frame'))"
+    ),
+    "async generator ag_code": f"async def g():\n    yield 1\nprint('{ESCAPED}', getattr(g(), 'ag_' + 'code'))",
+    "descriptor __set__ read at runtime (a write past _write_)": (
+        f"s = getattr(property(lambda self: 1, lambda self, v: None), {D} + 'set' + {D})\n"
+        f"print('{ESCAPED}', s)"
+    ),
+    "defining __get__ (a descriptor)": (
+        f"class D:\n    def __get__(self, obj, owner):\n        print('{ESCAPED}', owner)\n"
+        "class K:\n    d = D()\nK().d\n"
+    ),
+    "defining __set__": (
+        f"class D:\n    def __set__(self, obj, value):\n        print('{ESCAPED}')\n"
+        "class K:\n    d = D()\nK().d = 1\n"
+    ),
+    "defining __set_name__": (
+        f"class D:\n    def __set_name__(self, owner, name):\n        print('{ESCAPED}', owner)\n"
+        "class K:\n    d = D()\n"
+    ),
+    "defining __init_subclass__": (
+        f"class B:\n    def __init_subclass__(cls, **kw):\n        print('{ESCAPED}', cls)\n"
+        "class K(B):\n    pass\n"
+    ),
+    "defining __class_getitem__": (
+        f"class K:\n    def __class_getitem__(cls, item):\n        print('{ESCAPED}', item)\nK[int]\n"
+    ),
     "__reduce_ex__": f"print('{ESCAPED}', getattr(1, {D} + 'reduce_ex' + {D})(2))",
     "__dict__ of a class": f"print('{ESCAPED}', getattr(int, {D} + 'dict' + {D}))",
     "__getattribute__": f"print('{ESCAPED}', getattr(object, {D} + 'getattribute' + {D})(1, 'real'))",

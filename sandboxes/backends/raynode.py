@@ -38,6 +38,7 @@ from ..runtime.protocol import (
     StreamOptions,
     ToolResult,
 )
+from ..toolbridge import RelayedToolError
 from . import executor_class
 
 OUTPUT_EVENTS = 256
@@ -118,9 +119,9 @@ class _Session:
                 self.pending.pop(call_id, None)
             error = reply.get("error")
             if error:
-                # Raised under the parent's exception name, so the code sees the same error type and
-                # message as it would on a local backend (the executor reports `type(exc).__name__`).
-                raise type(str(error.get("type") or "ToolError"), (Exception,), {})(error.get("message", ""))
+                # Passed on under the parent's name, so the runner raises the same class with the
+                # same message as on a local backend.
+                raise RelayedToolError(str(error.get("type") or "ToolError"), str(error.get("message", "")))
             return reply.get("value")
 
         call_in_parent.__name__ = name

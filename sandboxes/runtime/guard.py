@@ -54,6 +54,24 @@ DEFAULT_BANNED_BUILTINS: tuple[str, ...] = (
 )
 """Builtins the code may not name. `allow_builtins` can bring back any of them by name."""
 
+_BINARY_OPERATORS = (
+    "add",
+    "sub",
+    "mul",
+    "matmul",
+    "truediv",
+    "floordiv",
+    "mod",
+    "divmod",
+    "pow",
+    "lshift",
+    "rshift",
+    "and",
+    "or",
+    "xor",
+)
+"""The binary operators of the data model, each with `__op__`, `__rop__` and (but divmod) `__iop__`."""
+
 DEFAULT_ALLOWED_DUNDERS: tuple[str, ...] = (
     "__init__",
     "__post_init__",
@@ -85,63 +103,66 @@ DEFAULT_ALLOWED_DUNDERS: tuple[str, ...] = (
     "__call__",
     "__enter__",
     "__exit__",
+    "__aenter__",
+    "__aexit__",
+    "__aiter__",
+    "__anext__",
+    "__await__",
+    "__length_hint__",
+    "__bytes__",
+    "__copy__",
+    "__deepcopy__",
     "__eq__",
     "__ne__",
     "__lt__",
     "__le__",
     "__gt__",
     "__ge__",
-    "__add__",
-    "__sub__",
-    "__mul__",
-    "__matmul__",
-    "__truediv__",
-    "__floordiv__",
-    "__mod__",
-    "__divmod__",
-    "__pow__",
-    "__lshift__",
-    "__rshift__",
-    "__and__",
-    "__or__",
-    "__xor__",
-    "__radd__",
-    "__rsub__",
-    "__rmul__",
-    "__rmatmul__",
-    "__rtruediv__",
-    "__rfloordiv__",
-    "__rmod__",
-    "__rpow__",
-    "__rand__",
-    "__ror__",
-    "__rxor__",
-    "__iadd__",
-    "__isub__",
-    "__imul__",
-    "__itruediv__",
-    "__ifloordiv__",
-    "__imod__",
-    "__ipow__",
-    "__iand__",
-    "__ior__",
-    "__ixor__",
+    *(f"__{op}__" for op in _BINARY_OPERATORS),
+    *(f"__r{op}__" for op in _BINARY_OPERATORS),
+    *(f"__i{op}__" for op in _BINARY_OPERATORS if op != "divmod"),  # there is no in-place divmod
     "__neg__",
     "__pos__",
     "__abs__",
     "__invert__",
     "__int__",
     "__float__",
+    "__complex__",
     "__index__",
     "__round__",
-    "__complex__",
+    "__trunc__",
+    "__floor__",
+    "__ceil__",
     "__cause__",
     "__context__",
     "__suppress_context__",
 )
-"""Dunders that ordinary classes define and use. Everything that walks the object graph
-(`__globals__`, `__subclasses__`, `__dict__`, `__mro__`, `__bases__`, `__code__`, `__builtins__`,
-`__reduce__`, `__getattribute__`...) is absent on purpose."""
+"""Dunders that ordinary classes define and use: the whole numeric protocol (every binary operator
+with its reflected and in-place forms, unary operators, conversions, rounding), containers,
+iterators, context managers and their async forms, `copy`. Defining one only runs the class's own
+code when the interpreter or a library applies that operation to its instances; reading one off a
+value gives a bound method of that value.
+
+Everything that walks the object graph (`__globals__`, `__subclasses__`, `__dict__`, `__mro__`,
+`__bases__`, `__code__`, `__builtins__`, `__reduce__`, `__getattribute__`...) is absent on purpose.
+So are the hooks into attribute and class machinery, which would run the code from inside it:
+
+- `__get__`/`__set__`/`__delete__`: read off a descriptor the code reaches, `d.__set__(obj, v)` and
+  `d.__delete__(obj)` write an attribute without passing `_write_`, the one check that refuses
+  writes to modules and to classes of modules; defined, they make every read or write of the
+  attribute (the guard's own `getattr` included) call the code with the instance and its owner class.
+- `__set_name__`: `type()` calls it with the class being built, for every value in its namespace,
+  also when library code builds the class from the code's values (`dataclasses.make_dataclass`
+  makes a class of the module `types`): the code would be handed, half built, classes it did not
+  define.
+- `__init_subclass__`: runs whenever anything subclasses the class, with the new class; library code
+  that builds subclasses (`dataclass(slots=True)` makes a second class and calls it again) would
+  call the code with classes it did not make, mid-construction.
+- `__class_getitem__`: `K[x]` on a class would run the code's function where the guard's
+  `_getitem_` reads an item (its result is still checked). No known escape: it stays out with the
+  other class hooks because no ordinary class needs it (generic classes get it from
+  `typing.Generic`).
+"""
 
 FRAME_ATTRIBUTES: frozenset[str] = frozenset(
     {
@@ -323,6 +344,30 @@ def make_transformer(allowed_dunders: frozenset[str], allowed_calls: frozenset[s
 
         def visit_Nonlocal(self, node: ast.Nonlocal) -> ast.AST:
             return self.node_contents_visit(node)
+
+        # Async code (RestrictedPython refuses it): a coroutine, an async generator and what they
+        # await are values like a generator, their frames and code behind the same blocked names
+        # (`cr_frame`, `ag_frame`, `cr_await`...); `async def` gets the checks `def` gets, and
+        # `async with` the same rewrite of tuple targets as `with`.
+        def visit_AsyncFunctionDef(self, node: ast.AsyncFunctionDef) -> Any:
+            return RestrictingNodeTransformer.visit_FunctionDef(self, node)  # type: ignore[arg-type]  # same fields
+
+        def visit_AsyncWith(self, node: ast.AsyncWith) -> Any:
+            return RestrictingNodeTransformer.visit_With(self, node)  # type: ignore[arg-type]  # same fields
+
+        def visit_Await(self, node: ast.Await) -> ast.AST:
+            return self.node_contents_visit(node)
+
+        def visit_AsyncFor(self, node: ast.AsyncFor) -> ast.AST:
+            # Not through `_getiter_` (that is `iter`, which an async iterable does not support);
+            # the target unpacks natively, as `_getiter_` would let it.
+            return self.node_contents_visit(node)
+
+        def visit_comprehension(self, node: ast.comprehension) -> ast.AST:
+            if node.is_async:
+                return self.node_contents_visit(node)
+            guarded: Any = self.guard_iter(node)  # the node: RestrictedPython returns it
+            return guarded
 
         def visit_AugAssign(self, node: ast.AugAssign) -> ast.AST:
             # `self.n += 1` and `counts[k] += 1` (RestrictedPython refuses both): the target object

@@ -312,7 +312,48 @@ class FinalAnswerSignal(BaseException):
 
 
 class ToolError(Exception):
-    """A tool raised an exception in the parent; the message says which and why."""
+    """A tool raised an exception in the parent; the message says which and why.
+
+    A builtin exception arrives as a class that is both (`ToolKeyError(ToolError, KeyError)`, see
+    `tool_error_class`), so `except KeyError:` and `except ToolError:` both catch it."""
+
+    def __str__(self) -> str:
+        # The message as given: KeyError's own `__str__` would show it quoted, as a missing key.
+        return BaseException.__str__(self)
+
+
+_TOOL_ERROR_BASES: dict[str, type[Exception]] = {
+    name: value
+    for name, value in vars(builtins).items()
+    if isinstance(value, type)
+    and issubclass(value, Exception)
+    and not issubclass(value, BaseExceptionGroup)  # built from a list of exceptions, not a message
+}
+"""The builtin exceptions a tool's failure may arrive as, by name; fixed when the runner starts,
+before any code runs, so no name the parent sends is ever looked up anywhere else."""
+
+_tool_error_classes: dict[str, type[ToolError]] = {}
+
+
+def tool_error_class(type_name: str) -> type[ToolError]:
+    """The class the code sees for a tool's exception named `type_name`: ``Tool<Name>``, a subclass of
+    `ToolError` and of that builtin, or `ToolError` itself for any other name (the parent names a
+    non-builtin exception by its module and class, which is in no table)."""
+    found = _tool_error_classes.get(type_name)
+    if found is None:
+        base = _TOOL_ERROR_BASES.get(type_name)
+        found = ToolError
+        if base is not None:
+            try:
+                made = type(f"Tool{type_name}", (ToolError, base), {"__module__": ToolError.__module__})
+                made("probe")  # UnicodeDecodeError and kin need more than a message: plain ToolError
+                found = made
+            except TypeError:
+                pass
+        # A module global, as ToolError is: the guard's `_own_class` then refuses the code's writes.
+        globals().setdefault(found.__name__, found)
+        _tool_error_classes[type_name] = found
+    return found
 
 
 class Runner:
@@ -730,7 +771,9 @@ class Runner:
                 raise SystemExit(0)
             if reply.get("error"):
                 error = reply["error"]
-                raise ToolError(f"tool {name!r} failed: {error.get('type')}: {error.get('message')}")
+                kind = bounds.clipped(str(error.get("type")), bounds.ERROR_TYPE_LIMIT)
+                message = bounds.clipped(str(error.get("message")), bounds.ERROR_MESSAGE_LIMIT)
+                raise tool_error_class(kind)(f"tool {name!r} failed: {kind}: {message}")
             return reply.get("value")
 
         call_tool.__name__ = call_tool.__qualname__ = name
