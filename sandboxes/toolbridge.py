@@ -29,6 +29,7 @@ import anyio
 from .errors import ProtocolError
 from .runtime import bounds
 from .runtime.protocol import TOOL_CALL_REFUSED, TOOL_RESULT_TOO_LARGE, ToolCall, ToolResult
+from .wire import check
 
 ToolFunction = Callable[..., Any]
 Caller = Callable[[ToolCall], Awaitable[ToolResult]]
@@ -56,22 +57,12 @@ class CheckedCall(NamedTuple):
 
 
 def checked_call(call: Mapping[str, Any]) -> CheckedCall:
-    """The fields of `call`, or `ProtocolError`. The runner's stub always sends an int id, a str name,
-    a list and a dict with str keys: anything else comes from a runner the code replaced, and the one
-    rule for a conversation that is not the protocol applies (the session is discarded)."""
-    if not isinstance(call, Mapping):
-        raise ProtocolError(f"malformed tool call from the runner: {_shown(call)}")
-    call_id, name = call.get("id"), call.get("name")
-    args, kwargs = call.get("args", []), call.get("kwargs", {})
-    if (
-        not _is_int(call_id)
-        or not isinstance(name, str)
-        or not isinstance(args, list)
-        or not isinstance(kwargs, dict)
-        or not all(isinstance(key, str) for key in kwargs)
-    ):
-        raise ProtocolError(f"malformed tool call from the runner: {_shown(call)}")
-    return CheckedCall(call_id, name, args, kwargs)
+    """The fields of `call`, or `ProtocolError`: `call` held to `ToolCall` (`wire.check`). The runner's
+    stub always sends an int id, a str name, a list and a dict with str keys: anything else comes from
+    a runner the code replaced, and the one rule for a conversation that is not the protocol applies
+    (the session is discarded)."""
+    checked = check(ToolCall, call)
+    return CheckedCall(checked["id"], checked["name"], checked["args"], checked["kwargs"])
 
 
 def for_run(run: int, call_tool: Caller) -> Caller:
