@@ -180,9 +180,9 @@ class SharedContainer:
         if marker not in self.demux.stdout:
             return None
         for line in bytes(self.demux.stdout).split(b"\n"):
-            message = host_message(line) if marker in line else None
-            if message is not None and message.get("nonce") == nonce and type(message.get("exited")) is int:
-                return int(message["exited"])
+            status = exit_status(host_message(line), nonce) if marker in line else None
+            if status is not None:
+                return status
         return None
 
     def socket_open(self) -> bool:
@@ -360,6 +360,15 @@ def host_message(line: bytes) -> dict[str, Any] | None:
     return message if type(message) is dict else None
 
 
+def exit_status(message: dict[str, Any] | None, nonce: str) -> int | None:
+    """The exit status a host message reports for session `nonce`, or None (another message, or an
+    'exited' that is not an int: a session can write a line that looks like the host's)."""
+    if message is None or message.get("nonce") != nonce:
+        return None
+    status = message.get("exited")
+    return status if type(status) is int else None
+
+
 class SharedSessionWorker(Worker):
     """One session in a `SharedContainer`: its runner, reached through the session host's relay."""
 
@@ -407,8 +416,9 @@ class SharedSessionWorker(Worker):
             message = host_message(line)
             if message is None:
                 return line
-            if message.get("nonce") == self.nonce and type(message.get("exited")) is int:
-                self.exit_status = message["exited"]
+            status = exit_status(message, self.nonce)
+            if status is not None:
+                self.exit_status = status
                 raise WorkerExited("the session's runner exited")
             # anything else that looks like the host's was written by the session itself: dropped
 
