@@ -181,27 +181,8 @@ def test_token_table() -> None:
 
 async def _call(guard: HttpGuard, headers: dict[str, str], chunks: list[bytes]) -> tuple[int, Any, list[Any]]:
     """One HTTP request through the guard: (status, JSON body, what the inner app received)."""
-    sent: list[MutableMapping[str, Any]] = []
-    incoming = [
-        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)
-    ]
-
-    async def receive() -> dict[str, Any]:
-        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
-
-    async def send(message: MutableMapping[str, Any]) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/mcp",
-        "headers": [(k.lower().encode(), v.encode()) for k, v in headers.items()],
-    }
-    await guard(scope, receive, send)
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return status, json.loads(body), inner_calls
+    status, body, _ = await _raw(guard, [(k.lower(), v) for k, v in headers.items()], chunks)
+    return status, body, inner_calls
 
 
 inner_calls: list[Any] = []
@@ -263,13 +244,17 @@ def test_the_guard_lets_in_only_what_it_should() -> None:
 async def _raw(
     guard: HttpGuard,
     headers: list[tuple[str, str]],
-    body: bytes = b"{}",
+    body: bytes | list[bytes] = b"{}",
     method: str = "POST",
     path: str = "/mcp",
 ) -> tuple[int, Any, list[tuple[bytes, bytes]]]:
-    """One request through the guard, its headers a list (repeats kept): (status, JSON body, headers)."""
+    """One request through the guard, its headers a list (repeats kept), its body whole or in chunks:
+    (status, JSON body, response headers)."""
     sent: list[MutableMapping[str, Any]] = []
-    incoming = [{"type": "http.request", "body": body}]
+    chunks = [body] if isinstance(body, bytes) else body
+    incoming = [
+        {"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)
+    ]
 
     async def receive() -> dict[str, Any]:
         return incoming.pop(0) if incoming else {"type": "http.disconnect"}
