@@ -398,7 +398,7 @@ def isolation_problem(backend: str, refusal: Exception) -> str:
     missing, or refused namespaces (a kernel setting, AppArmor, a container); its diagnosis names which
     and how to fix it. Otherwise the backend's own refusal says it."""
     if backend == "host":
-        from sandboxes.backends.hostprocess import bubblewrap
+        from sandboxes.backends.host.process import bubblewrap
 
         problem = bubblewrap().problem
         if problem:

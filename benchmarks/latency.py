@@ -242,7 +242,7 @@ async def _wait_for_pool(settle: float) -> None:
     """
     import anyio
 
-    from sandboxes.backends import host
+    from sandboxes.backends.host import executor as host
 
     deadline = time.perf_counter() + POOL_REFILL_WAIT
     while host.refilling() and time.perf_counter() < deadline:

@@ -187,7 +187,7 @@ class _BareRunner:
 
 
 async def _measure(standin: Any, n: int, open_n: int) -> dict[str, list[float]]:
-    from sandboxes.backends.e2b import REMOTE_RUNTIME, E2BExecutor, _runtime_files
+    from sandboxes.backends.e2b.executor import REMOTE_RUNTIME, E2BExecutor, _runtime_files
 
     options = {"api_key": standin.api_key, "api_url": standin.api_url, "sandbox_url": standin.sandbox_url}
     samples: dict[str, list[float]] = {}

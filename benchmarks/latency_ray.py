@@ -78,7 +78,7 @@ class LocalCluster:
     def shutdown(self) -> None:
         import ray
 
-        from sandboxes.backends.raycluster import descendants, kill_leftovers, node_processes
+        from sandboxes.backends.ray.cluster import descendants, kill_leftovers, node_processes
 
         leftover = descendants(node_processes([self.cluster.head_node, *self.cluster.worker_nodes]))
         ray.shutdown()
@@ -117,8 +117,8 @@ async def session_opens(sessions: int, linger: float, settle: float = 0.15) -> d
     sample after a pause, so the pools have refilled (steady use, not a burst). With `linger` 0 every
     ray session reserves anew (a placement group); otherwise it reuses the one the last close left."""
     from sandboxes import HostExecutor
-    from sandboxes.backends import raycluster as ray_backend
     from sandboxes.backends.ray import RayExecutor
+    from sandboxes.backends.ray import cluster as ray_backend
 
     ray_backend.LINGER = linger
     samples: dict[str, list[float]] = {"ray": [], "host": []}
@@ -242,7 +242,7 @@ def run(
             anyio.run(warm_runs, max(n // 3, 10), "print(f(1))", tools),
             "run with a tool call",
         )
-        from sandboxes.backends import raycluster as ray_backend
+        from sandboxes.backends.ray import cluster as ray_backend
 
         linger = ray_backend.LINGER
         log(f"session opens ({sessions} each), a new reservation each")
@@ -307,7 +307,7 @@ def run(
 def ray_latency_rows(n: int) -> list[dict[str, Any]]:
     """The latency rows of `kodeagent bench latency --backend ray`: warm run and session open on a local
     cluster of one sandbox node, each beside the host backend measured in the same run."""
-    from sandboxes.backends import raycluster
+    from sandboxes.backends.ray import cluster as raycluster
 
     cluster = LocalCluster(os.cpu_count() or 1)
     rows: list[dict[str, Any]] = []

@@ -215,7 +215,7 @@ def _private_uids() -> range | None:
     """The uids the host backend gives its workers from this process (None unless root)."""
     if os.getuid() != 0:
         return None
-    from sandboxes.backends.hostprocess import UID_BASE
+    from sandboxes.backends.host.process import UID_BASE
 
     return range(UID_BASE, UID_BASE + 1000)
 
@@ -242,7 +242,7 @@ def _temp_dirs(scratch: str | None) -> int:
                     if entry.name.startswith("kodeagent-sessions-"):
                         bases.add(entry.path)
     with contextlib.suppress(ImportError):
-        from sandboxes.backends import hostprocess
+        from sandboxes.backends.host import process as hostprocess
 
         servers = getattr(hostprocess, "_FORK_SERVERS", {})
         bases.update(server.base for server in list(servers.values()))
@@ -255,7 +255,7 @@ def _temp_dirs(scratch: str | None) -> int:
 def _containers(backend: str) -> int | None:
     if backend != "docker":
         return None
-    from sandboxes.backends.dockercontainer import client
+    from sandboxes.backends.docker.container import client
     from sandboxes.images.cleanup import owner_label
     from sandboxes.images.common import LABEL_OWNER
 

@@ -71,7 +71,7 @@ def _try_ray(start_local: bool) -> tuple[bool, str, str | None]:
 
 def _bubblewrap_check() -> dict[str, Any]:
     """Which bubblewrap the host backend runs (the system's, else the bundled one) and why; or why none."""
-    from sandboxes.backends.hostprocess import bubblewrap
+    from sandboxes.backends.host.process import bubblewrap
 
     found = bubblewrap()
     if found.path is None:

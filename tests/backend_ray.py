@@ -66,7 +66,7 @@ def _shutdown(started: Any) -> None:
     can outlive their raylet), so the test process leaves no processes running."""
     import ray
 
-    from sandboxes.backends.raycluster import descendants, kill_leftovers, node_processes
+    from sandboxes.backends.ray.cluster import descendants, kill_leftovers, node_processes
 
     leftover = descendants(node_processes([started.head_node, *started.worker_nodes]))
     ray.shutdown()
@@ -76,7 +76,7 @@ def _shutdown(started: Any) -> None:
 
 def kill_node(started: Any, node: Any) -> None:
     """Kill a worker node as a crash would (SIGKILL, no graceful shutdown), with all its processes."""
-    from sandboxes.backends.raycluster import descendants, kill_leftovers, node_processes
+    from sandboxes.backends.ray.cluster import descendants, kill_leftovers, node_processes
 
     leftover = descendants(node_processes([node]))
     started.remove_node(node, allow_graceful=False)

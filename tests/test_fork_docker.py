@@ -268,7 +268,7 @@ async def test_a_fork_refused_by_the_runner_leaves_the_session_intact():
     """A working directory that already exists: the runner refuses, this session goes on."""
     async with make() as parent:
         await parent.run("x = 7")
-        from sandboxes.backends.dockercontainer import DockerWorker
+        from sandboxes.backends.docker.container import DockerWorker
         from sandboxes.worker import ForkPlan
 
         worker = parent.session.worker

@@ -59,7 +59,7 @@ async def test_namespace_level_hides_the_host():
 async def test_process_level_drops_root_when_the_interpreter_is_reachable():
     import sys
 
-    from sandboxes.backends.hostprocess import _path_is_world_traversable
+    from sandboxes.backends.host.process import _path_is_world_traversable
 
     policy = Policy(allowed_imports=["os"])
     async with HostExecutor(policy=policy, timeout=10, isolation="process") as ex:

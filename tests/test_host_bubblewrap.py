@@ -27,7 +27,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SESSION = """
 import json, anyio
 from sandboxes import HostExecutor, Policy
-from sandboxes.backends.hostprocess import bubblewrap
+from sandboxes.backends.host.process import bubblewrap
 
 async def main():
     async with HostExecutor(policy=Policy(python_guards=False), timeout=30) as ex:

@@ -25,7 +25,7 @@ import pytest
 import seccomp_jail
 
 from sandboxes import HostExecutor, Policy
-from sandboxes.backends.hostprocess import namespaces_available
+from sandboxes.backends.host.process import namespaces_available
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -118,7 +118,7 @@ FALLBACK = """
 import anyio, json
 from separation_helpers import abstract_name, assert_unreachable, free_port, listen
 from sandboxes import HostExecutor, Policy
-from sandboxes.backends import hostprocess
+from sandboxes.backends.host import process as hostprocess
 
 async def main():
     port, name = free_port(), abstract_name()

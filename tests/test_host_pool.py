@@ -1,4 +1,4 @@
-"""The host backend's pools of pre-initialised workers (`sandboxes/backends/host.py`).
+"""The host backend's pools of pre-initialised workers (`sandboxes/backends/host/executor.py`).
 
 A pooled worker whose `init` handshake was done ahead must give a session indistinguishable from
 one initialised on open (environment, tools, limits, statelessness, output limit: each executor
@@ -24,9 +24,9 @@ import anyio
 import pytest
 
 from sandboxes import DEFAULT_ALLOWED_IMPORTS, HostExecutor, Limits, Policy
-from sandboxes.backends import host
-from sandboxes.backends.hostprocess import UID_BASE, HostWorker
-from sandboxes.backends.hostreap import REAPER
+from sandboxes.backends.host import executor as host
+from sandboxes.backends.host.process import UID_BASE, HostWorker
+from sandboxes.backends.host.reap import REAPER
 from sandboxes.session import RunnerSession
 
 pytestmark = pytest.mark.anyio
@@ -188,7 +188,7 @@ async def test_a_preinitialised_worker_killed_while_idle_is_not_handed_out() -> 
 CHILD = """
 import anyio, json, sys
 from sandboxes import HostExecutor
-from sandboxes.backends import host
+from sandboxes.backends.host import executor as host
 
 async def main():
     for env in ({"SET": "1"}, {"SET": "2"}, {"SET": "1"}, {"SET": "2"}):

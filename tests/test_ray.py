@@ -145,7 +145,7 @@ async def test_a_node_killed_mid_run_loses_that_run_and_the_next_lands_on_a_live
 async def test_an_agent_killed_mid_run_never_runs_the_snippet_twice(cluster: Any) -> None:
     import ray
 
-    from sandboxes.backends.raycluster import agent
+    from sandboxes.backends.ray.cluster import agent
 
     started = threading.Event()
     calls: list[int] = []
@@ -293,7 +293,7 @@ async def test_a_session_whose_driver_died_is_closed_by_its_node(cluster: Any) -
     job, and the node's agent closes the session whose group is gone (its worker does not live on)."""
     import signal
 
-    from sandboxes.backends.raycluster import agent
+    from sandboxes.backends.ray.cluster import agent
 
     script = (
         "import anyio, sys, time\nfrom sandboxes import open_executor\n"
@@ -388,7 +388,7 @@ def test_the_blocking_facade(cluster: Any) -> None:
 
 
 async def test_a_fork_lands_on_its_parents_node_and_the_two_diverge(cluster: Any) -> None:
-    from sandboxes.backends.raycluster import agent
+    from sandboxes.backends.ray.cluster import agent
 
     callers: list[int] = []
 
@@ -431,7 +431,7 @@ async def test_a_fork_lands_on_its_parents_node_and_the_two_diverge(cluster: Any
 
 
 async def test_closing_the_parent_leaves_its_fork_running_and_a_fork_of_a_fork_works(cluster: Any) -> None:
-    from sandboxes.backends.raycluster import agent
+    from sandboxes.backends.ray.cluster import agent
 
     parent = await executor(timeout=10).open()
     try:
@@ -546,7 +546,7 @@ async def test_a_fork_the_nodes_backend_refuses_leaves_the_parent_on_its_node(
     """The node's executor refuses (a session with a sandbox of its own cannot be forked there): the
     driver raises its `ForkError`, the parent runs on, and no session was added on the node."""
     from sandboxes import ForkError
-    from sandboxes.backends.raycluster import agent
+    from sandboxes.backends.ray.cluster import agent
 
     async with executor(timeout=10, isolation="namespaces", workdir=str(tmp_path)) as parent:
         assert (await parent.run("x = 1")).ok
@@ -565,7 +565,7 @@ async def test_a_snapshot_holds_a_unit_of_its_node_and_closes_with_its_executor(
     is refused past the wait, the snapshot and the parent intact. (Opening one where there is room is a
     fork of the kept copy: `test_closing_the_parent_leaves_its_fork_running_and_a_fork_of_a_fork_works`.)"""
     from sandboxes import ExecutorClosed, ForkError, open_executor
-    from sandboxes.backends.raycluster import agent
+    from sandboxes.backends.ray.cluster import agent
 
     assert backend_ray.PER_NODE == 2
     parent = await executor(timeout=10, placement_timeout=1).open()

@@ -1,4 +1,4 @@
-"""The node side of the ray backend (`raynode.NodeAgent`) driven directly, without a cluster: the event
+"""The node side of the ray backend (`ray.node.NodeAgent`) driven directly, without a cluster: the event
 protocol the parent relies on, with real host-backend sessions behind it. What crosses the cluster is
 tested on a real one in `test_ray.py`."""
 
@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from sandboxes import HostExecutor, Policy
-from sandboxes.backends.raynode import NodeAgent
+from sandboxes.backends.ray.node import NodeAgent
 
 # No cluster, but the node agent's reaper imports ray: the ray tier.
 pytestmark = [pytest.mark.anyio, pytest.mark.ray]

@@ -80,7 +80,7 @@ async def eventually(predicate: Any, seconds: float = 10.0) -> bool:
 
 @pytest.fixture
 def namespaces() -> None:
-    from sandboxes.backends.hostprocess import namespaces_available
+    from sandboxes.backends.host.process import namespaces_available
 
     if not namespaces_available():
         pytest.skip("bubblewrap cannot create namespaces here")
@@ -137,7 +137,7 @@ async def test_a_greeting_from_another_process_is_refused(namespaces: None) -> N
 async def test_a_malformed_fork_reply_is_a_fork_error_and_leaves_nothing(
     namespaces: None, reply: dict[str, Any] | None, greeting: dict[str, Any] | None
 ) -> None:
-    from sandboxes.backends.hostprocess import PRIVATE_USERS
+    from sandboxes.backends.host.process import PRIVATE_USERS
 
     attacker = host()
     await attacker.open()

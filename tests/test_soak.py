@@ -96,7 +96,7 @@ def test_growth_is_judged_after_warm_up_against_the_allowance() -> None:
 @pytest.mark.docker
 async def test_40_docker_sessions_leave_nothing_behind() -> None:
     backend_docker.require()
-    from sandboxes.backends.dockercontainer import client
+    from sandboxes.backends.docker.container import client
 
     # Pinned by id: other test processes here may move the tag to their checkout's runner meanwhile.
     image = client().images.get(backend_docker.IMAGE).id

@@ -32,7 +32,7 @@ from hypothesis import strategies as st
 from wire_helpers import RUN_FIELDS
 
 from sandboxes import ExecutionResult, SandboxError
-from sandboxes.backends.hostprocess import HostWorker
+from sandboxes.backends.host.process import HostWorker
 from sandboxes.executor import Executor
 from sandboxes.runtime.bounds import line_limit
 from sandboxes.session import Session

@@ -1,4 +1,4 @@
-"""Backends: one module each. A backend is transport and isolation, nothing else.
+"""Backends: one subpackage each (host, docker, e2b, ray). A backend is transport and isolation, nothing else.
 
 `open_executor(name, ...)` imports the backend's module on demand, so the Docker, E2B and Ray SDKs
 are imported only by those who use them.

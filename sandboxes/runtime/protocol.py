@@ -2,7 +2,7 @@
 
 The parent (`sandboxes.session`) and the runner (`runner.py`, which runs inside every sandbox) speak
 JSON, one object per line; the Ray backend's driver and its node agents (`backends/ray.py`,
-`backends/raynode.py`) exchange plain dicts through Ray. Every such message is declared here as a
+`backends/ray/node.py`) exchange plain dicts through Ray. Every such message is declared here as a
 `TypedDict`, so that a type checker holds both sides to one shape. Standard library only, and only
 types: the runner imports this module for type checking alone and pays nothing for it at run time.
 
@@ -272,7 +272,7 @@ class NodeValue(TypedDict):
 
 
 class NodeError(TypedDict):
-    """The node-side call raised; `type` names an exception of `raynode.RAISABLE`."""
+    """The node-side call raised; `type` names an exception of `ray.node.RAISABLE`."""
 
     kind: Literal["error"]
     type: str

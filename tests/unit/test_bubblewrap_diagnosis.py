@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from kodeagent_cli.doctor import images_build_fix
-from sandboxes.backends.bubblewrap import diagnose, in_container
+from sandboxes.backends.host.bubblewrap import diagnose, in_container
 from sandboxes.images import build_command, image_missing_message
 
 UNPRIVILEGED = "bwrap: No permissions to creating new namespace, likely because the kernel does not allow non-privileged user namespaces."

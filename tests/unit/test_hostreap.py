@@ -1,11 +1,11 @@
-"""The private users of host sessions (`hostreap.PrivateUsers`): a uid is handed out again only once
+"""The private users of host sessions (`host.reap.PrivateUsers`): a uid is handed out again only once
 released (after its session's processes were reaped), and running out is a clear error."""
 
 from __future__ import annotations
 
 import pytest
 
-from sandboxes.backends.hostreap import PrivateUsers
+from sandboxes.backends.host.reap import PrivateUsers
 from sandboxes.errors import WorkerStartError
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sandboxes.backends.ray import Placement, RaySession
-from sandboxes.backends.raycluster import Reservation
+from sandboxes.backends.ray.cluster import Reservation
 from sandboxes.errors import ProtocolError
 from sandboxes.runtime.protocol import ToolCall, ToolResult
 

@@ -33,15 +33,15 @@ from collections.abc import Iterable
 
 import anyio
 
-from ..errors import ForkError, ProtocolError, SandboxFileError, WorkerStartError
-from ..preload import read_preload
-from ..runtime import RUNTIME_DIR
-from ..runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
-from ..usage import ProcessProbe, ProcessTree, find_in_namespace, parse_nspid, read_text
-from ..worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, peek_sender
+from ...errors import ForkError, ProtocolError, SandboxFileError, WorkerStartError
+from ...preload import read_preload
+from ...runtime import RUNTIME_DIR
+from ...runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
+from ...usage import ProcessProbe, ProcessTree, find_in_namespace, parse_nspid, read_text
+from ...worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, peek_sender
 from .bubblewrap import Bubblewrap, choose
-from .hostreap import REAPER, PrivateUsers
-from .hostsweep import kill_user_processes, process_uids, start_time, wait_until_reaped
+from .reap import REAPER, PrivateUsers
+from .sweep import kill_user_processes, process_uids, start_time, wait_until_reaped
 
 RUNNER = RUNTIME_DIR / "runner.py"
 FORKSERVER = RUNTIME_DIR / "forkserver.py"
@@ -343,7 +343,7 @@ class HostWorker(Worker):
 
     async def retire(self) -> None:
         """End an idle worker off the caller's path: the reaper thread kills and reaps it
-        (`hostreap.py`); `wait_reaped` waits for that."""
+        (`host/reap.py`); `wait_reaped` waits for that."""
         await REAPER.submit(self.kill_now)
 
     async def wait_reaped(self, timeout: float = 30.0) -> bool:

@@ -25,10 +25,10 @@ import asyncio
 import itertools
 from typing import Any
 
-from .. import errors
-from ..events import OutputEvent
-from ..executor import Executor
-from ..runtime.protocol import (
+from ... import errors
+from ...events import OutputEvent
+from ...executor import Executor
+from ...runtime.protocol import (
     NodeAnswer,
     NodeError,
     NodeLost,
@@ -38,8 +38,8 @@ from ..runtime.protocol import (
     StreamOptions,
     ToolResult,
 )
-from ..toolbridge import RelayedToolError
-from . import executor_class
+from ...toolbridge import RelayedToolError
+from .. import executor_class
 
 OUTPUT_EVENTS = 256
 """Output events of a streamed run waiting for the parent at most; past them output is dropped and counted."""

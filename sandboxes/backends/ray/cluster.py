@@ -29,8 +29,8 @@ from typing import Any
 
 import anyio
 
-from ..errors import BackendUnavailable, WorkerStartError
-from .raynode import NodeAgent
+from ...errors import BackendUnavailable, WorkerStartError
+from .node import NodeAgent
 
 SANDBOX_RESOURCE = "kodeagent_sandbox"
 """The custom resource by which a node declares how many sandbox sessions it takes."""
@@ -260,7 +260,7 @@ def describe(
 def _code_version() -> str:
     """A hash of this `sandboxes` package's source, so a driver never talks to an agent of other code."""
     digest = hashlib.sha256()
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]
     for path in sorted(root.rglob("*.py")):
         digest.update(path.relative_to(root).as_posix().encode() + b"=" + path.read_bytes())
     return digest.hexdigest()[:12]

@@ -52,13 +52,13 @@ from typing import Any, Self, Unpack
 
 import anyio
 
-from ..errors import BackendUnavailable, FileTooLarge, ForkError, SandboxFileError, WorkerStartError
-from ..executor import KILL_TIMEOUT, Executor, ExecutorOptions
-from ..models import ForkReport, RunUsage
-from ..runtime import RUNTIME_DIR
-from ..session import Session, UsageProbe
-from ..usage import metrics_usage
-from ..worker import CappedBytes, ForkPlan, Worker, WorkerExit, WorkerExited
+from ...errors import BackendUnavailable, FileTooLarge, ForkError, SandboxFileError, WorkerStartError
+from ...executor import KILL_TIMEOUT, Executor, ExecutorOptions
+from ...models import ForkReport, RunUsage
+from ...runtime import RUNTIME_DIR
+from ...session import Session, UsageProbe
+from ...usage import metrics_usage
+from ...worker import CappedBytes, ForkPlan, Worker, WorkerExit, WorkerExited
 
 REMOTE_RUNTIME = ".kodeagent/runtime"
 """Where the runtime goes in the sandbox, relative to the user's home (the files API's base)."""

@@ -25,16 +25,16 @@ process that uses this backend, or by ``python -m sandboxes.images cleanup``.
 
 Fork (`fork()`, snapshots): the new session lives in the parent's container (the runner forks
 itself; a ``docker exec`` relay carries its channel), and the container is removed when the last
-session of that family closes (`dockercontainer.Family`, docs/fork.md).
+session of that family closes (`docker.container.Family`, docs/fork.md).
 
 Why opening a session is cheap: a small warm pool of started containers per configuration. By
 default a container serves exactly one session and is destroyed at its close; it is never handed
 on. With ``sessions_per_container > 1`` a warm container hosts session after session instead, each
 a fresh runner as a uid of its own, everything of it killed, removed and checked between them
-(`dockershared.py`; docs/security.md says what separates two such sessions).
+(`docker/shared.py`; docs/security.md says what separates two such sessions).
 
 The containers themselves (settings, start, pool, the worker on the attach socket) live in
-`dockercontainer.py`; this module is the executor.
+`docker/container.py`; this module is the executor.
 """
 
 from __future__ import annotations
@@ -45,14 +45,14 @@ from typing import Unpack
 
 import anyio
 
-from ..errors import BackendUnavailable
-from ..executor import Executor, ExecutorOptions
-from ..images import DEFAULT_IMAGE, image_missing_message, stale_runner
-from ..preload import read_preload
-from ..runtime.protocol import InitRequest, LimitsConfig
-from ..session import RunnerSession, Session
-from ..worker import Worker
-from .dockercontainer import (
+from ...errors import BackendUnavailable
+from ...executor import Executor, ExecutorOptions
+from ...images import DEFAULT_IMAGE, image_missing_message, stale_runner
+from ...preload import read_preload
+from ...runtime.protocol import InitRequest, LimitsConfig
+from ...session import RunnerSession, Session
+from ...worker import Worker
+from .container import (
     POOL_SIZE,
     SANDBOX_UID,
     ContainerSettings,
@@ -65,7 +65,7 @@ from .dockercontainer import (
     sweep_orphans_soon,
     take_pooled,
 )
-from .dockershared import SharedSessionWorker, idle_count, refill_shared, start_shared, take_shared
+from .shared import SharedSessionWorker, idle_count, refill_shared, start_shared, take_shared
 
 _checked_images: set[str] = set()
 
@@ -115,7 +115,7 @@ class DockerExecutor(Executor):
             ahead, and sequential sessions take turns in one container).
         sessions_per_container: 1 (the default) gives every session a container of its own, removed
             at its close: the kernel boundary between any two sessions. Above 1, a warm container
-            hosts up to that many sessions one after another (`dockershared`: each a fresh runner
+            hosts up to that many sessions one after another (`docker.shared`: each a fresh runner
             as a uid of its own, everything of it killed, removed and checked at its close; a
             container whose clean-up is not proved clean is removed instead), which makes a fresh
             session cost milliseconds instead of a container's life. Not with `workdir`; `user`
@@ -222,7 +222,7 @@ class DockerExecutor(Executor):
         if container is None:
             container = await anyio.to_thread.run_sync(start_shared, self.settings)
         worker = await container.open_session()
-        init = self._runner_init()  # the session's own limits: rlimits of its own uid (dockershared)
+        init = self._runner_init()  # the session's own limits: rlimits of its own uid (docker.shared)
         init["env"] = {**init["env"], "HOME": worker.tmpdir, "TMPDIR": worker.tmpdir}
         session = await self._runner_session(worker, init, _release)
         if self.pool_size:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import anyio
 
-from ..errors import WorkerStartError
+from ...errors import WorkerStartError
 
 BACKLOG = 64
 """Closed workers at most waiting to be killed and reaped before `close()` waits for room."""

@@ -1,8 +1,8 @@
-"""Finding and ending every process of a host session's private user (`hostprocess.py` kills with it).
+"""Finding and ending every process of a host session's private user (`host/process.py` kills with it).
 
 A session's processes can leave its process group and tree (`setsid`, double forks), but not its
 private user: the last session of a user to close kills every process of that user and waits until
-none is left, zombies included, before the uid is handed out again (`hostreap.PrivateUsers`). Under
+none is left, zombies included, before the uid is handed out again (`host.reap.PrivateUsers`). Under
 namespaces they are looked for among the fork server's PID namespace only (see `user_processes`);
 at the ``process`` level among every process of the machine.
 """
@@ -13,7 +13,7 @@ import os
 import signal
 import time
 
-from ..usage import children, read_text
+from ...usage import children, read_text
 
 
 def start_time(pid: int | None) -> int | None:

@@ -35,12 +35,12 @@ from typing import Literal, Unpack, cast
 
 import anyio
 
-from ..errors import BackendUnavailable, ProtocolError, WorkerStartError
-from ..executor import Executor, ExecutorOptions
-from ..runtime.protocol import InitRequest
-from ..session import Session, initialise_ahead
-from ..worker import Worker, WorkerExited
-from .hostprocess import (
+from ...errors import BackendUnavailable, ProtocolError, WorkerStartError
+from ...executor import Executor, ExecutorOptions
+from ...runtime.protocol import InitRequest
+from ...session import Session, initialise_ahead
+from ...worker import Worker, WorkerExited
+from .process import (
     _LIVE_WORKERS,
     HostWorker,
     fork_worker,
@@ -304,7 +304,7 @@ def _kill_pooled_workers() -> None:
 
 
 async def _retire(worker: Worker) -> None:
-    """A normal close: the worker is killed and reaped off the caller's path (`hostreap.py`)."""
+    """A normal close: the worker is killed and reaped off the caller's path (`host/reap.py`)."""
     assert isinstance(worker, HostWorker)
     await worker.retire()
 
@@ -351,7 +351,7 @@ class HostExecutor(Executor):
         if namespaces_available():
             return "namespaces"
         if self.requested_isolation == "namespaces":
-            from .hostprocess import bubblewrap
+            from .process import bubblewrap
 
             raise BackendUnavailable(f"{bubblewrap().problem}; or use isolation='process'")
         return "process"

@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..errors import BackendUnavailable, ForkError, SandboxFileError, WorkerStartError
-from ..images import (
+from ...errors import BackendUnavailable, ForkError, SandboxFileError, WorkerStartError
+from ...images import (
     DEFAULT_IMAGE,
     LABEL_OWNER,
     LABEL_SANDBOX,
@@ -32,13 +32,13 @@ from ..images import (
     image_missing_message,
     owner_label,
 )
-from ..models import RunUsage
-from ..session import UsageProbe
-from ..usage import CpuReading, cgroup_paths, make_usage, parse_cpuacct_stat, split_cpu
-from ..worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
+from ...models import RunUsage
+from ...session import UsageProbe
+from ...usage import CpuReading, cgroup_paths, make_usage, parse_cpuacct_stat, split_cpu
+from ...worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 
 if TYPE_CHECKING:
-    from .dockershared import SharedSessionWorker
+    from .shared import SharedSessionWorker
 
 WORKDIR = "/workspace"
 FORKS_DIR = "/forks"
@@ -113,7 +113,7 @@ class ContainerSettings(BaseModel):
         1,
         ge=1,
         description="Sessions one container hosts, one after another (1: a container per session); "
-        "above 1 the container runs the session host (`dockershared`).",
+        "above 1 the container runs the session host (`docker.shared`).",
     )
 
     preload: tuple[tuple[str, str], ...] = Field(
@@ -122,7 +122,7 @@ class ContainerSettings(BaseModel):
 
     @property
     def shared(self) -> bool:
-        """Whether these containers host successive sessions (`dockershared`)."""
+        """Whether these containers host successive sessions (`docker.shared`)."""
         return self.sessions_per_container > 1
 
     def create_arguments(self, api: Any) -> dict[str, Any]:
@@ -136,7 +136,7 @@ class ContainerSettings(BaseModel):
         mounts = [workspace, Mount(FORKS_DIR, None, type="volume")]
         memory_mb, command, user = self.memory_mb, list(RUNNER_COMMAND), self.user
         cap_add = None
-        if self.shared:  # the session host: root with the four capabilities it needs (dockershared)
+        if self.shared:  # the session host: root with the four capabilities it needs (docker.shared)
             mounts.append(Mount(SESSIONS_DIR, None, type="volume"))
             memory_mb += MEMORY_HEADROOM_MB
             command, user, cap_add = list(SESSION_HOST_COMMAND), "0:0", list(SESSION_HOST_CAPABILITIES)

@@ -10,7 +10,7 @@ until a unit frees (up to `placement_timeout`). No scheduler of our own. A close
 with this process for `LINGER` seconds, so that the next session takes it at once instead of waiting for
 Ray to learn from the node's next resource report that it is free.
 
-Transport: one actor per node, sessions multiplexed on it (`raynode.NodeAgent`), not an actor per
+Transport: one actor per node, sessions multiplexed on it (`ray.node.NodeAgent`), not an actor per
 session. Measured here on a local 3-node cluster: creating an actor costs 0.8-1.9 s (a new worker
 process that then imports `sandboxes`), and each such process would start its own fork server and its
 own warm pool, so every session would be a cold one; a placement group of one bundle costs about 4 ms
@@ -25,7 +25,7 @@ than tunnelling the runner's channel through a `Worker` subclass. The node-local
 every backend-specific hook (Docker's init message and pool refill, the host's isolation levels), checks
 liveness next to the worker without a cluster round trip, and enforces the timeout next to the worker,
 so a slow network never stretches it. The parent keeps what must stay with the caller: tools run here
-(the node holds async stubs that surface each call as an event; see `raynode`), and results are the
+(the node holds async stubs that surface each call as an event; see `ray.node`), and results are the
 node's `ExecutionResult` with the duration measured here.
 
 Faults. The agents are created with ``max_restarts=0`` and ``max_task_retries=0``: Ray never runs a
@@ -45,12 +45,12 @@ from typing import Any, Literal, Self, TypeVar, cast
 import anyio
 from pydantic import BaseModel, ValidationError
 
-from ..errors import ForkError, ProtocolError, WorkerStartError
-from ..events import OutputEvent
-from ..executor import COMMON_OPTIONS, KILL_TIMEOUT, Executor, ExecutorOptions
-from ..models import ExecutionResult, ForkReport
-from ..runtime import bounds
-from ..runtime.protocol import (
+from ...errors import ForkError, ProtocolError, WorkerStartError
+from ...events import OutputEvent
+from ...executor import COMMON_OPTIONS, KILL_TIMEOUT, Executor, ExecutorOptions
+from ...models import ExecutionResult, ForkReport
+from ...runtime import bounds
+from ...runtime.protocol import (
     NodeAnswer,
     NodeDone,
     NodeError,
@@ -61,10 +61,10 @@ from ..runtime.protocol import (
     StreamOptions,
     ToolCall,
 )
-from ..session import OutputHandler, Session, SessionLost, ToolCaller
-from ..wire import check
-from . import executor_class
-from .raycluster import (
+from ...session import OutputHandler, Session, SessionLost, ToolCaller
+from ...wire import check
+from .. import executor_class
+from .cluster import (
     SANDBOX_RESOURCE,
     Reservation,
     agent,
@@ -81,7 +81,7 @@ from .raycluster import (
     sandbox_resource,
     take_reservation,
 )
-from .raynode import RAISABLE
+from .node import RAISABLE
 
 __all__ = ["SANDBOX_RESOURCE", "RayExecutor", "RaySession", "capacity", "connect", "describe"]
 

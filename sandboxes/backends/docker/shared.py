@@ -1,7 +1,7 @@
 """Shared containers: one warm container hosting successive sessions (``sessions_per_container > 1``).
 
 The container's main process is the session host (`runtime/sessionhost.py`), reached over the
-container's attach stream exactly as a container-per-session runner is (`dockercontainer`); it forks
+container's attach stream exactly as a container-per-session runner is (`docker.container`); it forks
 each session's runner as a uid of its own (`SHARED_USERS`: unique among this process's sessions,
 from a range apart from the host backend's), relays its channel, and at the session's end kills
 and removes everything of that uid and *proves* it did (processes, files in every writable place,
@@ -38,9 +38,10 @@ from typing import Any
 
 import anyio
 
-from ..errors import FileTooLarge, ForkError, ProtocolError, SandboxFileError, WorkerStartError
-from ..worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
-from .dockercontainer import (
+from ...errors import FileTooLarge, ForkError, ProtocolError, SandboxFileError, WorkerStartError
+from ...worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
+from ..host.reap import PrivateUsers
+from .container import (
     SESSIONS_DIR,
     ContainerProbe,
     ContainerSettings,
@@ -60,7 +61,6 @@ from .dockercontainer import (
     stream_line,
     stream_open,
 )
-from .hostreap import PrivateUsers
 
 SHARED_USERS = PrivateUsers(1_000_000 + (os.getpid() % 1000) * 1000)
 """Session uids of shared containers: 1,000,001 and up, 1,000 per parent process (by pid), so two
