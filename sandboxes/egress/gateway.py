@@ -264,6 +264,8 @@ class Gateway:
             )
         entry.host = host
         written = literal(host)
+        if host == "localhost" or host.endswith(".localhost"):  # RFC 6761: loopback, never asked of DNS
+            written = ipaddress.IPv4Address("127.0.0.1")
         entry.address = None if written is None else str(written)
         first = self.verdict(state, host, written, entry.port)
         if not first.allowed:

@@ -22,7 +22,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -326,6 +326,26 @@ def attach_blocking(netns: str, policy: NetworkPolicy) -> EgressLink:
 async def attach(netns: str, policy: NetworkPolicy) -> EgressLink:
     """`attach_blocking` off the event loop."""
     return await anyio.to_thread.run_sync(attach_blocking, netns, policy)
+
+
+def attach_process_blocking(pid: int, still_same: Callable[[], bool], policy: NetworkPolicy) -> EgressLink:
+    """Give the session whose runner is host process `pid` its gateway, in that process's network
+    namespace: the namespace is held open first, then `still_same()` proves the pid was not reused."""
+    try:
+        fd = os.open(namespace_of(pid), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise EgressUnavailable(f"the session's network namespace cannot be opened ({exc})") from exc
+    try:
+        if not still_same():
+            raise EgressUnavailable("the session's runner ended before its gateway was attached")
+        return attach_blocking(f"/proc/self/fd/{fd}", policy)
+    finally:
+        os.close(fd)
+
+
+def with_proxy_environment(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` with the proxy variables of a network-on session (they win over the caller's)."""
+    return {**env, **proxy_environment()}
 
 
 def stop() -> None:
