@@ -65,11 +65,13 @@ class GatewaySettings:
     nameservers: ``(address, port)`` of DNS servers the gateway asks itself (A and AAAA over UDP),
         instead of the system's resolver.
     extra_public: address ranges to treat as public (a test's "internet" addresses).
+    head_seconds: how long a request head may take to arrive (default 10 s).
     """
 
     netns: str | None = None
     nameservers: tuple[tuple[str, int], ...] | None = None
     extra_public: tuple[str, ...] = field(default_factory=tuple)
+    head_seconds: float | None = None
 
 
 def proxy_environment() -> dict[str, str]:
@@ -317,6 +319,8 @@ def attach_blocking(netns: str, policy: NetworkPolicy) -> EgressLink:
     ident = next(_IDS)
     try:
         message = {"op": "attach", "id": ident, **policy.gateway_message()}
+        if _SETTINGS.head_seconds is not None:
+            message["limits"]["head_seconds"] = _SETTINGS.head_seconds
         _checked(process.request(message, [listener.fileno()]), "take the session")
     finally:
         listener.close()
