@@ -30,7 +30,7 @@ from typing import Any
 import anyio
 from pydantic import ValidationError
 
-from ..errors import BackendUnavailable
+from ..errors import EgressUnavailable
 from . import PROXY_PORT, PROXY_URL
 from .policy import NetworkPolicy, NetworkReport
 
@@ -48,11 +48,6 @@ BOOTSTRAP = (
     "main(sys.argv[2:])\n"
 )
 """Runs `gateway.main` without `sandboxes/__init__.py` (and so without pydantic or anyio)."""
-
-
-class EgressUnavailable(BackendUnavailable):
-    """This host cannot build the egress gateway for a network-on session; the message says why and
-    what to do. Never a reason to give the session the host's network instead."""
 
 
 @dataclass(frozen=True)
