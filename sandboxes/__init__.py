@@ -7,8 +7,10 @@ about language models.
 from typing import TYPE_CHECKING, Any
 
 from .backends import executor_class, open_executor
+from .egress.policy import NetworkPolicy, NetworkReport
 from .errors import (
     BackendUnavailable,
+    EgressUnavailable,
     ExecutorBusy,
     ExecutorClosed,
     FileTooLarge,
@@ -60,6 +62,7 @@ __all__ = [
     "Artifact",
     "BackendUnavailable",
     "DockerExecutor",
+    "EgressUnavailable",
     "E2BExecutor",
     "ExecutionError",
     "Event",
@@ -75,6 +78,8 @@ __all__ = [
     "ForkReport",
     "HostExecutor",
     "Limits",
+    "NetworkPolicy",
+    "NetworkReport",
     "OutputEvent",
     "Policy",
     "ProtocolError",

@@ -16,6 +16,11 @@ class BackendUnavailable(SandboxError):
     """The backend cannot run on this machine (missing package, daemon down, no credentials, ...)."""
 
 
+class EgressUnavailable(BackendUnavailable):
+    """This host cannot build the egress gateway a network-on session needs; the message says why and
+    what to do. Never a reason to give the session this machine's network instead."""
+
+
 class UnknownBackend(SandboxError, ValueError):
     """`open_executor()` was given a backend name it does not know."""
 

@@ -32,6 +32,7 @@ from typing import Any, ClassVar, Self, TypedDict, TypeVar, Unpack
 
 import anyio
 
+from .egress.policy import NetworkPolicy
 from .errors import (
     BackendUnavailable,
     ExecutorBusy,
@@ -508,6 +509,8 @@ class Executor(ABC):
                 result = await session.run(text, self._tool_caller(tools, on_event), on_output, stream)
             if probe is not None:
                 result.usage = await _stop_probe(probe)
+            if session.egress is not None:
+                result.network = await session.egress.take_report()
         except TimeoutError:
             usage = await _stop_probe(probe)  # before the kill: a stopped run reports what it used
             await self._discard(session, report=False)
@@ -558,6 +561,28 @@ class Executor(ABC):
         if result.tools_running and result.timed_out and result.error is not None:
             result.error.message += still_running(result.tools_running)
         return result
+
+    async def set_network(self, network: bool | NetworkPolicy) -> None:
+        """Change where the code may connect; the live session's next connection follows the new rules.
+
+        `network` is what `Policy.network` takes: a `NetworkPolicy`, True (the public internet only)
+        or False (every connection refused from now on). A session opened without network has no
+        gateway to change: turning it on raises `ValueError` (open an executor with network on).
+        Sessions that replace this one (after a loss) start with the new rules."""
+        new = self.policy.model_copy(update={"network": network})
+        rules = new.network_policy
+        async with self._lock:
+            self._check_usable()
+            session = self._current
+            link = session.egress if session is not None else None
+            if link is None and rules is not None and self.policy.network_policy is None:
+                raise ValueError(
+                    "this executor was opened without network, so its session has no egress gateway; "
+                    "open one with Policy(network=...) to change its rules later"
+                )
+            if link is not None:
+                await link.set_policy(rules)
+            self.policy = new
 
     # ----------------------------------------------------------------- fork
 

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .egress.policy import NetworkReport
+
 
 class ExecutionError(BaseModel):
     """Why a run did not finish normally.
@@ -116,6 +118,11 @@ class ExecutionResult(BaseModel):
         "the run. Names come from the executor's own tools, never from the sandbox.",
     )
     backend: str = ""
+    network: NetworkReport | None = Field(
+        None,
+        description="A network-on session's connections through the egress gateway since the previous "
+        "run (host, port, the rule that allowed or refused each, bytes), bounded; None without network.",
+    )
     usage: RunUsage | None = Field(
         None,
         description="What the run used (CPU, peak memory, wall time), measured outside the sandbox; "

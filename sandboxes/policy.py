@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from .egress.policy import NetworkPolicy
 from .models import ExecutionError
 from .runtime.guard import (
     DEFAULT_ALLOWED_DUNDERS,
@@ -90,7 +91,10 @@ class Policy(BaseModel):
         banned_builtins: builtins the code may not name.
         allowed_dunders: the ``__dunder__`` attributes the code may use (``__init__``, ``__name__``...).
         files: ``"workdir"`` (read and write inside the working directory only), ``"none"``, or ``"any"``.
-        network: allow sockets (still subject to the backend's network isolation).
+        network: ``False`` (no network), ``True`` (the public internet only, through the egress
+            gateway: never this machine, private or link-local ranges, or another session), or a
+            `NetworkPolicy` with allow and deny rules (what reaches a private address or this
+            machine must be allowed there explicitly).
         subprocess: allow starting processes (only meaningful if an allowed module can).
         limits: resource limits of the worker.
         max_code_bytes: larger snippets are refused before they are parsed.
@@ -111,7 +115,7 @@ class Policy(BaseModel):
     banned_builtins: tuple[str, ...] = DEFAULT_BANNED_BUILTINS
     allowed_dunders: tuple[str, ...] = DEFAULT_ALLOWED_DUNDERS
     files: Literal["workdir", "none", "any"] = "workdir"
-    network: bool = False
+    network: bool | NetworkPolicy = False
     subprocess: bool = False
     limits: Limits = Limits()
     max_code_bytes: int = Field(MAX_CODE_BYTES_DEFAULT, ge=1)
@@ -134,6 +138,13 @@ class Policy(BaseModel):
         return patterns
 
     @property
+    def network_policy(self) -> NetworkPolicy | None:
+        """The rules of a network-on policy (``network=True``: the default public-only rules), or None."""
+        if isinstance(self.network, NetworkPolicy):
+            return self.network
+        return NetworkPolicy() if self.network else None
+
+    @property
     def effective_banned_builtins(self) -> frozenset[str]:
         return frozenset(self.banned_builtins) - frozenset(self.allow_builtins)
 
@@ -145,7 +156,7 @@ class Policy(BaseModel):
             "banned_builtins": sorted(self.effective_banned_builtins),
             "allowed_dunders": list(self.allowed_dunders),
             "files": self.files,
-            "network": self.network,
+            "network": self.network_policy is not None,
             "subprocess": self.subprocess,
             "limits": {
                 "memory_mb": limits.memory_mb,

@@ -45,7 +45,7 @@ import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import anyio
 
@@ -70,6 +70,9 @@ from .runtime.protocol import (
 from .toolbridge import for_run, next_run_number
 from .wire import check
 from .worker import ForkPlan, Worker, WorkerExited
+
+if TYPE_CHECKING:
+    from .egress.service import EgressLink
 
 HANDSHAKE_TIMEOUT = 30.0
 KILL_TIMEOUT = 10.0
@@ -125,6 +128,9 @@ class Session(ABC):
 
     isolation: str = "process"
     """The isolation level this session runs under (see each backend's docs)."""
+    egress: EgressLink | None = None
+    """A network-on session's place in the egress gateway (its rules, its connection report); the
+    backend sets it, the session's close and discard end it."""
     timeout_backstop: float = 0.0
     """Seconds past the executor's timeout before it gives up on this session: 0 for a session whose
     sandbox the executor's timeout kills; more for one that forwards to an executor that enforces
@@ -309,6 +315,8 @@ class RunnerSession(Session):
 
     async def close(self) -> None:
         self._first_run_ended()
+        if self.egress is not None:
+            await self.egress.close()
         if self._release is not None:
             await self._release(self.worker)
         else:
@@ -317,6 +325,8 @@ class RunnerSession(Session):
     async def discard(self) -> None:
         self._first_run_ended()
         with anyio.CancelScope(shield=True), anyio.move_on_after(KILL_TIMEOUT):
+            if self.egress is not None:
+                await self.egress.close()
             await self.worker.kill()
 
     def _first_run_ended(self) -> None:
@@ -336,6 +346,11 @@ class RunnerSession(Session):
         on the host), never from the pid the runner names. A reply that is not the protocol is a
         `ProtocolError` (this session is then discarded) before the child joins the family; once the
         child exists, any failure kills it before this raises."""
+        if self.egress is not None:
+            raise ForkError(
+                "a network-on session cannot be forked: the fork would share its network namespace and "
+                "its egress gateway; open a new executor with the same policy instead"
+            )
         started = time.monotonic()
         worker = self.worker
         plan = await worker.prepare_fork()

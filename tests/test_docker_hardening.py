@@ -143,6 +143,16 @@ CONNECT = (
 )
 
 
+PROXIED = (
+    "import _socket, json\n"
+    "s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)\n"
+    "s.settimeout(5)\n"
+    "s.connect(('127.0.0.1', 3128))\n"
+    "s.sendall(b'CONNECT {host}:{port} HTTP/1.1\\r\\n\\r\\n')\n"
+    "print(json.dumps(s.recv(200).split(b'\\r')[0].decode()))\n"
+)
+
+
 async def test_no_network_unless_asked_for():
     listener = Listener("0.0.0.0")  # reachable from the bridge
     try:
@@ -155,11 +165,15 @@ async def test_no_network_unless_asked_for():
             )
             assert interfaces == ["lo"]
         assert listener.connections == []
-        # the same code under a policy with network=True reaches the listener: the test above can fail
+        # network=True is the public internet through the egress gateway: the host (at the bridge's
+        # gateway address) is reached neither directly nor through the gateway, which names the rule
         networked = OPEN.model_copy(update={"network": True})
         async with backend_docker.make_executor(policy=networked, timeout=20, pool=False) as ex:
-            assert await run_json(ex, CONNECT.format(host=host, port=listener.port)) == "connected"
-        assert len(listener.connections) == 1
+            assert await run_json(ex, CONNECT.format(host=host, port=listener.port)) == "OSError"
+            assert await run_json(ex, CONNECT.format(host="127.0.0.1", port=3128)) == "connected"
+            refused = await run_json(ex, PROXIED.format(host=host, port=listener.port))
+            assert refused == "HTTP/1.1 403 Forbidden", refused
+        assert listener.connections == []
     finally:
         listener.close()
 

@@ -257,7 +257,8 @@ async def test_egress_is_closed_after_setup_unless_the_policy_allows_network(net
         sandbox_id = ex.sandbox_id
         assert sandbox_id is not None
         settings = await anyio.to_thread.run_sync(standin().network, sandbox_id)
-    if network:
-        assert settings == {"allow_internet_access": True}
+    if network:  # E2B's internet, never a private, link-local (metadata) or reserved range
+        assert "0.0.0.0/0" not in settings["denyOut"]
+        assert {"10.0.0.0/8", "169.254.0.0/16", "127.0.0.0/8", "100.64.0.0/10"} <= set(settings["denyOut"])
     else:
         assert settings.get("denyOut") == ["0.0.0.0/0"]

@@ -7,7 +7,8 @@
 - Where a process may not move itself into new namespaces (a seccomp filter refuses `unshare`, as
   some container profiles do), the fork server says so and sessions start in sandboxes of their own:
   still separated, never sharing one namespace.
-- `Policy(network=True)` sessions keep the host's network (that is what they asked for).
+- `Policy(network=True)` sessions get a namespace of their own too, whose only way out is the egress
+  gateway (tests/test_egress_host.py): the host's loopback is out of reach, directly or through it.
 """
 
 from __future__ import annotations
@@ -151,12 +152,19 @@ def test_where_a_session_cannot_take_namespaces_each_starts_a_sandbox_of_its_own
 
 
 @pytest.mark.anyio
-async def test_a_session_with_network_keeps_the_hosts_network(host_listener: socket.socket) -> None:
+async def test_a_session_with_network_does_not_reach_the_hosts_loopback(host_listener: socket.socket) -> None:
+    if not namespaces_available():
+        pytest.skip("bubblewrap cannot make namespaces here (test_host_bubblewrap.py says why)")
     port = host_listener.getsockname()[1]
-    policy = Policy(network=True, allowed_imports=["socket"])
+    policy = Policy(network=True, python_guards=False)
     async with HostExecutor(policy=policy, timeout=20) as ex:
         result = await ex.run(
-            f"import socket\nsocket.create_connection(('127.0.0.1', {port}), 5).close()\nprint('ok')"
+            "import socket, errno\n"
+            f"try:\n    socket.create_connection(('127.0.0.1', {port}), 5).close()\n    print('connected')\n"
+            "except OSError as exc:\n    print(errno.errorcode[exc.errno])\n"
+            "s = socket.create_connection(('127.0.0.1', 3128), 5)\n"
+            f"s.sendall(b'CONNECT 127.0.0.1:{port} HTTP/1.1\\r\\n\\r\\n')\n"
+            "print(s.recv(100).split(b'\\r')[0].decode())"
         )
-    assert result.ok and result.stdout == "ok\n", result
-    assert not nothing_arrived(host_listener)
+    assert result.stdout.splitlines() == ["ECONNREFUSED", "HTTP/1.1 403 Forbidden"], result
+    assert nothing_arrived(host_listener)

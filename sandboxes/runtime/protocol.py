@@ -1,7 +1,7 @@
 """The messages of the sandbox channel and of the Ray node agent, typed once for both sides.
 
 The parent (`sandboxes.session`) and the runner (`runner.py`, which runs inside every sandbox) speak
-JSON, one object per line; the Ray backend's driver and its node agents (`backends/ray.py`,
+JSON, one object per line; the Ray backend's driver and its node agents (`backends/ray/executor.py`,
 `backends/ray/node.py`) exchange plain dicts through Ray. Every such message is declared here as a
 `TypedDict`, so that a type checker holds both sides to one shape. Standard library only, and only
 types: the runner imports this module for type checking alone and pays nothing for it at run time.

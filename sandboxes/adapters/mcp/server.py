@@ -244,7 +244,7 @@ class SandboxMcp:
             name="run_python",
             description=self._run_description(),
             annotations=ToolAnnotations(
-                title="Run Python in a sandbox", open_world_hint=self.config.policy.network
+                title="Run Python in a sandbox", open_world_hint=self.config.policy.network_policy is not None
             ),
         )
         add(

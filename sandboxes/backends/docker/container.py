@@ -98,7 +98,11 @@ class ContainerSettings(BaseModel):
     )
     cpus: float = Field(1.0, gt=0, description="CPU quota in cores.")
     pids_limit: int = Field(128, ge=2, description="Processes and threads in the container.")
-    network: bool = Field(False, description="A bridge network (`Policy.network`); default none at all.")
+    network: bool = Field(
+        False,
+        description="Network on (`Policy.network`): still no network of Docker's (``none``); the egress "
+        "gateway's listener is put into the container's namespace, its only way out.",
+    )
     read_only: bool = Field(True, description="Mount the root filesystem read-only.")
     tmp_mb: int = Field(64, ge=1, description="Size of the tmpfs at /tmp.")
     user: str = Field(SANDBOX_UID, description="uid:gid the runner runs as.")
@@ -142,7 +146,7 @@ class ContainerSettings(BaseModel):
             command, user, cap_add = list(SESSION_HOST_COMMAND), "0:0", list(SESSION_HOST_CAPABILITIES)
         file_size = self.file_size_mb * 1024 * 1024
         host_config = api.create_host_config(
-            network_mode="bridge" if self.network else "none",
+            network_mode="none",  # with network on too: the egress gateway is the way out
             read_only=self.read_only,
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmp_mb}m,mode=1777"},
             mounts=mounts,

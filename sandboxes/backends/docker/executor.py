@@ -45,6 +45,8 @@ from typing import Unpack
 
 import anyio
 
+from ...egress.policy import NetworkPolicy
+from ...egress.service import EgressLink, EgressUnavailable, attach_process_blocking, with_proxy_environment
 from ...errors import BackendUnavailable
 from ...executor import Executor, ExecutorOptions
 from ...images import DEFAULT_IMAGE, image_missing_message, stale_runner
@@ -93,8 +95,10 @@ __all__ = ["ContainerSettings", "DockerExecutor", "DockerWorker", "client", "dra
 class DockerExecutor(Executor):
     """Runs code in a hardened Docker container. See the module docs for what is hardened and why.
 
-    The policy decides what the container may do, as on every backend: `policy.network` gives it a
-    bridge network (default: none at all), `policy.limits.memory_mb` is its memory limit (a cgroup
+    The policy decides what the container may do, as on every backend: with `policy.network` the
+    container still has no Docker network (``none``), and its one way out is the egress gateway's
+    listener put into its namespace (the public internet only, or the `NetworkPolicy`'s rules;
+    one session per container then), `policy.limits.memory_mb` is its memory limit (a cgroup
     limit here, swap limited to the same; exceeding it kills the runner and the result says ``oom``
     and ``state_lost``), `policy.limits.max_processes` caps its PIDs.
 
@@ -174,7 +178,7 @@ class DockerExecutor(Executor):
             memory_mb=limits.memory_mb,
             cpus=cpus,
             pids_limit=pids_limit,
-            network=self.policy.network,
+            network=self.policy.network_policy is not None,
             read_only=read_only,
             tmp_mb=tmp_mb,
             user=user,
@@ -201,6 +205,12 @@ class DockerExecutor(Executor):
         return idle_count(self.settings) if self.settings.shared else pooled_count(self.settings)
 
     async def _new_session(self) -> Session:
+        rules = self.policy.network_policy
+        if rules is not None and self.settings.shared:
+            raise EgressUnavailable(
+                "network=True gives each session its own container network behind the egress gateway; "
+                "sessions_per_container > 1 would share one: use sessions_per_container=1 with network"
+            )
         await anyio.to_thread.run_sync(self._prepare)
         if self.settings.shared:
             return await self._new_shared_session()
@@ -208,6 +218,12 @@ class DockerExecutor(Executor):
         if worker is None:
             worker = await anyio.to_thread.run_sync(start_container, self.settings)
         session = await self._runner_session(worker, self._container_init(), _release)
+        if rules is not None:
+            try:
+                session.egress = await anyio.to_thread.run_sync(_attach_egress, worker, rules)
+            except BaseException:
+                await session.discard()
+                raise
         if self.pool_size:
             # After the handshake, not before: starting a container loads the daemon and the CPU,
             # and the session that just took a warm container should not wait behind that.
@@ -231,6 +247,8 @@ class DockerExecutor(Executor):
 
     def _container_init(self) -> InitRequest:
         init = self._runner_init()
+        if self.policy.network_policy is not None:
+            init["env"] = with_proxy_environment(init["env"])
         # 0: the runner leaves RLIMIT_NPROC and RLIMIT_AS alone; the container's PID and memory limits
         # apply instead (a cgroup counts memory in use, not address space that threads reserve).
         limits: LimitsConfig = {**init["policy"]["limits"], "max_processes": 0, "memory_mb": 0}
@@ -254,6 +272,22 @@ class DockerExecutor(Executor):
                 raise BackendUnavailable(problem)
             _checked_images.add(self.settings.image)
             sweep_orphans_soon()
+
+
+def _attach_egress(worker: Worker, rules: NetworkPolicy) -> EgressLink:
+    """The egress gateway's listener into the container's network namespace (blocking): found through
+    the container's init, whose pid the daemon names; the daemon is asked again once the namespace is
+    held open, so a pid reused meanwhile is never taken for the container's."""
+    assert isinstance(worker, DockerWorker)
+
+    def pid() -> int:
+        state = client().api.inspect_container(worker.container_id)["State"]
+        return int(state["Pid"]) if state.get("Running") else 0
+
+    first = pid()
+    if not first:
+        raise EgressUnavailable("the session's container is not running, so it cannot get its egress gateway")
+    return attach_process_blocking(first, lambda: pid() == first, rules)
 
 
 async def _release(worker: Worker) -> None:

@@ -24,8 +24,9 @@ idle, that next run executes normally in the new sandbox.
 
 Network: the sandbox is created with egress open so that the runtime's dependency and ``pip_packages``
 can be installed (once per sandbox, as root, arguments quoted after ``--``); unless the policy allows
-network, egress is then closed (``deny_out 0.0.0.0/0``) before any user code runs, and a failure to
-close it fails the open rather than running the code with a network the policy forbids.
+network, egress is then closed (``deny_out 0.0.0.0/0``) before any user code runs (with network on:
+every IPv4 range that is not the public internet), and a failure to close it fails the open rather
+than running the code with a network the policy forbids.
 
 Fork (`fork()`, snapshots): the runner forks itself inside the sandbox; the copy's channel is
 `runtime/forkrelay.py`, started as a command like the runner. The family of executors that share the
@@ -52,6 +53,7 @@ from typing import Any, Self, Unpack
 
 import anyio
 
+from ...egress.match import NOT_PUBLIC
 from ...errors import BackendUnavailable, FileTooLarge, ForkError, SandboxFileError, WorkerStartError
 from ...executor import KILL_TIMEOUT, Executor, ExecutorOptions
 from ...models import ForkReport, RunUsage
@@ -617,6 +619,12 @@ class E2BExecutor(Executor):
             worker.session.users += 1
 
     async def _new_session(self) -> Session:
+        rules = self.policy.network_policy
+        if rules is not None and (rules.allow or rules.deny):
+            raise BackendUnavailable(
+                "the e2b backend does not map NetworkPolicy allow/deny rules onto E2B's network options "
+                "yet; use Policy(network=True) (the public internet only) there, or the host or docker backend"
+            )
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -703,14 +711,20 @@ class E2BExecutor(Executor):
                 f"installing packages in the E2B sandbox failed (exit {exc.exit_code}); check the "
                 f"names in pip_packages {list(self.pip_packages)!r}. pip said:\n{output}"
             ) from exc
-        if not self.policy.network:
-            try:
-                await sandbox.update_network({"deny_out": ["0.0.0.0/0"]})
-            except Exception as exc:  # fail closed: the policy says no network
-                raise WorkerStartError(
-                    f"could not close the E2B sandbox's network as the policy requires ({exc}); "
-                    "use Policy(network=True) only if the code may reach the internet"
-                ) from exc
+        # Without network: no egress at all. With it: E2B's own network (not this machine's), minus
+        # every range that is not the public internet (E2B's egress rules take IPv4 ranges).
+        closed = ["0.0.0.0/0"] if self.policy.network_policy is None else list(E2B_NOT_PUBLIC)
+        try:
+            await sandbox.update_network({"deny_out": closed})
+        except Exception as exc:  # fail closed: the policy says no network, or the public internet only
+            raise WorkerStartError(
+                f"could not restrict the E2B sandbox's network as the policy requires ({exc}); "
+                "use Policy(network=True) only if the code may reach the internet"
+            ) from exc
+
+
+E2B_NOT_PUBLIC = tuple(net for net, _ in NOT_PUBLIC if ":" not in net)
+"""What a network-on E2B sandbox may not reach: every IPv4 range that is not the public internet."""
 
 
 def _pip_command(requirements: Iterable[str]) -> str:

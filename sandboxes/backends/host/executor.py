@@ -35,10 +35,12 @@ from typing import Literal, Unpack, cast
 
 import anyio
 
+from ...egress.policy import NetworkPolicy
+from ...egress.service import EgressUnavailable, attach_process_blocking, with_proxy_environment
 from ...errors import BackendUnavailable, ProtocolError, WorkerStartError
 from ...executor import Executor, ExecutorOptions
 from ...runtime.protocol import InitRequest
-from ...session import Session, initialise_ahead
+from ...session import RunnerSession, Session, initialise_ahead
 from ...worker import Worker, WorkerExited
 from .process import (
     _LIVE_WORKERS,
@@ -364,8 +366,32 @@ class HostExecutor(Executor):
             level = _LEVELS[self.requested_isolation] = await anyio.to_thread.run_sync(self._isolation_level)
         return level
 
+    def _runner_init(self) -> InitRequest:
+        init = super()._runner_init()
+        if self.policy.network_policy is not None:
+            init["env"] = with_proxy_environment(init["env"])
+        return init
+
     async def _new_session(self) -> Session:
-        key = (await self._level(), self.policy.network, self.preload)
+        session = await self._open_session()
+        rules = self.policy.network_policy
+        if rules is not None:
+            try:
+                await _attach_egress(session, rules)
+            except BaseException:
+                await session.discard()
+                raise
+        return session
+
+    async def _open_session(self) -> RunnerSession:
+        level = await self._level()
+        if self.policy.network_policy is not None and level != "namespaces":
+            raise EgressUnavailable(
+                "network=True on the host backend needs its 'namespaces' level (bubblewrap), which gives "
+                "the session a network of its own behind the egress gateway; the 'process' level would "
+                "share this machine's network. Install bubblewrap, or use the docker backend"
+            )
+        key = (level, self.policy.network_policy is not None, self.preload)
         init = self._runner_init()
         if not self.use_pool:
             return await self._runner_session(await _spawn(key, self.workdir), init, release=_retire)
@@ -386,6 +412,20 @@ class HostExecutor(Executor):
         # first run by about as much as the handshake saved, so it waits for that run to end.
         session.after_first_run = functools.partial(_DEFERRED.run, refill)
         return session
+
+
+async def _attach_egress(session: RunnerSession, rules: NetworkPolicy) -> None:
+    """The egress gateway's listener into the runner's own network namespace (before any code ran)."""
+    worker = session.worker
+    assert isinstance(worker, HostWorker)
+
+    def attach() -> None:
+        tree = worker.process_tree()
+        if tree is None:
+            raise EgressUnavailable("the session's runner process cannot be found for its egress gateway")
+        session.egress = attach_process_blocking(tree.pid, tree.alive, rules)
+
+    await anyio.to_thread.run_sync(attach)
 
 
 _LEVELS: dict[str, str] = {}

@@ -577,7 +577,7 @@ def _sandboxed(
         "--unshare-ipc",
         "--unshare-uts",
         "--unshare-cgroup-try",
-        *([] if network else ["--unshare-net"]),
+        "--unshare-net",  # with network on too: the egress gateway's listener is its way out
         "--die-with-parent",
         "--new-session",
         *readable,
@@ -630,9 +630,9 @@ class ForkServer:
         self.base = tempfile.mkdtemp(prefix="kodeagent-sessions-")
         os.chmod(self.base, 0o711)
         self.control, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # Sessions of one server share its sandbox; without their own network (the policy's network
-        # is the host's) each child takes network and IPC namespaces of its own (`runtime/netns.py`).
-        self.private_network = isolation == "namespaces" and not network
+        # Sessions of one server share its sandbox; each child takes network and IPC namespaces of
+        # its own (`runtime/netns.py`), network-on ones too: their gateway listens in that namespace.
+        self.private_network = isolation == "namespaces"
         flags = (["--private-network"] if self.private_network else []) + _preload_flags(preload)
         command = _sandboxed(_python(FORKSERVER) + flags, isolation, network, self.base, preload)
         try:

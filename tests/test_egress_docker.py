@@ -1,0 +1,93 @@
+"""`network=True` on the docker backend: a container with no Docker network (``none``) whose only way
+out is the egress gateway's listener in its namespace. Real traffic against the fake internet of
+`fake_internet.py`, with ``python_guards=False``; proofs on the servers' side."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import backend_docker
+import pytest
+from fake_internet import DNS, HOST_OWN, METADATA, PRIVATE, PUBLIC, FakeInternet, fake_internet, unavailable
+from needs import require
+
+from sandboxes import Policy
+from sandboxes.egress import service
+from sandboxes.egress.policy import NetworkPolicy
+from sandboxes.errors import BackendUnavailable
+
+pytestmark = pytest.mark.anyio
+
+FETCH = """
+import json, urllib.request, urllib.error
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=20) as reply:
+            return [reply.status, reply.read().decode()]
+    except urllib.error.HTTPError as exc:
+        return [exc.code, exc.headers.get("X-Kodeagent-Egress-Rule")]
+    except Exception as exc:
+        return [None, type(exc).__name__]
+"""
+
+
+@pytest.fixture(scope="module")
+def internet() -> Iterator[FakeInternet]:
+    require(unavailable(), "the fake internet")
+    backend_docker.require()
+    with fake_internet() as net:
+        service.configure(
+            service.GatewaySettings(
+                netns=net.host_netns_path,
+                nameservers=((DNS, 53),),
+                extra_public=("203.0.113.0/24", "198.18.0.0/24"),
+            )
+        )
+        try:
+            yield net
+        finally:
+            service.configure(service.GatewaySettings())
+
+
+POLICY = Policy(network=True, python_guards=False)
+
+
+async def test_a_container_reaches_the_public_internet_and_nothing_else(internet: FakeInternet) -> None:
+    before = {address: len(internet.hits_at(address)) for address in (PRIVATE, METADATA, HOST_OWN)}
+    async with backend_docker.make_executor(policy=POLICY, timeout=60, pool=False) as ex:
+        await ex.run(FETCH)
+        urls = [
+            "http://public.test/",
+            f"http://{PRIVATE}/",
+            "http://metadata.test/",
+            "http://rebind.test/",
+            f"http://{HOST_OWN}/",
+        ]
+        result = await ex.run(f"print(json.dumps([fetch(u) for u in {urls!r}]))")
+        assert json.loads(result.stdout) == [
+            [200, f"hello from {PUBLIC}"],
+            [403, "private"],
+            [403, "link-local"],
+            [403, "private"],
+            [403, "this-machine"],
+        ], result
+        assert result.network is not None and len(result.network.connections) == 5
+        direct = await ex.run(
+            "import socket, errno\ntry:\n"
+            f"    socket.create_connection(({PUBLIC!r}, 80), 5)\n    print('connected')\n"
+            "except OSError as exc:\n    print(errno.errorcode[exc.errno])"
+        )
+        assert direct.stdout == "ENETUNREACH\n", direct
+        await ex.set_network(NetworkPolicy(deny=["public.test"]))
+        denied = await ex.run("print(json.dumps(fetch('http://public.test/')))")
+        assert json.loads(denied.stdout) == [403, "deny 'public.test'"]
+    assert {address: len(internet.hits_at(address)) for address in before} == before
+
+
+async def test_shared_containers_refuse_network(internet: FakeInternet) -> None:
+    with pytest.raises(BackendUnavailable, match="sessions_per_container"):
+        async with backend_docker.make_executor(
+            policy=POLICY, timeout=30, pool=False, sessions_per_container=4
+        ):
+            pass
