@@ -8,8 +8,9 @@ cd "$(dirname "$0")/.."
 export LITELLM_LOCAL_MODEL_COST_MAP=True
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    if ! command -v bwrap >/dev/null; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null
+    # bubblewrap: namespace isolation; iproute2: the egress tests' fake internet (`ip netns`, veth)
+    if ! command -v bwrap >/dev/null || ! command -v ip >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap iproute2 >/dev/null
     fi
 fi
 
