@@ -1,7 +1,7 @@
 """Shared fixtures: the backends (the conformance suite runs once per available backend), the LLM
 stand-in (`llm`) and a loopback TCP listener (`listener`).
 
-Each backend has a module `tests/backend_<name>.py` with two functions:
+Each backend has a module `tests/support/backend_<name>.py` with two functions:
 
     def unavailable() -> str | None      # None when usable here, else the reason (and how to enable it)
     def make_executor(**options) -> Executor   # an unopened executor with the given common options
@@ -20,19 +20,19 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from listener import Listener
-from llm_standin import StandinLLM, register_standin_models
-from needs import require
+from support.listener import Listener
+from support.llm_standin import StandinLLM, register_standin_models
+from support.needs import require
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 TESTS = pathlib.Path(__file__).parent
-BACKEND_NAMES = sorted(p.stem.removeprefix("backend_") for p in TESTS.glob("backend_*.py"))
+BACKEND_NAMES = sorted(p.stem.removeprefix("backend_") for p in (TESTS / "support").glob("backend_*.py"))
 REQUIRED_IN_CI = {"host", "docker", "dockershared", "e2b", "ray"}
 
 
 def backend_module(name: str) -> Any:
-    return importlib.import_module(f"backend_{name}")
+    return importlib.import_module(f"support.backend_{name}")
 
 
 # The piece each backend needs beyond this machine's processes, as a marker, so that each tier runs
@@ -79,7 +79,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def llm() -> Iterator[StandinLLM]:
-    """A fresh LLM stand-in on loopback (`tests/llm_standin.py`), its models registered with litellm."""
+    """A fresh LLM stand-in on loopback (`tests/support/llm_standin.py`), its models registered with litellm."""
     register_standin_models()
     with StandinLLM() as server:
         yield server
@@ -87,7 +87,7 @@ def llm() -> Iterator[StandinLLM]:
 
 @pytest.fixture
 def listener() -> Iterator[Listener]:
-    """A loopback TCP listener that records every connection (`tests/listener.py`)."""
+    """A loopback TCP listener that records every connection (`tests/support/listener.py`)."""
     server = Listener()
     yield server
     server.close()

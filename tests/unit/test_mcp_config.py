@@ -36,11 +36,11 @@ def test_tokens_tools_and_limits_are_validated() -> None:
     config = make_config(
         {
             "http": {"tokens": [TOKEN, {"name": "bob", "token": "b" * 20}]},
-            "tools": ["mcp_tool_functions:double", "pkg.mod:Class.method"],
+            "tools": ["support.mcp_tool_functions:double", "pkg.mod:Class.method"],
         }
     )
     assert [t.name for t in config.http.tokens] == ["token-1", "bob"]
-    assert config.tools == {"double": "mcp_tool_functions:double", "method": "pkg.mod:Class.method"}
+    assert config.tools == {"double": "support.mcp_tool_functions:double", "method": "pkg.mod:Class.method"}
     assert TOKEN not in repr(config.http.tokens[0])  # a token is never shown
     cases: list[tuple[dict[str, Any], str]] = [
         ({"http": {"tokens": ["short"]}}, "http.tokens.0.token"),
@@ -68,7 +68,7 @@ def test_config_files_json_and_toml(tmp_path: pathlib.Path) -> None:
     toml = tmp_path / "mcp.toml"
     toml.write_text(
         'backend = "host"\ntimeout = 5\n[policy]\nallowed_imports = ["math"]\nnetwork = false\n'
-        '[policy.limits]\nmemory_mb = 512\n[tools]\ndouble = "mcp_tool_functions:double"\n'
+        '[policy.limits]\nmemory_mb = 512\n[tools]\ndouble = "support.mcp_tool_functions:double"\n'
         '[[http.tokens]]\nname = "alice"\ntoken = "' + TOKEN + '"\n'
     )
     config = load_config(toml)
@@ -88,13 +88,13 @@ def test_config_files_json_and_toml(tmp_path: pathlib.Path) -> None:
 
 
 def test_tool_functions_import_or_say_why() -> None:
-    assert load_tool("double", "mcp_tool_functions:double")(4) == 8
+    assert load_tool("double", "support.mcp_tool_functions:double")(4) == 8
     with pytest.raises(McpConfigError, match="cannot import 'no_such_module_here'"):
         load_tool("f", "no_such_module_here:f")
     with pytest.raises(McpConfigError, match="has no attribute 'missing'"):
-        load_tool("f", "mcp_tool_functions:missing")
+        load_tool("f", "support.mcp_tool_functions:missing")
     with pytest.raises(McpConfigError, match="not callable"):
-        load_tool("f", "mcp_tool_functions:__doc__")
+        load_tool("f", "support.mcp_tool_functions:__doc__")
 
 
 def _flags(*argv: str) -> argparse.Namespace:

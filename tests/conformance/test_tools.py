@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from security_helpers import run_once
+from support.security_helpers import run_once
 
 from sandboxes import HostExecutor, Policy
 from sandboxes.runtime import bounds

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from security_helpers import policy
+from support.security_helpers import policy
 
 from sandboxes import FileTooLarge, HostExecutor, SandboxFileError, SyncExecutor
 from sandboxes.executor import DEFAULT_DOWNLOAD_LIMIT
