@@ -8,14 +8,14 @@ Each backend has a module `tests/support/backend_<name>.py` with two functions:
 
 `executor_factory` is parametrised over every such module; a backend that is unavailable is skipped
 with its reason, except under CI (CI=true), where an unavailable backend that CI is meant to run
-fails instead of hiding behind a skip.
+fails instead of hiding behind a skip. The backend names and their markers are in
+`tests/support/tiers.py`.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import pathlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,32 +23,13 @@ import pytest
 from support.listener import Listener
 from support.llm_standin import StandinLLM, register_standin_models
 from support.needs import require
+from support.tiers import BACKEND_NAMES, REQUIRED_IN_CI, backend_param
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-
-TESTS = pathlib.Path(__file__).parent
-BACKEND_NAMES = sorted(p.stem.removeprefix("backend_") for p in (TESTS / "support").glob("backend_*.py"))
-REQUIRED_IN_CI = {"host", "docker", "dockershared", "e2b", "ray"}
 
 
 def backend_module(name: str) -> Any:
     return importlib.import_module(f"support.backend_{name}")
-
-
-# The piece each backend needs beyond this machine's processes, as a marker, so that each tier runs
-# alone (`-m docker`, `-m "not docker and not ray and not e2b"`); host and hostprocess need none.
-# dockershared is the docker backend in its shared-container mode: the same daemon, the same marker.
-BACKEND_MARKS = {
-    "docker": pytest.mark.docker,
-    "dockershared": pytest.mark.docker,
-    "e2b": pytest.mark.e2b,
-    "ray": pytest.mark.ray,
-}
-
-
-def backend_param(name: str) -> Any:
-    """A backend name as a test parameter, marked with the piece it needs (`docker`, `e2b`, `ray`)."""
-    return pytest.param(name, marks=[BACKEND_MARKS[name]] if name in BACKEND_MARKS else [])
 
 
 @pytest.fixture(params=[backend_param(name) for name in BACKEND_NAMES])
