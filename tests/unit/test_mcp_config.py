@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -373,12 +374,19 @@ def test_connections_stay_bound_while_they_live_and_are_capped_per_token() -> No
 
 def test_the_readme_examples_are_valid(tmp_path: pathlib.Path) -> None:
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Use it from an MCP client", 1)[1].split("\n## ", 1)[0]
-    desktop = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
-    entry = desktop["mcpServers"]["kodeagent-sandbox"]
-    assert entry["command"] == "kodeagent"
-    make_config(settings_from_flags(build_parser().parse_args(entry["args"]), {}))
-    toml = tmp_path / "mcp.toml"
-    toml.write_text(section.split("```toml\n", 1)[1].split("```", 1)[0])
-    config = load_config(toml)
+    blocks = re.findall(r"```(\w+)\n(.*?)```", readme, re.S)
+    clients = [
+        json.loads(text)["mcpServers"] for kind, text in blocks if kind == "json" and "mcpServers" in text
+    ]
+    entries = [entry for servers in clients for entry in servers.values() if entry["command"] == "kodeagent"]
+    assert entries  # the README shows an MCP client starting `kodeagent mcp`
+    for entry in entries:
+        make_config(settings_from_flags(build_parser().parse_args(entry["args"]), {}))
+    configs = [text for kind, text in blocks if kind == "toml" and "tools" in text]
+    assert configs  # and a config file for it
+    for n, text in enumerate(configs):
+        toml = tmp_path / f"mcp-{n}.toml"
+        toml.write_text(text)
+        load_config(toml)
+    config = load_config(tmp_path / "mcp-0.toml")
     assert config.tools == {"lookup": "mytools:lookup"} and config.http.tokens[0].name == "alice"
