@@ -41,10 +41,10 @@ CODE = "x = 1"
 
 def _standin_class() -> Any:
     try:
-        from e2b_standin import StandIn  # type: ignore[import-not-found]  # lives in tests/
+        from support.e2b_standin import StandIn  # type: ignore[import-not-found]  # lives in tests/support/
     except ImportError:  # the stand-in lives with the tests
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-        from e2b_standin import StandIn
+        from support.e2b_standin import StandIn
     return StandIn
 
 

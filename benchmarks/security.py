@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -208,20 +208,31 @@ def _stopped_by(result: Any) -> str:
     return f"runtime ({result.error.type})"
 
 
-async def run_attack(backend: str, attack: Attack, where: Targets) -> dict[str, Any]:
-    """One attack in a fresh session; whether its effect happened and what stopped it."""
-    import anyio
-
+def executor_maker(backend: str) -> Callable[..., Any]:
+    """Unopened executors of `backend` (a name of `BACKEND_CHOICES`), given their common options."""
     from sandboxes import open_executor
 
     name, options = _executor_options(backend)
+    return lambda **more: open_executor(name, **options, **more)
+
+
+async def run_attack(backend: str, attack: Attack, where: Targets) -> dict[str, Any]:
+    """One attack in a fresh session of `backend`; whether its effect happened and what stopped it."""
+    return await attempt(executor_maker(backend), attack, where)
+
+
+async def attempt(make: Callable[..., Any], attack: Attack, where: Targets) -> dict[str, Any]:
+    """One attack in a fresh session of `make(timeout=...)`; whether its effect happened and what
+    stopped it. The tests run the corpus through this with each backend's executor factory."""
+    import anyio
+
     canary = where.new_canary()
     code = where.render(attack.code, canary)
     connections = where.listener.connections
     result = None
     usable = True
     started = time.perf_counter()
-    async with open_executor(name, timeout=attack.timeout, **options) as executor:
+    async with make(timeout=attack.timeout) as executor:
         with anyio.move_on_after(attack.timeout + SURVIVE_GRACE):
             result = await executor.run(code)
         elapsed = time.perf_counter() - started
@@ -254,10 +265,12 @@ async def run_attack(backend: str, attack: Attack, where: Targets) -> dict[str, 
 
 
 async def run_benign(backend: str, snippet: Benign) -> dict[str, Any]:
-    from sandboxes import open_executor
+    return await check_benign(executor_maker(backend), snippet)
 
-    name, options = _executor_options(backend)
-    async with open_executor(name, timeout=DEFAULT_TIMEOUT, **options) as executor:
+
+async def check_benign(make: Callable[..., Any], snippet: Benign) -> dict[str, Any]:
+    """One benign snippet in a fresh session of `make(timeout=...)`: whether it printed what CPython does."""
+    async with make(timeout=DEFAULT_TIMEOUT) as executor:
         result = await executor.run(snippet.code)
     correct = result.ok and result.stdout == snippet.expected
     return {

@@ -1,54 +1,35 @@
 """Shared fixtures: the backends (the conformance suite runs once per available backend), the LLM
 stand-in (`llm`) and a loopback TCP listener (`listener`).
 
-Each backend has a module `tests/backend_<name>.py` with two functions:
+Each backend has a module `tests/support/backend_<name>.py` with two functions:
 
     def unavailable() -> str | None      # None when usable here, else the reason (and how to enable it)
     def make_executor(**options) -> Executor   # an unopened executor with the given common options
 
 `executor_factory` is parametrised over every such module; a backend that is unavailable is skipped
 with its reason, except under CI (CI=true), where an unavailable backend that CI is meant to run
-fails instead of hiding behind a skip.
+fails instead of hiding behind a skip. The backend names and their markers are in
+`tests/support/tiers.py`.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import pathlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from listener import Listener
-from llm_standin import StandinLLM, register_standin_models
-from needs import require
+from support.listener import Listener
+from support.llm_standin import StandinLLM, register_standin_models
+from support.needs import require
+from support.tiers import BACKEND_NAMES, REQUIRED_IN_CI, backend_param
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-TESTS = pathlib.Path(__file__).parent
-BACKEND_NAMES = sorted(p.stem.removeprefix("backend_") for p in TESTS.glob("backend_*.py"))
-REQUIRED_IN_CI = {"host", "docker", "dockershared", "e2b", "ray"}
-
 
 def backend_module(name: str) -> Any:
-    return importlib.import_module(f"backend_{name}")
-
-
-# The piece each backend needs beyond this machine's processes, as a marker, so that each tier runs
-# alone (`-m docker`, `-m "not docker and not ray and not e2b"`); host and hostprocess need none.
-# dockershared is the docker backend in its shared-container mode: the same daemon, the same marker.
-BACKEND_MARKS = {
-    "docker": pytest.mark.docker,
-    "dockershared": pytest.mark.docker,
-    "e2b": pytest.mark.e2b,
-    "ray": pytest.mark.ray,
-}
-
-
-def backend_param(name: str) -> Any:
-    """A backend name as a test parameter, marked with the piece it needs (`docker`, `e2b`, `ray`)."""
-    return pytest.param(name, marks=[BACKEND_MARKS[name]] if name in BACKEND_MARKS else [])
+    return importlib.import_module(f"support.backend_{name}")
 
 
 @pytest.fixture(params=[backend_param(name) for name in BACKEND_NAMES])
@@ -79,7 +60,7 @@ def anyio_backend() -> str:
 
 @pytest.fixture
 def llm() -> Iterator[StandinLLM]:
-    """A fresh LLM stand-in on loopback (`tests/llm_standin.py`), its models registered with litellm."""
+    """A fresh LLM stand-in on loopback (`tests/support/llm_standin.py`), its models registered with litellm."""
     register_standin_models()
     with StandinLLM() as server:
         yield server
@@ -87,7 +68,7 @@ def llm() -> Iterator[StandinLLM]:
 
 @pytest.fixture
 def listener() -> Iterator[Listener]:
-    """A loopback TCP listener that records every connection (`tests/listener.py`)."""
+    """A loopback TCP listener that records every connection (`tests/support/listener.py`)."""
     server = Listener()
     yield server
     server.close()

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_standin import StandinLLM, code_final, code_step, collect, reply
-from needs import require
 from pydantic import BaseModel
+from support.llm_standin import StandinLLM, code_final, code_step, collect, reply
+from support.needs import require
 
 from kodeagent import AgentResponse, CodeActAgent, StepRecord, tool
 from sandboxes import ExecutorState
@@ -33,14 +33,14 @@ def get_price(symbol: str) -> float:
 
 def _docker_reason() -> str | None:
     try:
-        import backend_docker
+        from support import backend_docker
     except Exception as exc:  # pragma: no cover - depends on the machine
         return f"docker backend module unavailable: {exc}"
     return backend_docker.unavailable()
 
 
 def _e2b_reason() -> str | None:
-    import backend_e2b
+    from support import backend_e2b
 
     return backend_e2b.unavailable()
 
@@ -63,7 +63,7 @@ def make(llm: StandinLLM, run_env: str = "host", kind: str = "json", **kwargs: A
     if run_env == "docker":
         options["executor_options"] = {"image": "kodeagent-sandbox:py"}
     elif run_env == "e2b":  # the loopback E2B stand-in, driven by the unmodified SDK
-        import backend_e2b
+        from support import backend_e2b
 
         options["executor_options"] = backend_e2b.connection()
     agent = CodeActAgent(

@@ -12,7 +12,7 @@ from typing import Any
 
 import anyio
 import pytest
-from llm_standin import (
+from support.llm_standin import (
     StandinLLM,
     code_final,
     code_step,

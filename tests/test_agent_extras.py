@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from llm_standin import (
+from support.llm_standin import (
     StandinLLM,
     code_final,
     code_step,
@@ -21,7 +21,7 @@ from llm_standin import (
 from kodeagent import CodeActAgent, Observer, ReActAgent, mcp_stdio_tools
 
 pytestmark = pytest.mark.anyio
-MCP_SERVER = str(Path(__file__).parent / "mcp_demo_server.py")
+MCP_SERVER = str(Path(__file__).parent / "support" / "mcp_demo_server.py")
 
 
 # ---------------------------------------------------------------------- MCP tools in agents

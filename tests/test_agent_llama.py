@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_standin import collect
-from needs import require
+from support.llm_standin import collect
+from support.needs import require
 
 from kodeagent import CodeActAgent, ReActAgent, StepRecord
 

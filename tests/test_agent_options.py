@@ -10,7 +10,7 @@ import json
 from typing import Any
 
 import pytest
-from llm_standin import (
+from support.llm_standin import (
     StandinLLM,
     code_final,
     code_step,

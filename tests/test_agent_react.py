@@ -7,7 +7,8 @@ from typing import Any
 
 import anyio
 import pytest
-from llm_standin import (
+from pydantic import BaseModel
+from support.llm_standin import (
     PRICE_IN,
     PRICE_OUT,
     StandinLLM,
@@ -20,7 +21,6 @@ from llm_standin import (
     reply,
     slow,
 )
-from pydantic import BaseModel
 
 from kodeagent import (
     AgentResponse,

@@ -1,7 +1,7 @@
 """The loop against what real servers and callers do: refused response formats, bad credentials,
 unusable replies (kept verbatim), streaming asked for, unknown prices, continuing conversations, plans.
 
-All through litellm to the loopback stand-in (`tests/llm_standin.py`) over real HTTP.
+All through litellm to the loopback stand-in (`tests/support/llm_standin.py`) over real HTTP.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from llm_standin import (
+from support.llm_standin import (
     StandinLLM,
     code_final,
     code_step,

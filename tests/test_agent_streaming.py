@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llm_standin import StandinLLM, code_final, code_step, collect, cut, react_finish, reply
-from needs import require
+from support.llm_standin import StandinLLM, code_final, code_step, collect, cut, react_finish, reply
+from support.needs import require
 
 from kodeagent import AgentResponse, CodeActAgent, ReActAgent, StepRecord, tool
 from kodeagent.llm import litellm_module
@@ -39,7 +39,7 @@ def codeact(llm: StandinLLM, stream: bool, run_env: str = "host") -> CodeActAgen
     if run_env == "docker":
         options["executor_options"] = {"image": "kodeagent-sandbox:py"}
     elif run_env == "e2b":  # the loopback E2B stand-in, driven by the unmodified SDK
-        import backend_e2b
+        from support import backend_e2b
 
         options["executor_options"] = backend_e2b.connection()
     agent = CodeActAgent(
@@ -91,8 +91,7 @@ def tokens_by_step(responses: list[AgentResponse]) -> dict[int, str]:
 )
 def run_env(request: pytest.FixtureRequest) -> str:
     """Where CodeAct's code runs: the host, and Docker and E2B (its loopback stand-in) where usable."""
-    import backend_docker
-    import backend_e2b
+    from support import backend_docker, backend_e2b
 
     reason = {"host": lambda: None, "docker": backend_docker.unavailable, "e2b": backend_e2b.unavailable}
     require(reason[request.param](), f"CodeAct on {request.param}")
@@ -202,7 +201,7 @@ async def test_usage_totals_equal_streamed_and_not(llm: StandinLLM) -> None:
 
 
 async def test_usage_is_counted_when_the_stream_has_no_usage_chunk(llm: StandinLLM) -> None:
-    from llm_standin import Reply
+    from support.llm_standin import Reply
 
     llm.add(*(Reply(content=text, usage_chunk=False) for text in SCRIPT))
     responses = await collect(codeact(llm, stream=True).run("sqrt?"))

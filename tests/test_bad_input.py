@@ -5,7 +5,7 @@ tests do not accept)."""
 from __future__ import annotations
 
 import pytest
-from security_helpers import assert_usable
+from support.security_helpers import assert_usable
 
 from sandboxes import Policy
 

@@ -320,7 +320,7 @@ def test_bench_replies_command_reports_no_misread(tmp_path: Path) -> None:
 
 
 def test_agent_benchmark_against_the_llm_standin(monkeypatch: pytest.MonkeyPatch) -> None:
-    from llm_standin import (
+    from support.llm_standin import (
         StandinLLM,
         code_final,
         code_step,

@@ -12,7 +12,7 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from llm_standin import StandinLLM, code_final, code_step, collect
+from support.llm_standin import StandinLLM, code_final, code_step, collect
 
 from kodeagent import (
     BranchError,

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from needs import require
+from support.needs import require
 
 import kodeagent_cli as cli
 
@@ -161,7 +161,7 @@ def test_doctor_names_the_fix_for_a_missing_backend() -> None:
 def test_run_streams_a_codeact_agent_against_the_llm_standin(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from llm_standin import StandinLLM, code_final, code_step, register_standin_models
+    from support.llm_standin import StandinLLM, code_final, code_step, register_standin_models
 
     register_standin_models()
     monkeypatch.setenv("OPENAI_API_KEY", "sk-standin")

@@ -9,7 +9,7 @@ that half lives with the other attacks in `test_security_dunders.py`.
 from __future__ import annotations
 
 import pytest
-from security_helpers import run_once
+from support.security_helpers import run_once
 
 from sandboxes.policy import DEFAULT_ALLOWED_DUNDERS
 

@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from fake_internet import DNS, PRIVATE, PUBLIC, FakeInternet, fake_internet, unavailable
-from needs import require
+from support.fake_internet import DNS, PRIVATE, PUBLIC, FakeInternet, fake_internet, unavailable
+from support.needs import require
 
 from sandboxes.egress import PROXY_PORT, service
 from sandboxes.egress.policy import NetworkPolicy

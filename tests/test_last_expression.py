@@ -8,7 +8,7 @@ repr() (or the JSON text) cut to head and tail. What the code prints or does mus
 from __future__ import annotations
 
 import pytest
-from needs import require
+from support.needs import require
 
 from sandboxes import HostExecutor, Policy
 from sandboxes.backends.host import namespaces_available

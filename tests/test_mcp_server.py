@@ -26,8 +26,8 @@ from typing import Any
 
 import anyio
 import pytest
-from needs import require
-from security_helpers import ESCAPED
+from support.needs import require
+from support.security_helpers import ESCAPED
 
 mcp = pytest.importorskip(
     "mcp", reason="the MCP server tests need the mcp package: pip install 'kodeagent[mcp]'"
@@ -46,7 +46,7 @@ ENV.pop("KODEAGENT_MCP_TOKEN", None)
 COMMAND = [sys.executable, "-m", "kodeagent_cli", "mcp"]
 ALICE = "alice-" + secrets.token_urlsafe(16)
 BOB = "bob-" + secrets.token_urlsafe(16)
-TOOLS = ["--tool", "mcp_tool_functions:double", "--tool", "mcp_tool_functions:noisy"]
+TOOLS = ["--tool", "support.mcp_tool_functions:double", "--tool", "support.mcp_tool_functions:noisy"]
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def http_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[HttpServer
     from sandboxes import DEFAULT_ALLOWED_IMPORTS
 
     config = {
-        "tools": {"double": "mcp_tool_functions:double"},
+        "tools": {"double": "support.mcp_tool_functions:double"},
         "policy": {"allowed_imports": [*DEFAULT_ALLOWED_IMPORTS, "socket"]},
         "max_sessions": 48,
         "max_sessions_per_token": 24,
@@ -662,7 +662,7 @@ async def test_killed_server_leaves_no_sandbox_process(
 
 @pytest.mark.docker
 async def test_killed_server_leaves_no_container(tmp_path: pathlib.Path) -> None:
-    from backend_docker import unavailable
+    from support.backend_docker import unavailable
 
     require(unavailable(), "the Docker backend")
     import docker

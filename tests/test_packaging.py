@@ -114,7 +114,7 @@ def test_the_installed_wheel_finds_its_dockerfiles_and_runner(installed: dict[st
 
 @pytest.mark.docker
 def test_images_build_works_from_the_installed_wheel(installed: dict[str, Any]) -> None:
-    import backend_docker
+    from support import backend_docker
 
     backend_docker.require()
     kodeagent = installed["venv"] / "bin" / "kodeagent"

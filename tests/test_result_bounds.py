@@ -11,7 +11,7 @@ import re
 from typing import Any
 
 import pytest
-from security_helpers import assert_usable
+from support.security_helpers import assert_usable
 
 from sandboxes import ExecutionResult, Limits, Policy
 from sandboxes.errors import BackendUnavailable

@@ -9,7 +9,7 @@ check cannot see them and only the runtime guard stands in the way.
 from __future__ import annotations
 
 import pytest
-from security_helpers import ESCAPED, assert_refused, policy, run_once
+from support.security_helpers import ESCAPED, assert_refused, policy, run_once
 
 pytestmark = pytest.mark.anyio
 

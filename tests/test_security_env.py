@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from security_helpers import ESCAPED
+from support.security_helpers import ESCAPED
 
 from sandboxes import Policy
 

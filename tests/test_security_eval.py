@@ -9,7 +9,7 @@ name into code that runs with the runner's real globals.
 from __future__ import annotations
 
 import pytest
-from security_helpers import ESCAPED, assert_refused, assert_usable, policy, run_once
+from support.security_helpers import ESCAPED, assert_refused, assert_usable, policy, run_once
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ import sys
 import uuid
 
 import pytest
-from security_helpers import ESCAPED, HOST_BACKENDS, assert_refused, assert_usable, policy
+from support.security_helpers import ESCAPED, HOST_BACKENDS, assert_refused, assert_usable, policy
 
 from sandboxes import SandboxFileError
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 import pytest
-from wire_helpers import pids_of
+from support.wire_helpers import pids_of
 
 from sandboxes import ForkError, HostExecutor, Policy
 
@@ -232,8 +232,7 @@ async def test_a_forging_runner_at_the_process_level_reaches_nothing(tmp_path: A
 
 
 def docker(mode: str) -> Any:
-    import backend_docker
-    import backend_dockershared
+    from support import backend_docker, backend_dockershared
 
     backend_docker.require()
     make = backend_docker.make_executor if mode == "container" else backend_dockershared.make_executor
@@ -241,7 +240,7 @@ def docker(mode: str) -> Any:
 
 
 def e2b() -> Any:
-    from backend_e2b import make_executor, unavailable
+    from support.backend_e2b import make_executor, unavailable
 
     if unavailable() is not None:
         pytest.skip(str(unavailable()))
@@ -278,7 +277,7 @@ async def test_a_fork_reply_naming_another_session_reaches_nothing_in_e2b(target
 
 
 def ray() -> Any:
-    import backend_ray
+    from support import backend_ray
 
     if backend_ray.unavailable() is not None:
         pytest.skip(str(backend_ray.unavailable()))

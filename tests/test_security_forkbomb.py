@@ -15,7 +15,7 @@ import uuid
 
 import anyio
 import pytest
-from security_helpers import HOST_BACKENDS, assert_refused, assert_usable, workdir_options
+from support.security_helpers import HOST_BACKENDS, assert_refused, assert_usable, workdir_options
 
 from sandboxes import Limits, Policy
 

@@ -9,7 +9,7 @@ do the same walk in Python without the guard, are refused even when their module
 from __future__ import annotations
 
 import pytest
-from security_helpers import ESCAPED, assert_refused, policy, run_once
+from support.security_helpers import ESCAPED, assert_refused, policy, run_once
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,7 @@ module attributes that are other modules (`random._os`, `typing.sys`, `queue.thr
 from __future__ import annotations
 
 import pytest
-from security_helpers import ESCAPED, assert_refused, assert_usable, policy, run_once
+from support.security_helpers import ESCAPED, assert_refused, assert_usable, policy, run_once
 
 pytestmark = pytest.mark.anyio
 

@@ -12,8 +12,8 @@ import socket
 import threading
 
 import pytest
-from listener import Listener
-from security_helpers import ESCAPED, assert_usable
+from support.listener import Listener
+from support.security_helpers import ESCAPED, assert_usable
 
 from sandboxes import Policy
 

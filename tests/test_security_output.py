@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from security_helpers import assert_usable
+from support.security_helpers import assert_usable
 
 from sandboxes import Policy
 

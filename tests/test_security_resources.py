@@ -8,7 +8,7 @@ the output kept is head and tail of what was printed).
 from __future__ import annotations
 
 import pytest
-from security_helpers import assert_usable
+from support.security_helpers import assert_usable
 
 from sandboxes import Limits, Policy
 

@@ -14,7 +14,7 @@ import time
 
 import anyio
 import pytest
-from security_helpers import HOST_BACKENDS, assert_usable, workdir_options
+from support.security_helpers import HOST_BACKENDS, assert_usable, workdir_options
 
 from sandboxes import Policy
 

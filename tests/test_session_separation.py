@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from separation_helpers import CONNECT, abstract_name, assert_unreachable, free_port, listen
+from support.separation_helpers import CONNECT, abstract_name, assert_unreachable, free_port, listen
 
 from sandboxes import BackendUnavailable, Policy
 
@@ -34,7 +34,7 @@ async def test_sessions_cannot_reach_each_others_loopback_or_abstract_sockets(
 ) -> None:
     port, name = free_port(), abstract_name()
     if backend == "e2b":
-        from e2b_standin import namespaces
+        from support.e2b_standin import namespaces
 
         if not namespaces.available():
             pytest.skip(

@@ -1,6 +1,6 @@
 """smolagents' real `CodeAgent` with `KodeagentExecutor`: every code step runs in our sandbox.
 
-The model is the LLM stand-in (tests/llm_standin.py), reached by smolagents' own `LiteLLMModel` over
+The model is the LLM stand-in (tests/support/llm_standin.py), reached by smolagents' own `LiteLLMModel` over
 real HTTP; the code runs in real worker processes (and containers, and the E2B stand-in, where the
 `run_env` fixture says so). What the model was shown after a step is read from the next request the
 stand-in received.
@@ -14,8 +14,8 @@ import subprocess
 from typing import Any
 
 import pytest
-from llm_standin import StandinLLM, register_standin_models
-from needs import in_ci, require
+from support.llm_standin import StandinLLM, register_standin_models
+from support.needs import in_ci, require
 
 if importlib.util.find_spec("smolagents") is None:  # CI installs the extra: there this is a failure
     reason = "the smolagents adapter needs its extra: pip install 'kodeagent[smolagents]'"
@@ -103,12 +103,12 @@ def agent(
 
 def _backend_options(run_env: str) -> dict[str, Any]:
     if run_env == "docker":
-        import backend_docker
+        from support import backend_docker
 
         require(backend_docker.unavailable(), "smolagents on docker")
         return {"image": backend_docker.IMAGE}
     if run_env == "e2b":
-        import backend_e2b
+        from support import backend_e2b
 
         require(backend_e2b.unavailable(), "smolagents on e2b")
         return backend_e2b.connection()

@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import backend_docker
 import pytest
+from support import backend_docker
 
 from benchmarks import soak
 from sandboxes import open_executor

@@ -1,4 +1,4 @@
-"""Tools from an MCP server over stdio: a real server process (`tests/mcp_demo_server.py`), its schemas
+"""Tools from an MCP server over stdio: a real server process (`tests/support/mcp_demo_server.py`), its schemas
 and its errors as kodeagent tools."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from kodeagent import ToolArgumentError, ToolExecutionError, mcp_stdio_tools
 
 pytestmark = pytest.mark.anyio
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent / "support"
 
 
 async def test_mcp_stdio_tools() -> None:

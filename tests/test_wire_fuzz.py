@@ -6,7 +6,7 @@ result or raise a `SandboxError`. After each example nothing the example started
 a bystander process (standing in for another session, whose pid the hostile runner names in its fork
 replies) is untouched.
 
-The runner is `tests/scripted_runner.py`, started on a socketpair as the host backend starts the real
+The runner is `tests/support/scripted_runner.py`, started on a socketpair as the host backend starts the real
 one (a `HostWorker` at the process level owns it). Examples: `KODEAGENT_FUZZ_EXAMPLES` (default 40 here;
 a longer run: ``KODEAGENT_FUZZ_EXAMPLES=2000 python -m pytest tests/test_wire_fuzz.py --timeout=0
 --hypothesis-show-statistics``, which also reports the examples tried; the suite's per-test timeout
@@ -29,7 +29,7 @@ import anyio
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from wire_helpers import RUN_FIELDS
+from support.wire_helpers import RUN_FIELDS
 
 from sandboxes import ExecutionResult, SandboxError
 from sandboxes.backends.host.process import HostWorker
@@ -39,7 +39,7 @@ from sandboxes.session import Session
 
 pytestmark = pytest.mark.anyio
 
-RUNNER = pathlib.Path(__file__).with_name("scripted_runner.py")
+RUNNER = pathlib.Path(__file__).parent / "support" / "scripted_runner.py"
 EXAMPLES = int(os.environ.get("KODEAGENT_FUZZ_EXAMPLES", "40"))
 OUTPUT_LIMIT = 2_000
 TIMEOUT = 0.5

@@ -1,11 +1,11 @@
-"""The unit tier: every test here runs in this process only (see `tests/unit_guard.py`)."""
+"""The unit tier: every test here runs in this process only (see `tests/support/unit_guard.py`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from unit_guard import in_this_process_only
+from support.unit_guard import in_this_process_only
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
+import re
 from typing import get_args
 
 import pytest
@@ -31,16 +34,18 @@ def test_codeact_takes_every_backend_and_names_them_when_refusing() -> None:
     assert all(repr(name) in str(refused.value) for name in BACKEND_NAMES) and "'moon'" in str(refused.value)
 
 
-def _backend_choices(parser: argparse.ArgumentParser) -> list[tuple[str, tuple[str, ...]]]:
-    """(command, choices) of every ``--backend`` option in `parser` and its subcommands."""
-    found: list[tuple[str, tuple[str, ...]]] = []
-    for action in parser._actions:
-        if "--backend" in action.option_strings and action.choices is not None:
-            found.append((parser.prog, tuple(action.choices)))
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in action.choices.values():
-                found.extend(_backend_choices(sub))
-    return found
+def _offered(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[str, ...]:
+    """The backends `parser` takes after `argv`: each one it names when refusing an unknown backend,
+    checked to parse as itself."""
+    errors = io.StringIO()
+    with contextlib.redirect_stderr(errors), pytest.raises(SystemExit):
+        parser.parse_args([*argv, "--backend", "moon"])
+    refusal = re.search(r"invalid choice: 'moon' \(choose from (.*)\)", errors.getvalue())
+    assert refusal, errors.getvalue()
+    names = tuple(name.strip().strip("'") for name in refusal.group(1).split(","))
+    for name in names:
+        assert parser.parse_args([*argv, "--backend", name]).backend in (name, [name])  # doctor: a list
+    return names
 
 
 def test_the_command_line_and_the_benchmarks_offer_the_list() -> None:
@@ -48,13 +53,12 @@ def test_the_command_line_and_the_benchmarks_offer_the_list() -> None:
 
     from kodeagent_cli import build_parser
 
-    found = _backend_choices(build_parser())
-    assert {prog.split()[-1] for prog, _ in found} >= {"run", "exec", "doctor", "mcp"}
-    assert all(choices == BACKEND_NAMES for _, choices in found)
-    for name in ("humaneval", "agent"):
+    for argv in (["run", "a task", "--model", "openai/x"], ["exec", "-"], ["doctor"], ["mcp"]):
+        assert _offered(build_parser(), argv) == BACKEND_NAMES
+    for name, argv in (("humaneval", []), ("agent", ["--model", "openai/x"])):
         parser = argparse.ArgumentParser(prog=name)
         importlib.import_module(f"benchmarks.{name}").add_arguments(parser)
-        assert _backend_choices(parser) == [(name, BACKEND_NAMES)]
+        assert _offered(parser, argv) == BACKEND_NAMES
     parser = argparse.ArgumentParser(prog="latency")
     importlib.import_module("benchmarks.latency").add_arguments(parser)
-    assert _backend_choices(parser) == [("latency", ("all", *BACKEND_NAMES))]
+    assert _offered(parser, []) == ("all", *BACKEND_NAMES)

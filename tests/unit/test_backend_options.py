@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-from needs import require
+from support.needs import require
 
 from sandboxes import BackendUnavailable
 

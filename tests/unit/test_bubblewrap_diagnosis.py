@@ -1,6 +1,6 @@
 """What the host backend says when bubblewrap cannot make namespaces: the cause, read from the kernel's
 settings (here a copy of /proc/sys under a temporary root) and bubblewrap's own words, and its fixes.
-The real refusal, under a real seccomp filter, is tested in tests/test_host_bubblewrap.py."""
+The real refusal, under a real seccomp filter, is tested in tests/backends/host/test_host_bubblewrap.py."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
-from wire_helpers import RUN_FIELDS
+from support.wire_helpers import RUN_FIELDS
 
 from sandboxes import BackendUnavailable, ExecutorClosed, Policy
 from sandboxes.errors import ProtocolError, SandboxFileError, WorkerStartError

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
+import re
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -36,11 +37,11 @@ def test_tokens_tools_and_limits_are_validated() -> None:
     config = make_config(
         {
             "http": {"tokens": [TOKEN, {"name": "bob", "token": "b" * 20}]},
-            "tools": ["mcp_tool_functions:double", "pkg.mod:Class.method"],
+            "tools": ["support.mcp_tool_functions:double", "pkg.mod:Class.method"],
         }
     )
     assert [t.name for t in config.http.tokens] == ["token-1", "bob"]
-    assert config.tools == {"double": "mcp_tool_functions:double", "method": "pkg.mod:Class.method"}
+    assert config.tools == {"double": "support.mcp_tool_functions:double", "method": "pkg.mod:Class.method"}
     assert TOKEN not in repr(config.http.tokens[0])  # a token is never shown
     cases: list[tuple[dict[str, Any], str]] = [
         ({"http": {"tokens": ["short"]}}, "http.tokens.0.token"),
@@ -68,7 +69,7 @@ def test_config_files_json_and_toml(tmp_path: pathlib.Path) -> None:
     toml = tmp_path / "mcp.toml"
     toml.write_text(
         'backend = "host"\ntimeout = 5\n[policy]\nallowed_imports = ["math"]\nnetwork = false\n'
-        '[policy.limits]\nmemory_mb = 512\n[tools]\ndouble = "mcp_tool_functions:double"\n'
+        '[policy.limits]\nmemory_mb = 512\n[tools]\ndouble = "support.mcp_tool_functions:double"\n'
         '[[http.tokens]]\nname = "alice"\ntoken = "' + TOKEN + '"\n'
     )
     config = load_config(toml)
@@ -88,13 +89,13 @@ def test_config_files_json_and_toml(tmp_path: pathlib.Path) -> None:
 
 
 def test_tool_functions_import_or_say_why() -> None:
-    assert load_tool("double", "mcp_tool_functions:double")(4) == 8
+    assert load_tool("double", "support.mcp_tool_functions:double")(4) == 8
     with pytest.raises(McpConfigError, match="cannot import 'no_such_module_here'"):
         load_tool("f", "no_such_module_here:f")
     with pytest.raises(McpConfigError, match="has no attribute 'missing'"):
-        load_tool("f", "mcp_tool_functions:missing")
+        load_tool("f", "support.mcp_tool_functions:missing")
     with pytest.raises(McpConfigError, match="not callable"):
-        load_tool("f", "mcp_tool_functions:__doc__")
+        load_tool("f", "support.mcp_tool_functions:__doc__")
 
 
 def _flags(*argv: str) -> argparse.Namespace:
@@ -373,12 +374,19 @@ def test_connections_stay_bound_while_they_live_and_are_capped_per_token() -> No
 
 def test_the_readme_examples_are_valid(tmp_path: pathlib.Path) -> None:
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("## Use it from an MCP client", 1)[1].split("\n## ", 1)[0]
-    desktop = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
-    entry = desktop["mcpServers"]["kodeagent-sandbox"]
-    assert entry["command"] == "kodeagent"
-    make_config(settings_from_flags(build_parser().parse_args(entry["args"]), {}))
-    toml = tmp_path / "mcp.toml"
-    toml.write_text(section.split("```toml\n", 1)[1].split("```", 1)[0])
-    config = load_config(toml)
+    blocks = re.findall(r"```(\w+)\n(.*?)```", readme, re.S)
+    clients = [
+        json.loads(text)["mcpServers"] for kind, text in blocks if kind == "json" and "mcpServers" in text
+    ]
+    entries = [entry for servers in clients for entry in servers.values() if entry["command"] == "kodeagent"]
+    assert entries  # the README shows an MCP client starting `kodeagent mcp`
+    for entry in entries:
+        make_config(settings_from_flags(build_parser().parse_args(entry["args"]), {}))
+    configs = [text for kind, text in blocks if kind == "toml" and "tools" in text]
+    assert configs  # and a config file for it
+    for n, text in enumerate(configs):
+        toml = tmp_path / f"mcp-{n}.toml"
+        toml.write_text(text)
+        load_config(toml)
+    config = load_config(tmp_path / "mcp-0.toml")
     assert config.tools == {"lookup": "mytools:lookup"} and config.http.tokens[0].name == "alice"

@@ -1,7 +1,7 @@
 """The Ray driver's side of a node agent's answers: whatever an agent answers, a run returns its result
 or raises the `ProtocolError` the executor turns into a discarded session, never a `KeyError`,
 `TypeError` or an exception group. The agent here is a plain object whose methods answer as a
-hostile node would (the cluster's own transport is tests/test_ray.py's business)."""
+hostile node would (the cluster's own transport is tests/backends/ray/test_ray.py's business)."""
 
 from __future__ import annotations
 

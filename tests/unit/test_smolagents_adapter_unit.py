@@ -8,7 +8,7 @@ import datetime
 import importlib.util
 
 import pytest
-from needs import in_ci
+from support.needs import in_ci
 
 from sandboxes import ExecutionError, ExecutionResult, Policy
 from sandboxes.runtime.runner import _split_last_expression

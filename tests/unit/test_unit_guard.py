@@ -9,7 +9,7 @@ import sys
 
 import anyio
 import pytest
-from unit_guard import expect_refusal
+from support.unit_guard import expect_refusal
 
 pytestmark = pytest.mark.anyio
 

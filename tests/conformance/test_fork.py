@@ -8,7 +8,7 @@ import os
 
 import anyio
 import pytest
-from wire_helpers import pids_of
+from support.wire_helpers import pids_of
 
 from sandboxes import (
     ExecutorBusy,

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import backend_docker
 import pytest
+from support import backend_docker
 
 from sandboxes import Limits, Policy
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import ipaddress
 import json
 
-import backend_docker
 import pytest
-from listener import Listener
+from support import backend_docker
+from support.listener import Listener
 
 from sandboxes import Limits, Policy
 

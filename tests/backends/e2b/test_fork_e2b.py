@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from backend_e2b import make_executor, standin, unavailable
+from support.backend_e2b import make_executor, standin, unavailable
 
 from sandboxes import Policy, open_executor
 from sandboxes.backends.e2b import E2BExecutor

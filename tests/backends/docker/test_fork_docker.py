@@ -11,8 +11,8 @@ import os
 import time
 from typing import Any
 
-import backend_docker
 import pytest
+from support import backend_docker
 
 from sandboxes import Policy
 from sandboxes.errors import ForkError
@@ -354,7 +354,7 @@ def test_a_family_nobody_closed_is_removed_at_interpreter_exit():
     import sys
     import textwrap
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     script = textwrap.dedent(
         f"""
         import anyio

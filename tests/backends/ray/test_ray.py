@@ -13,9 +13,9 @@ import threading
 from typing import Any
 
 import anyio
-import backend_ray
 import pytest
-from needs import require
+from support import backend_ray
+from support.needs import require
 
 from sandboxes import HostExecutor, Policy, WorkerStartError
 
@@ -191,7 +191,7 @@ async def test_a_cancelled_run_replaces_the_session(cluster: Any) -> None:
 
 @pytest.mark.docker
 async def test_docker_on_the_node(cluster: Any) -> None:
-    import backend_docker
+    from support import backend_docker
 
     backend_docker.require()
     from sandboxes.backends.ray import RayExecutor
@@ -322,7 +322,7 @@ async def test_a_session_whose_driver_died_is_closed_by_its_node(cluster: Any) -
 
 async def test_a_codeact_agent_runs_its_code_on_the_cluster(cluster: Any) -> None:
     """CodeActAgent(run_env="ray") against the LLM stand-in: the code runs on a node, the tool here."""
-    from llm_standin import StandinLLM, code_final, code_step, collect, register_standin_models
+    from support.llm_standin import StandinLLM, code_final, code_step, collect, register_standin_models
 
     from kodeagent import CodeActAgent, tool
 

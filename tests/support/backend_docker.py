@@ -49,6 +49,6 @@ def make_executor(**options: Any) -> Any:
 def require(image: str = IMAGE, variant: str = "py") -> None:
     """For docker-only tests: skip with the reason here, fail under CI (where Docker must work)."""
 
-    from needs import require as need
+    from support.needs import require as need
 
     need(image_unavailable(image, variant), "the docker backend")

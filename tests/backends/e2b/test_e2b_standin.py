@@ -10,7 +10,7 @@ import time
 
 import anyio
 import pytest
-from backend_e2b import connection, standin, unavailable
+from support.backend_e2b import connection, standin, unavailable
 
 pytestmark = [
     pytest.mark.anyio,

@@ -8,7 +8,7 @@
   some container profiles do), the fork server says so and sessions start in sandboxes of their own:
   still separated, never sharing one namespace.
 - `Policy(network=True)` sessions get a namespace of their own too, whose only way out is the egress
-  gateway (tests/test_egress_host.py): the host's loopback is out of reach, directly or through it.
+  gateway (tests/backends/host/test_egress_host.py): the host's loopback is out of reach, directly or through it.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import seccomp_jail
+from support import seccomp_jail
 
 from sandboxes import HostExecutor, Policy
 from sandboxes.backends.host.process import namespaces_available
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-TESTS = pathlib.Path(__file__).resolve().parent
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+TESTS = pathlib.Path(__file__).resolve().parents[2]
 NOBODY = 65534
 
 SEPARATE = """
@@ -117,7 +117,7 @@ def test_separate_gives_the_process_its_own_working_loopback(who: str, host_list
 
 FALLBACK = """
 import anyio, json
-from separation_helpers import abstract_name, assert_unreachable, free_port, listen
+from support.separation_helpers import abstract_name, assert_unreachable, free_port, listen
 from sandboxes import HostExecutor, Policy
 from sandboxes.backends.host import process as hostprocess
 

@@ -6,7 +6,7 @@ import os
 import subprocess
 
 import pytest
-from needs import require
+from support.needs import require
 
 from sandboxes import HostExecutor, Policy, UnknownBackend, open_executor, open_executor_sync
 from sandboxes.backends.host import namespaces_available

@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from fake_internet import (
+from support.fake_internet import (
     DENIED,
     DNS,
     HOST_OWN,
@@ -24,7 +24,7 @@ from fake_internet import (
     fake_internet,
     unavailable,
 )
-from needs import require
+from support.needs import require
 
 from sandboxes import Policy
 from sandboxes.backends.host import HostExecutor

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import backend_docker
+from support import backend_docker
 
 IMAGE = backend_docker.IMAGE
 SESSIONS_PER_CONTAINER = 4

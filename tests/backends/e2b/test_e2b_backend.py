@@ -14,7 +14,7 @@ from pathlib import Path
 
 import anyio
 import pytest
-from backend_e2b import connection, make_executor, standin, unavailable
+from support.backend_e2b import connection, make_executor, standin, unavailable
 
 from sandboxes import BackendUnavailable, Policy, WorkerStartError
 from sandboxes.backends.e2b import E2BExecutor
@@ -172,7 +172,7 @@ async def test_close_kills_the_sandbox():
 
 
 async def test_concurrent_sessions_are_bounded_per_api_key():
-    from e2b_standin import StandIn
+    from support.e2b_standin import StandIn
 
     # A stand-in of its own that refuses a third sandbox (HTTP 429, as E2B does at the account limit).
     limited = StandIn(max_sandboxes=2)
@@ -213,7 +213,7 @@ def test_a_missing_sdk_is_a_clear_error():
         "except BackendUnavailable as exc:\n"
         "    print(exc)\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert "pip install 'kodeagent[e2b]'" in out.stdout, out.stderr
 

@@ -5,7 +5,7 @@ The unmodified `e2b` SDK drives it through its own options (``api_url``, ``sandb
 own microVM, in network and IPC namespaces of the sandbox's own (`namespaces.py`; when run as root).
 See `server.StandIn`.
 
-Wire facts it is built on (read from the SDK 2.6x source, checked by `tests/test_e2b_standin.py`):
+Wire facts it is built on (read from the SDK 2.6x source, checked by `tests/backends/e2b/test_e2b_standin.py`):
 - the SDK's HTTP layer is pyqwest (Rust reqwest/hyper); over plain ``http://`` it speaks HTTP/1.1,
   so uvicorn (h11) serves it, and Connect server streams are chunked HTTP/1.1 responses;
 - with ``sandbox_url`` set, every sandbox is reached at that one URL and the sandbox is named by

@@ -1,4 +1,5 @@
-"""A tool's exception keeps its type in the code: a builtin one arrives as a `ToolError` that is also
+"""The tools contract, on every backend: a tool runs in the parent with JSON values, a blocking one
+cannot outlast the timeout, and a tool's exception keeps its type in the code: a builtin one arrives as a `ToolError` that is also
 that builtin (`except KeyError:` and `except ToolError:` both catch it), any other as a plain
 `ToolError` naming its class; the bridge's own refusals (`ToolCallRefused`, `ToolResultTooLarge`)
 stay plain `ToolError`.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from security_helpers import run_once
+from support.security_helpers import run_once
 
 from sandboxes import HostExecutor, Policy
 from sandboxes.runtime import bounds
@@ -212,3 +213,44 @@ def test_the_parent_names_builtins_bare_and_everything_else_by_module() -> None:
     assert exception_type_name(ValueError("x")) == "ValueError"
     assert exception_type_name(KeyError("x")) == f"{__name__}.KeyError"
     assert exception_type_name(RateLimited()) == f"{__name__}.RateLimited"
+
+
+async def test_tools_run_in_the_parent_with_json_values(executor_factory):
+    seen: list[tuple] = []
+
+    def add(a: int, b: int = 0) -> int:
+        seen.append((a, b))
+        return a + b
+
+    async def lookup(key: str) -> dict:
+        return {"key": key, "found": True}
+
+    def broken() -> None:
+        raise RuntimeError("backend down")
+
+    tools = {"add": add, "lookup": lookup, "broken": broken}
+    code = (
+        "print(add(2, b=3))\nprint(lookup('k')['found'])\n"
+        "try:\n    broken()\nexcept Exception as exc:\n    print('caught', type(exc).__name__, 'backend down' in str(exc))"
+    )
+    async with executor_factory(timeout=10, tools=tools) as ex:
+        result = await ex.run(code)
+    assert result.ok, result.error
+    assert result.stdout == "5\nTrue\ncaught ToolRuntimeError True\n"
+    assert seen == [(2, 3)]
+
+
+async def test_a_blocking_sync_tool_cannot_outlast_the_timeout(executor_factory):
+    import time
+
+    def slow() -> str:
+        time.sleep(5)
+        return "late"
+
+    async with executor_factory(timeout=1.5, tools={"slow": slow}) as ex:
+        result = await ex.run("print(slow())")
+        after = await ex.run("print('next')")
+    assert result.timed_out and "late" not in result.stdout
+    assert result.tools_running == ["slow"]  # it could not be stopped: the result says so
+    assert result.error is not None and "tool 'slow' was still running" in result.error.message
+    assert after.stdout == "next\n" and after.tools_running == []

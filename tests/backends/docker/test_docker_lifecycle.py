@@ -11,15 +11,15 @@ import textwrap
 import time
 
 import anyio
-import backend_docker
 import pytest
+from support import backend_docker
 
 from sandboxes import Policy
 from sandboxes.errors import BackendUnavailable, SandboxFileError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 @pytest.fixture(autouse=True)
@@ -152,7 +152,7 @@ CHILD = textwrap.dedent(
     """
     import os, signal, sys, anyio
     sys.path.insert(0, {tests!r})
-    import backend_docker
+    from support import backend_docker
 
     async def main():
         ex = backend_docker.make_executor(timeout=60, pool=False)

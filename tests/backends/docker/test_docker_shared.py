@@ -27,15 +27,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-import backend_docker
 import pytest
-from needs import require
+from support import backend_docker
+from support.needs import require
 
 from sandboxes import Policy, SandboxFileError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 SHARED = 4
 """Sessions per container in these tests."""
 UNGUARDED = Policy(python_guards=False)
@@ -1029,7 +1029,7 @@ CHILD = textwrap.dedent(
     """
     import json, os, sys, anyio
     sys.path.insert(0, {tests!r})
-    import backend_docker
+    from support import backend_docker
 
     async def main():
         seen = []

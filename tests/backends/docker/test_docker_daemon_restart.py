@@ -18,13 +18,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import backend_docker
 import pytest
-from needs import require
+from support import backend_docker
+from support.needs import require
 
 pytestmark = pytest.mark.docker
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 
 def _daemon_command(base: Path) -> list[str]:

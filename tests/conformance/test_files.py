@@ -1,4 +1,5 @@
-"""`download()` takes a byte cap, and every backend stops reading at it.
+"""The files contract, on every backend: upload, download and artifacts; and `download()` takes a
+byte cap, and every backend stops reading at it.
 
 The file is the sandbox's: its size, what a stat or an archive header says of it, and whether it is
 still growing are all the code's to choose. Each backend counts the bytes as they arrive and stops
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from security_helpers import policy
+from support.security_helpers import policy
 
 from sandboxes import FileTooLarge, HostExecutor, SandboxFileError, SyncExecutor
 from sandboxes.executor import DEFAULT_DOWNLOAD_LIMIT
@@ -126,3 +127,20 @@ def test_the_sync_facade_takes_the_cap() -> None:
             ex.download("note.txt", max_bytes=4)
         assert ex.download("note.txt") == b"12345"
     assert DEFAULT_DOWNLOAD_LIMIT == 256 * MIB
+
+
+async def test_files_upload_download_and_artifacts(executor_factory):
+    async with executor_factory(timeout=10) as ex:
+        await ex.upload("data/in.txt", "3\n4\n")
+        result = await ex.run(
+            "total = sum(int(v) for v in open('data/in.txt').read().split())\n"
+            "open('out.txt', 'w').write(str(total))\nprint(total)"
+        )
+        produced = await ex.download("out.txt")
+        with pytest.raises(SandboxFileError):
+            await ex.download("../etc/passwd")
+        with pytest.raises(SandboxFileError):
+            await ex.download("missing.txt")
+    assert result.stdout == "7\n"
+    assert produced == b"7"
+    assert [(a.path, a.size) for a in result.artifacts] == [("out.txt", 1)]

@@ -7,10 +7,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-import backend_docker
 import pytest
-from fake_internet import DNS, HOST_OWN, METADATA, PRIVATE, PUBLIC, FakeInternet, fake_internet, unavailable
-from needs import require
+from support import backend_docker
+from support.fake_internet import (
+    DNS,
+    HOST_OWN,
+    METADATA,
+    PRIVATE,
+    PUBLIC,
+    FakeInternet,
+    fake_internet,
+    unavailable,
+)
+from support.needs import require
 
 from sandboxes import Policy
 from sandboxes.egress import service

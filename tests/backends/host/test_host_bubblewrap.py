@@ -19,10 +19,10 @@ import sys
 from typing import Any
 
 import pytest
-import seccomp_jail
-from needs import require
+from support import seccomp_jail
+from support.needs import require
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[3]
 
 SESSION = """
 import json, anyio

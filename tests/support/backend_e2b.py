@@ -1,4 +1,4 @@
-"""The e2b backend for the conformance suite, against the loopback stand-in (`tests/e2b_standin`).
+"""The e2b backend for the conformance suite, against the loopback stand-in (`tests/support/e2b_standin`).
 
 One stand-in serves the whole test session: started on first use, stopped at interpreter exit. It
 speaks the E2B API and envd protocols, so the unmodified SDK drives it over real HTTP.
@@ -27,7 +27,7 @@ def standin() -> Any:
     global _standin
     with _lock:
         if _standin is None:
-            from e2b_standin import StandIn
+            from support.e2b_standin import StandIn
 
             server = StandIn()
             server.start()

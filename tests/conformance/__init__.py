@@ -1,0 +1,1 @@
+"""One module per contract (run, stream, fork, usage, files, tools), each run over every backend."""
