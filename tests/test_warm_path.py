@@ -1,4 +1,4 @@
-"""The warm path's caches and kept objects change nothing a run can see (issue 18).
+"""The warm path's caches and kept objects change nothing a run can see.
 
 A snippet run again reuses its static check's verdict (parent, per policy and tool names) and its
 compiled cell (runner, per session), and the runner keeps its sys.stdout/sys.stderr from run to run.

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import gc
+import importlib.util
 import os
 import symtable
 import sys
@@ -190,31 +191,25 @@ _GENERATED_NODES = (
     "Or",
     "Not",
 )
-_FRAME_ATTRIBUTES = frozenset(
-    {
-        "tb_frame",
-        "tb_next",
-        "f_back",
-        "f_builtins",
-        "f_code",
-        "f_generator",
-        "f_globals",
-        "f_locals",
-        "f_trace",
-        "co_code",
-        "gi_frame",
-        "gi_code",
-        "gi_yieldfrom",
-        "cr_frame",
-        "cr_code",
-        "cr_await",
-        "cr_origin",
-        "ag_frame",
-        "ag_code",
-        "ag_await",
-        "mro",
-    }
-)
+
+
+def _guard_module() -> Any:
+    # The runner loads `guard.py` by path under a private name first (see `runner._load_sibling`):
+    # the frame-attribute denylist is defined there, once, for the attribute guard and for this hook.
+    name = "_kodeagent_guard"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(os.path.dirname(__file__), "guard.py")
+        )
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_FRAME_ATTRIBUTES: frozenset[str] = _guard_module().FRAME_ATTRIBUTES
+"""The attribute guard's `FRAME_ATTRIBUTES`: generated code reads none of them either."""
 
 
 def check_generated_source(source: str) -> str | None:

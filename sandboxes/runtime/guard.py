@@ -189,7 +189,8 @@ FRAME_ATTRIBUTES: frozenset[str] = frozenset(
         "mro",
     }
 )
-"""Attributes that lead from ordinary values to interpreter internals (frames, code, tracebacks)."""
+"""Attributes that lead from ordinary values to interpreter internals (frames, code, tracebacks); the
+one list the static check, this guard and the audit hook's check of generated code all refuse."""
 
 UNSAFE_CALLABLES: tuple[tuple[str, str], ...] = (
     ("operator", "attrgetter"),

@@ -49,10 +49,10 @@ async def test_a_reset_cancelled_mid_reply_never_shifts_later_results(executor_f
 
 
 async def test_close_during_a_reset_ends_it_and_later_sessions_still_open(executor_factory):
-    # A large runner takes a while to die, so the kill used to close the channel before the runner's
-    # own end did: the reset waited for good on a descriptor that never became readable, and anyio kept
-    # that descriptor's number as "being read", so a later session given the same number could not
-    # even start ("Another task is already reading from this resource", seen on Ray's nodes).
+    # A large runner takes a while to die. A kill that closed the channel before the runner's own end
+    # would leave the reset waiting for good on a descriptor that never becomes readable, and anyio
+    # would keep that descriptor's number as "being read", so a later session given the same number
+    # could not even start ("Another task is already reading from this resource").
     ex = executor_factory(timeout=30)
     await ex.open()
     await ex.run("big = [[] for _ in range(3_000_000)]")
