@@ -207,14 +207,17 @@ class _Encoder:
                 "complex",
                 value=[self.encode(value.real, chain, depth + 1), self.encode(value.imag, chain, depth + 1)],
             )
+        found = self.extension(value, chain, depth)  # numpy's float64 and str_ are subclasses too
+        if found is not _UNKNOWN:
+            return found
         if issubclass(kind, dict):  # a subclass of the code's: its items as dict's own C code reads them
             return self.mapping(None, list(dict.items(value)), chain, depth)
         for base, convert in _BASES:
-            if issubclass(
-                kind, base
-            ):  # read by the base type's C methods, which call nothing of the subclass
+            # read by the base type's C methods, which call nothing of the subclass
+            if issubclass(kind, base):
                 return self.encode(convert(value), chain, depth)
-        return self.extension(value, chain, depth)
+        name = _type_name(kind)
+        raise Uncarriable(_where(chain), name, f"a {name} object cannot {self.crossing}")
 
     def mapping(
         self, exact: dict[Any, Any] | None, pairs: list[tuple[Any, Any]], chain: tuple[Any, ...], depth: int
@@ -257,8 +260,7 @@ class _Encoder:
         pil = sys.modules.get("PIL.Image")
         if pil is not None and _is_pil_image(pil, kind):
             return self.image(value, chain)
-        name = _type_name(kind)
-        raise Uncarriable(_where(chain), name, f"a {name} object cannot {self.crossing}")
+        return _UNKNOWN
 
     def npy(self, numpy: Any, array: Any, chain: tuple[Any, ...]) -> bytes:
         if array.dtype.hasobject:
@@ -347,6 +349,10 @@ class _Encoder:
                 _where(chain), "PIL.Image", f"an image of mode {image.mode!r} cannot be saved as PNG ({exc})"
             ) from None
         return _tagged("PIL.Image", png=_b64(buffer.getvalue()))
+
+
+_UNKNOWN = object()
+"""What `_Encoder.extension` returns for a type of no optional library."""
 
 
 def _type_name(kind: type) -> str:
@@ -735,7 +741,8 @@ def _decode_array(self: _Decoder, data: dict[str, Any], depth: int) -> Any:
     if data[TAG] == "numpy.scalar":
         if array.shape != ():
             raise Malformed("a numpy scalar's .npy has the shape ()")
-        return array[()]
+        scalar = array[()]
+        return scalar if type(scalar) is array.dtype.type else array.dtype.type(scalar)  # str_, bytes_
     return array
 
 
