@@ -33,6 +33,7 @@ import base64
 import datetime as _dt
 import decimal
 import io
+import json
 import math
 import pathlib
 import struct
@@ -446,6 +447,26 @@ _SIMPLE: dict[type, Any] = {
     pathlib.PurePosixPath: lambda v, where: _tagged("purepath", value=str(v)),
 }
 """Encoders of exact standard-library types to one tagged text (or list)."""
+
+
+def shown(value: Any) -> str:
+    """A decoded value as text for a reader (a model, a terminal): its JSON when it is plain JSON,
+    else its repr(), which shows its type (``(1, 2)``, ``{1: 'a'}``, ``b'x'``); never the tagged form."""
+    try:
+        encoded = encode(value)
+    except Uncarriable:
+        return repr(value)
+    if encoded == value and _plain(encoded):
+        return json.dumps(encoded, ensure_ascii=False)
+    return repr(value)
+
+
+def _plain(value: Any) -> bool:
+    if type(value) is list:
+        return all(_plain(item) for item in value)
+    if type(value) is dict:
+        return TAG not in value and all(_plain(item) for item in value.values())
+    return value is None or type(value) in (str, int, float, bool)
 
 
 # ---------------------------------------------------------------------- decoding
