@@ -222,6 +222,8 @@ class RunnerSession(Session):
         never ran): for a backend's work that would otherwise compete with that run for the CPU
         (host: topping its pools up). Must not block or raise."""
         worker.line_limit = bounds.line_limit(output_limit)
+        self._tagged = True
+        """Whether the last line received holds the codec's tag (else no value in it needs decoding)."""
 
     @classmethod
     def initialised(cls, worker: Worker, output_limit: int, release: Release | None = None) -> RunnerSession:
@@ -284,7 +286,8 @@ class RunnerSession(Session):
             self._first_run_ended()
         if gate is not None:
             gate.flush()
-        result = result_from_reply(cast(RunReply, reply), self.output_limit)  # checked by `_request`
+        # checked by `_request`; the reply was the last line received
+        result = result_from_reply(cast(RunReply, reply), self.output_limit, self._tagged)
         self.exec_seconds = reported_seconds(reply.get("exec_seconds"))
         self.runner_seconds = reported_seconds(reply.get("runner_seconds"))
         return result
@@ -396,7 +399,9 @@ class RunnerSession(Session):
 
     async def _receive(self, learn_token: bool = False) -> dict[str, Any]:
         """The runner's next message, its token checked (with `learn_token`: learnt, for a greeting)."""
-        return _decode(self.worker, await self.worker.receive_line(), learn_token)
+        line = await self.worker.receive_line()
+        self._tagged = _TAG_TEXT in line  # no tag in the line: its values are plain JSON, as parsed
+        return _decode(self.worker, line, learn_token)
 
     async def _exchange(
         self, message: Request, call_tool: ToolCaller, gate: OutputGate | None = None
@@ -572,10 +577,11 @@ def reported_seconds(value: Any) -> float | None:
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
-def result_from_reply(reply: RunReply, limit: int) -> ExecutionResult:
+def result_from_reply(reply: RunReply, limit: int, tagged: bool = True) -> ExecutionResult:
     """The result of a run reply (already checked against `RunReply`), every part cut to its bound
     again here (the runner already cuts, but code without the Python-level guards can replace the
-    runner's reply), its values decoded (`carry_values`)."""
+    runner's reply), its values decoded (`carry_values`; not `tagged`: the reply's line holds no
+    tag, so its values are plain JSON as parsed, and the decoding is skipped)."""
     try:
         stdout, stdout_cut = bounds.clip(reply["stdout"], limit)
         stderr, stderr_cut = bounds.clip(reply["stderr"], limit)
@@ -600,10 +606,13 @@ def result_from_reply(reply: RunReply, limit: int) -> ExecutionResult:
         )
     except (TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise ProtocolError(f"malformed result from the runner: {bounds.clipped(str(exc), 500)}") from exc
-    return carry_values(result, limit)
+    return carry_values(result, limit, tagged)
 
 
-def carry_values(result: ExecutionResult, limit: int) -> ExecutionResult:
+_TAG_TEXT = json.dumps(values.TAG).encode()
+
+
+def carry_values(result: ExecutionResult, limit: int, tagged: bool = True) -> ExecutionResult:
     """`result` with its final answer and value, which hold the codec's tagged form as the sandbox
     side sent them, bounded again and decoded (`runtime/values.py`: hostile input, nothing executed).
 
@@ -620,7 +629,7 @@ def carry_values(result: ExecutionResult, limit: int) -> ExecutionResult:
     if final is not None or has_final:
         value = value_repr = value_error = None
         final, cut = _bounded(final, limit)
-        if not isinstance(final, str):
+        if tagged and not isinstance(final, str):
             try:
                 final = values.decode(final)
             except values.CodecError as exc:
@@ -632,7 +641,7 @@ def carry_values(result: ExecutionResult, limit: int) -> ExecutionResult:
     elif value is not None:
         value_repr = value_error = None
         value, cut = _bounded(value, limit)
-        if not isinstance(value, str):
+        if tagged and not isinstance(value, str):
             try:
                 value = values.decode(value)
             except values.CodecError as exc:

@@ -181,8 +181,9 @@ PNG_BOMB = (
 
 FORGED_VALUES = {
     "an unknown tag": ("forged = {'$kodeagent': 'pickle', 'value': 'gASV'}\n", "unknown type tag"),
+    # (plain JSON is taken as parsed: the line limit and the parser's depth bound it already)
     "nesting past the bound": (
-        "forged = []\nfor _ in range(500):\n    forged = [forged]\n",
+        "forged = []\nfor _ in range(200):\n    forged = {'$kodeagent': 'tuple', 'value': [forged]}\n",
         "nested more than",
     ),
     "an array claiming terabytes": (

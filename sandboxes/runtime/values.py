@@ -122,11 +122,26 @@ def encode(
         raise Uncarriable(path, "value", f"it changed while it was being sent ({exc})") from None
 
 
+class _Key:
+    """A dict key in a path, formatted only if the path is ever shown."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: Any) -> None:
+        self.key = key
+
+
 def _where(chain: tuple[Any, ...]) -> str:
+    """The path of a part (``answer['rows'][3]``) from its chain: (parent chain, index, _Key or text)."""
     parts: list[str] = []
     while len(chain) == 2:
-        chain, key = chain
-        parts.append(key)
+        chain, part = chain
+        if type(part) is int:
+            parts.append(f"[{part}]")
+        elif type(part) is _Key:
+            parts.append(_key_text(part.key))
+        else:
+            parts.append(part)
     parts.append(chain[0])
     return "".join(reversed(parts))
 
@@ -186,7 +201,7 @@ class _Encoder:
             )
         if kind is list:
             self.count(len(value), chain)
-            return [self.encode(item, (chain, f"[{index}]"), depth + 1) for index, item in enumerate(value)]
+            return self.elements(value, chain, depth)
         if kind is dict:
             return self.mapping(value, list(value.items()), chain, depth)
         if kind is tuple or kind is set or kind is frozenset:
@@ -220,6 +235,23 @@ class _Encoder:
         name = _type_name(kind)
         raise Uncarriable(_where(chain), name, f"a {name} object cannot {self.crossing}")
 
+    def elements(self, value: Any, chain: tuple[Any, ...], depth: int) -> list[Any]:
+        """The elements of a list, tuple or set, scalars inline (the common case, kept fast)."""
+        out: list[Any] = []
+        append = out.append
+        for index, item in enumerate(value):
+            kind = type(item)
+            if kind is str:
+                self.size(len(item), chain)
+                append(item)
+            elif item is None or kind is bool or (kind is float and math.isfinite(item)):
+                append(item)
+            elif kind is int and -JSON_INT_LIMIT <= item <= JSON_INT_LIMIT:
+                append(item)
+            else:
+                append(self.encode(item, (chain, index), depth + 1))
+        return out
+
     def mapping(
         self, exact: dict[Any, Any] | None, pairs: list[tuple[Any, Any]], chain: tuple[Any, ...], depth: int
     ) -> Any:
@@ -235,10 +267,22 @@ class _Encoder:
         if plain:
             for key, _ in pairs:
                 self.size(len(key), chain)
-            return {key: self.encode(item, (chain, _key_text(key)), depth + 1) for key, item in pairs}
+            out: dict[str, Any] = {}
+            for key, item in pairs:
+                kind = type(item)
+                if kind is str:
+                    self.size(len(item), chain)
+                    out[key] = item
+                elif item is None or kind is bool or (kind is float and math.isfinite(item)):
+                    out[key] = item
+                elif kind is int and -JSON_INT_LIMIT <= item <= JSON_INT_LIMIT:
+                    out[key] = item
+                else:
+                    out[key] = self.encode(item, (chain, _Key(key)), depth + 1)
+            return out
         encoded = []
         for key, item in pairs:
-            where = (chain, _key_text(key))
+            where = (chain, _Key(key))
             encoded.append(
                 [self.encode(key, (where, " (the key)"), depth + 1), self.encode(item, where, depth + 1)]
             )
@@ -283,9 +327,7 @@ class _Encoder:
         self.count(len(items), chain)
         return {
             "dtype": str(dtype),
-            "values": [
-                self.element(pandas, item, (chain, f"[{i}]"), depth + 1) for i, item in enumerate(items)
-            ],
+            "values": [self.element(pandas, item, (chain, i), depth + 1) for i, item in enumerate(items)],
         }
 
     def element(self, pandas: Any, item: Any, chain: tuple[Any, ...], depth: int) -> Any:
@@ -320,7 +362,7 @@ class _Encoder:
             columns=[self.encode(label, (chain, ".columns"), depth + 1) for label in columns],
             index=self.index(pandas, frame.index, (chain, ".index"), depth),
             data=[
-                self.column(pandas, frame.iloc[:, i], (chain, _key_text(label)), depth)
+                self.column(pandas, frame.iloc[:, i], (chain, _Key(label)), depth)
                 for i, label in enumerate(columns)
             ],
         )
@@ -522,14 +564,34 @@ class _Decoder:
             raise Malformed(f"the value is nested more than {self.limits.depth} levels deep")
         if kind is list:
             self.count(len(data))
-            return [self.decode(item, depth + 1) for item in data]
+            out: list[Any] = []
+            append = out.append
+            for item in data:
+                inner = type(item)
+                if inner is str:
+                    self.size(len(item))
+                    append(item)
+                elif item is None or inner is int or inner is float or inner is bool:
+                    append(item)
+                else:
+                    append(self.decode(item, depth + 1))
+            return out
         if kind is dict:
             if TAG in data:
                 return self.tagged(data, depth)
             self.count(len(data))
-            for key in data:
+            found: dict[str, Any] = {}
+            for key, item in data.items():
                 self.size(len(key))
-            return {key: self.decode(item, depth + 1) for key, item in data.items()}
+                inner = type(item)
+                if inner is str:
+                    self.size(len(item))
+                    found[key] = item
+                elif item is None or inner is int or inner is float or inner is bool:
+                    found[key] = item
+                else:
+                    found[key] = self.decode(item, depth + 1)
+            return found
         raise Malformed(f"a {kind.__name__} is not JSON")
 
     # -------------------------------------------------------------- tagged forms
