@@ -20,6 +20,10 @@ Host backend rows (medians and p95, milliseconds):
   (same n, measured in blocks alternating with the warm run's). Target: the host warm run's p50 at
   or below this one's; the row gives host warm / smolagents. Missing smolagents (the
   `bench` extra) makes the row unavailable, with the reason.
+- value rows: a warm run whose last expression is a JSON value, one whose value is a tuple with
+  bytes, a set and an int-keyed dict, and one calling a tool with arguments (`VALUE_SNIPPETS`), each
+  measured in blocks alternating with a warm run of the snippet in the same session (its own row,
+  "warm run, beside the value rows"); each row gives its p50 and p95 over that warm run's.
 - session from the pool: `open()` of a new session whose worker the pool has already started and,
   for these options (opened before), already initialised: the runner's init handshake was done
   ahead, so the handshake row is 0 (a first open of new options pays it here). Target <= 5 ms.
@@ -89,6 +93,7 @@ WARM_RATIO_TARGET = 10.0
 SMOLAGENTS_ROW = "smolagents LocalPythonExecutor (unisolated)"
 UNCACHED_ROW = "warm run, a source never run before"
 UNMEASURED_ROW = "warm run, measure_usage=False"
+VALUES_BASELINE_ROW = "warm run, beside the value rows"
 WARM_BLOCK = 50
 """Warm runs and smolagents calls are measured in alternating blocks of this many, so that load that
 comes and goes on a shared machine falls on both alike."""
@@ -230,6 +235,47 @@ async def host_warm(
             if beside is not None:
                 other.extend(beside() for _ in range(block))
         return samples, parts, uncached, quiet, other, executor.isolation
+
+
+VALUE_SNIPPETS = {
+    "warm run returning a JSON value": 'print(1)\n{"id": 7, "tags": ["a", "b"], "score": 0.5, "ok": True}',
+    "warm run returning a tuple, bytes and a set": 'print(1)\n(1, b"xy", {2, 3}, {4: "four"})',
+    "warm run calling a tool with arguments": 'r = echo(3, "x", [1, 2], flag=True)\nprint(1)',
+}
+"""The value rows: each measured in blocks alternating with the warm run's (`host_values`), the
+ratio against those same warm runs."""
+
+
+async def host_values(n: int) -> tuple[list[float], dict[str, list[float]]]:
+    """`n` warm runs of the snippet and `n` of each `VALUE_SNIPPETS` entry, in alternating blocks of
+    `WARM_BLOCK`, in one session that has an `echo` tool (returning its arguments)."""
+    from sandboxes import open_executor
+
+    def echo(*args: Any, **kwargs: Any) -> Any:
+        return [list(args), kwargs]
+
+    async with open_executor("host", timeout=10, tools={"echo": echo}) as executor:
+
+        async def timed(code: str, into: list[float]) -> None:
+            started = time.perf_counter()
+            result = await executor.run(code)
+            into.append(time.perf_counter() - started)
+            if result.stdout != "1\n" or result.error is not None:
+                raise RuntimeError(f"{code!r} printed {result.stdout!r} ({result.error})")
+
+        for code in (SNIPPET, *VALUE_SNIPPETS.values()):
+            for _ in range(20):
+                await timed(code, [])
+        warm: list[float] = []
+        found: dict[str, list[float]] = {name: [] for name in VALUE_SNIPPETS}
+        while len(warm) < n:
+            block = min(WARM_BLOCK, n - len(warm))
+            for _ in range(block):
+                await timed(SNIPPET, warm)
+            for name, code in VALUE_SNIPPETS.items():
+                for _ in range(block):
+                    await timed(code, found[name])
+        return warm, found
 
 
 async def _wait_for_pool(settle: float) -> None:
@@ -375,6 +421,19 @@ def host_rows(
             uncached_over_smolagents_p50=ratio(summarize(uncached)["p50_ms"], stats["p50_ms"]),
             unmeasured_over_smolagents_p50=ratio(summarize(quiet)["p50_ms"], stats["p50_ms"]),
             meets_target=warm_over <= 1.0,
+        )
+    log(f"host: warm runs returning values and calling a tool x{n}, alternately with the warm run")
+    beside_warm, valued = anyio.run(host_values, n)
+    beside_stats = summarize(beside_warm)
+    row(VALUES_BASELINE_ROW, beside_warm)
+    for name, samples in valued.items():
+        stats = summarize(samples)
+        row(
+            name,
+            samples,
+            baseline=VALUES_BASELINE_ROW,
+            over_warm_p50=ratio(stats["p50_ms"], beside_stats["p50_ms"]),
+            over_warm_p95=ratio(stats["p95_ms"], beside_stats["p95_ms"]),
         )
     row("session from the pool", pooled)
     rows.extend(lifecycle.parts_rows("host latency", fresh))

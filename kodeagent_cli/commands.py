@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
@@ -30,6 +29,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
     import anyio
 
     from sandboxes import DEFAULT_ALLOWED_IMPORTS, BackendUnavailable, Policy, SandboxError, open_executor
+    from sandboxes.runtime import values
 
     imports = module_patterns(args.allow_import)
     allowed = list(dict.fromkeys([*([] if args.only_imports else DEFAULT_ALLOWED_IMPORTS), *imports]))
@@ -88,7 +88,7 @@ def cmd_exec(args: argparse.Namespace) -> int:
             sys.stderr.write(result.stderr)
         if result.has_final_answer:
             answer = result.final_answer
-            print(answer if isinstance(answer, str) else json.dumps(answer, default=str))
+            print(answer if isinstance(answer, str) else values.shown(answer))
         if result.error is not None:
             text = result.error.traceback or str(result.error)
             sys.stderr.write(text if text.endswith("\n") else text + "\n")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_serializer
 
 from .egress.policy import NetworkReport
+from .runtime import values
 
 
 class ExecutionError(BaseModel):
@@ -95,13 +96,26 @@ class ExecutionResult(BaseModel):
     )
     duration: float = Field(0.0, description="Wall-clock seconds, measured in the parent.")
     artifacts: list[Artifact] = Field(default_factory=list)
-    final_answer: Any = None
+    final_answer: Any = Field(
+        None,
+        description="The value the code passed to final_answer(), of its own type (see docs/values.md for "
+        "the types that cross); one whose tagged JSON is longer than `output_limit` comes as that JSON "
+        "text, cut to head and tail.",
+    )
     has_final_answer: bool = False
     value: Any = Field(
         None,
-        description="The value of the code's last expression, as a notebook cell has one (None when the code "
-        "does not end with an expression, or raised, or called final_answer): a JSON value when it is "
-        "JSON and its JSON fits `output_limit`; else its repr() (or that JSON text), cut to head and tail.",
+        description="The value of the code's last expression, as a notebook cell has one, of its own type "
+        "(None when the code does not end with an expression, or raised, or called final_answer, or "
+        "when the value could not be carried: then `value_repr` shows it and `value_error` says why).",
+    )
+    value_repr: str | None = Field(
+        None,
+        description="The repr() of a last expression's value that was not carried (a type the codec does "
+        "not carry, or tagged JSON longer than `output_limit`), cut to head and tail; None otherwise.",
+    )
+    value_error: str | None = Field(
+        None, description="Why the last expression's value was not carried (its path and type), or None."
     )
     truncated: bool = Field(
         False,
@@ -128,6 +142,11 @@ class ExecutionResult(BaseModel):
         description="What the run used (CPU, peak memory, wall time), measured outside the sandbox; "
         "None where the backend could not measure it (see the README's table).",
     )
+
+    @field_serializer("final_answer", "value", when_used="json")
+    def _tagged(self, value: Any) -> Any:
+        """In JSON, every value takes the codec's one tagged form (docs/values.md)."""
+        return values.encode(value)
 
     @property
     def ok(self) -> bool:

@@ -52,8 +52,9 @@ import anyio
 from .errors import ForkError, ProtocolError, SandboxFileError, WorkerStartError
 from .events import DEFAULT_STREAM_CHARS, DEFAULT_STREAM_RATE, OutputEvent
 from .models import Artifact, ExecutionError, ExecutionResult, ForkReport, RunUsage
-from .runtime import bounds
+from .runtime import bounds, values
 from .runtime.protocol import (
+    UNCARRIABLE_VALUE,
     Fatal,
     ForkRequest,
     InitReply,
@@ -227,6 +228,8 @@ class RunnerSession(Session):
         never ran): for a backend's work that would otherwise compete with that run for the CPU
         (host: topping its pools up). Must not block or raise."""
         worker.line_limit = bounds.line_limit(output_limit)
+        self._tagged = True
+        """Whether the last line received holds the codec's tag (else no value in it needs decoding)."""
 
     @classmethod
     def initialised(cls, worker: Worker, output_limit: int, release: Release | None = None) -> RunnerSession:
@@ -289,7 +292,8 @@ class RunnerSession(Session):
             self._first_run_ended()
         if gate is not None:
             gate.flush()
-        result = result_from_reply(cast(RunReply, reply), self.output_limit)  # checked by `_request`
+        # checked by `_request`; the reply was the last line received
+        result = result_from_reply(cast(RunReply, reply), self.output_limit, self._tagged)
         self.exec_seconds = reported_seconds(reply.get("exec_seconds"))
         self.runner_seconds = reported_seconds(reply.get("runner_seconds"))
         return result
@@ -410,7 +414,9 @@ class RunnerSession(Session):
 
     async def _receive(self, learn_token: bool = False) -> dict[str, Any]:
         """The runner's next message, its token checked (with `learn_token`: learnt, for a greeting)."""
-        return _decode(self.worker, await self.worker.receive_line(), learn_token)
+        line = await self.worker.receive_line()
+        self._tagged = _TAG_TEXT in line  # no tag in the line: its values are plain JSON, as parsed
+        return _decode(self.worker, line, learn_token)
 
     async def _exchange(
         self, message: Request, call_tool: ToolCaller, gate: OutputGate | None = None
@@ -586,47 +592,101 @@ def reported_seconds(value: Any) -> float | None:
     return seconds if math.isfinite(seconds) and seconds >= 0 else None
 
 
-def result_from_reply(reply: RunReply, limit: int) -> ExecutionResult:
+def result_from_reply(reply: RunReply, limit: int, tagged: bool = True) -> ExecutionResult:
     """The result of a run reply (already checked against `RunReply`), every part cut to its bound
-    again here: the runner already cuts, but code without the Python-level guards can replace the
-    runner's reply."""
+    again here (the runner already cuts, but code without the Python-level guards can replace the
+    runner's reply), its values decoded (`carry_values`; not `tagged`: the reply's line holds no
+    tag, so its values are plain JSON as parsed, and the decoding is skipped)."""
     try:
         stdout, stdout_cut = bounds.clip(reply["stdout"], limit)
         stderr, stderr_cut = bounds.clip(reply["stderr"], limit)
         error = reply["error"]
         artifacts, artifacts_cut = bounds.bound_artifacts(cast(list[dict[str, Any]], reply["artifacts"]))
-        final = reply["final_answer"]
-        final_cut = 0
-        if isinstance(final, str):
-            final, final_cut = bounds.clip(final, limit)
-        elif final is not None:
-            encoded = json.dumps(final, ensure_ascii=False)
-            if len(encoded) > limit:
-                final, final_cut = bounds.clip(encoded, limit)
-        # A run has a final answer or a value, never both: the bound holds 3 texts of `limit`.
-        value = None if final is not None or reply["has_final_answer"] else reply["value"]
-        value_cut = 0
-        if isinstance(value, str):
-            value, value_cut = bounds.clip(value, limit)
-        elif value is not None and len(encoded := json.dumps(value, ensure_ascii=False)) > limit:
-            value, value_cut = bounds.clip(encoded, limit)
-        return ExecutionResult(
+        value_repr, value_error = reply.get("value_repr"), reply.get("value_error")
+        result = ExecutionResult(
             stdout=stdout,
             stderr=stderr,
             stdout_omitted=_count(reply["stdout_omitted"]) + stdout_cut,
             stderr_omitted=_count(reply["stderr_omitted"]) + stderr_cut,
             error=ExecutionError(**bounds.bound_error(dict(error))) if error else None,
             oom=reply["oom"],
-            truncated=reply["truncated"]
-            or bool(stdout_cut or stderr_cut or final_cut or value_cut or artifacts_cut),
+            truncated=reply["truncated"] or bool(stdout_cut or stderr_cut or artifacts_cut),
             artifacts=[Artifact(**a) for a in artifacts],
             artifacts_omitted=_count(reply["artifacts_omitted"]) + artifacts_cut,
-            final_answer=final,
+            final_answer=reply["final_answer"],
             has_final_answer=reply["has_final_answer"],
-            value=value,
+            value=reply["value"],
+            value_repr=value_repr if isinstance(value_repr, str) else None,
+            value_error=value_error if isinstance(value_error, str) else None,
         )
     except (TypeError, ValueError, AttributeError, RecursionError) as exc:
         raise ProtocolError(f"malformed result from the runner: {bounds.clipped(str(exc), 500)}") from exc
+    return carry_values(result, limit, tagged)
+
+
+_TAG_TEXT = json.dumps(values.TAG).encode()
+
+
+def carry_values(result: ExecutionResult, limit: int, tagged: bool = True) -> ExecutionResult:
+    """`result` with its final answer and value, which hold the codec's tagged form as the sandbox
+    side sent them, bounded again and decoded (`runtime/values.py`: hostile input, nothing executed).
+
+    A run has a final answer or a value, never both, and a value or its repr, never both: the result
+    holds at most 3 texts of `limit`. A tagged form longer than `limit` becomes its JSON text cut to
+    head and tail (`truncated`). One that does not decode (not the codec's form, past its bounds: a
+    runner the code replaced) is dropped and said: a final answer becomes the run's error
+    (``UncarriableValue``), a value its `value_error`. The session goes on: the wire itself was sound."""
+    final, value = result.final_answer, result.value
+    has_final = result.has_final_answer
+    value_repr, value_error = result.value_repr, result.value_error
+    error = result.error
+    cut = 0
+    if final is not None or has_final:
+        value = value_repr = value_error = None
+        final, cut = _bounded(final, limit)
+        if tagged and not isinstance(final, str):
+            try:
+                final = values.decode(final)
+            except values.CodecError as exc:
+                final, has_final = None, False
+                message = f"the final answer could not be carried out of the sandbox: {exc}"
+                error = error or ExecutionError(
+                    type=UNCARRIABLE_VALUE, message=bounds.clipped(message, 4_000)
+                )
+    elif value is not None:
+        value_repr = value_error = None
+        value, cut = _bounded(value, limit)
+        if tagged and not isinstance(value, str):
+            try:
+                value = values.decode(value)
+            except values.CodecError as exc:
+                value, value_error = None, bounds.clipped(f"value: it could not be decoded: {exc}", 4_000)
+    else:
+        if value_repr is not None:
+            value_repr, cut = bounds.clip(value_repr, limit)
+        if value_error is not None:
+            value_error = bounds.clipped(value_error, bounds.ERROR_MESSAGE_LIMIT)
+    return result.model_copy(
+        update={
+            "final_answer": final,
+            "has_final_answer": has_final,
+            "value": value,
+            "value_repr": value_repr,
+            "value_error": value_error,
+            "error": error,
+            "truncated": result.truncated or bool(cut),
+        }
+    )
+
+
+def _bounded(encoded: Any, limit: int) -> tuple[Any, int]:
+    """A tagged form as it is when its JSON fits `limit`, else that JSON text cut (and the count cut)."""
+    if isinstance(encoded, str):
+        return bounds.clip(encoded, limit)
+    if encoded is None:
+        return None, 0
+    text = json.dumps(encoded, ensure_ascii=False)
+    return (encoded, 0) if len(text) <= limit else bounds.clip(text, limit)
 
 
 def _count(value: int) -> int:

@@ -1,7 +1,9 @@
 """The tool bridge's parent side: a tool the sandboxed code called runs here, and its answer goes back.
 
-The function runs in the parent, with the parent's credentials and network; only JSON crosses into
-the sandbox, bounded (`runtime.bounds.TOOL_MESSAGE_LIMIT`), and a tool's failure becomes an error the
+The function runs in the parent, with the parent's credentials and network; arguments and results
+cross in the values codec's tagged JSON (`runtime/values.py`: tuples, sets, bytes, dates, arrays...),
+the arguments decoded here as hostile input (one that does not decode is refused, the tool never
+runs), bounded (`runtime.bounds.TOOL_MESSAGE_LIMIT`), and a tool's failure becomes an error the
 code sees as `ToolError` (and may catch), never a failure of the run: a builtin exception as a
 `ToolError` that is also that exception (`except KeyError:` works), any other as `ToolError` naming it.
 
@@ -27,8 +29,14 @@ from typing import Any, NamedTuple, TypeGuard
 import anyio
 
 from .errors import ProtocolError
-from .runtime import bounds
-from .runtime.protocol import TOOL_CALL_REFUSED, TOOL_RESULT_TOO_LARGE, ToolCall, ToolResult
+from .runtime import bounds, values
+from .runtime.protocol import (
+    TOOL_CALL_REFUSED,
+    TOOL_RESULT_TOO_LARGE,
+    UNCARRIABLE_VALUE,
+    ToolCall,
+    ToolResult,
+)
 from .wire import check
 
 ToolFunction = Callable[..., Any]
@@ -63,6 +71,20 @@ def checked_call(call: Mapping[str, Any]) -> CheckedCall:
     (the session is discarded)."""
     checked = check(ToolCall, call)
     return CheckedCall(checked["id"], checked["name"], checked["args"], checked["kwargs"])
+
+
+_RESULT_LIMITS = values.Limits(bytes=1 << 62)
+"""A tool's result is the parent's own: its size is the JSON's, checked against TOOL_MESSAGE_LIMIT."""
+
+
+def decoded_arguments(call: CheckedCall) -> tuple[list[Any], dict[str, Any]]:
+    """The call's arguments decoded from the tagged form (`values.CodecError` when they do not):
+    positional ones a list, keyword ones a dict with str keys, as a call needs them."""
+    args = values.decode(call.args)
+    kwargs = values.decode(call.kwargs)
+    if type(args) is not list or type(kwargs) is not dict or any(type(key) is not str for key in kwargs):
+        raise values.Malformed("the arguments are not a list and a dict with str keys")
+    return args, kwargs
 
 
 def for_run(run: int, call_tool: Caller) -> Caller:
@@ -121,19 +143,34 @@ class ToolCalls:
             }
             return reply
         try:
+            args, kwargs = decoded_arguments(call)
+        except values.CodecError as exc:
+            reply["error"] = {
+                "type": UNCARRIABLE_VALUE,
+                "message": bounds.clipped(
+                    f"the arguments could not be decoded, so the tool did not run: {exc}", 4_000
+                ),
+            }
+            return reply
+        try:
             if inspect.iscoroutinefunction(function):
-                value = await function(*call.args, **call.kwargs)
+                value = await function(*args, **kwargs)
             else:
                 # In a thread, so that a blocking tool cannot hold the event loop past the timeout.
                 value = await anyio.to_thread.run_sync(
-                    self._in_thread(call.name, functools.partial(function, *call.args, **call.kwargs)),
+                    self._in_thread(call.name, functools.partial(function, *args, **kwargs)),
                     abandon_on_cancel=True,
                 )
                 if inspect.isawaitable(value):
                     value = await value
-            size = len(json.dumps(value, ensure_ascii=False).encode())
         except Exception as exc:  # the tool's failure goes back to the code, which may catch it
             reply["error"] = {"type": exception_type_name(exc), "message": _message(exc)}
+            return reply
+        try:
+            encoded = values.encode(value, _RESULT_LIMITS, path="result", crossing="enter the sandbox")
+            size = len(json.dumps(encoded, ensure_ascii=False).encode())
+        except (values.Uncarriable, ValueError) as exc:
+            reply["error"] = {"type": "TypeError", "message": _message(exc)}
             return reply
         if size > bounds.TOOL_MESSAGE_LIMIT:
             reply["error"] = {
@@ -142,7 +179,7 @@ class ToolCalls:
                 "cross into the sandbox. Have the tool return less, or a summary",
             }
             return reply
-        reply["value"] = value
+        reply["value"] = encoded
         return reply
 
     def stop(self) -> list[str]:

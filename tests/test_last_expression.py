@@ -1,8 +1,9 @@
 """`ExecutionResult.value`: the value of the code's last expression, as a notebook cell has one.
 
 The runner evaluates a trailing expression apart from the statements before it, under the same
-guard, and sends back a bounded copy: JSON when it is JSON and fits the output limit, else its
-repr() (or the JSON text) cut to head and tail. What the code prints or does must not change.
+guard, and sends back a bounded copy in the values codec's form (docs/values.md) when the codec
+carries it within the output limit; else `value` is None, `value_repr` its repr() cut to head and
+tail, and `value_error` says why. What the code prints or does must not change.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ async def test_every_backend_returns_the_last_expression_value(executor_factory)
         raised = await ex.run("x / 0")
         final = await ex.run("final_answer(answer=x)")
     assert (plain.value, plain.stdout) == (42, "")  # the value is not printed
-    assert (mixed.value, mixed.stdout) == ({"k": [1, 2.5, None], "s": "é"}, "a\n")
-    assert not_json.value == "{1, 2, 3}"  # its repr
+    assert (mixed.value, mixed.stdout) == ({"k": (1, 2.5, None), "s": "é"}, "a\n")
+    assert type(mixed.value["k"]) is tuple and not_json.value == {1, 2, 3}  # of their own types
     assert statement.ok and statement.value is None
     assert raised.error is not None and raised.error.type == "ZeroDivisionError" and raised.value is None
     assert (final.has_final_answer, final.final_answer, final.value) == (True, 20, None)
@@ -42,12 +43,13 @@ async def _values_and_output(ex: HostExecutor) -> list[tuple[object, str]]:
     ):
         result = await ex.run(code)
         assert result.ok, result.error
-        found.append((result.value, result.stdout))
+        found.append((result.value, result.value_repr, result.stdout))
     return found
 
 
 async def test_the_value_with_and_without_the_python_guards():
-    expected = [(42, ""), ("K()", ""), ([[1, 2], 2], "")]  # what __repr__ prints is not the output
+    # an object the codec does not carry shows as its repr; what __repr__ prints is not the output
+    expected = [(42, None, ""), (None, "K()", ""), (([1, 2], 2), None, "")]
     async with HostExecutor(timeout=10) as guarded:
         assert await _values_and_output(guarded) == expected
     require(
@@ -74,10 +76,11 @@ async def test_long_values_are_cut_head_and_tail():
         numbers = await ex.run("list(range(50_000))")
         small = await ex.run("list(range(10))")
     assert text.truncated and text.value == "a" * 500 + omission_marker(100_000) + "z" * 500
-    assert numbers.truncated and isinstance(numbers.value, str)
-    assert numbers.value.startswith("[0, 1, 2, ") and numbers.value.endswith(", 49998, 49999]")
-    assert omission_marker(len(str(list(range(50_000)))) - 1_000) in numbers.value
-    assert not small.truncated and small.value == list(range(10))
+    assert numbers.truncated and numbers.value is None and numbers.value_repr is not None
+    assert numbers.value_repr.startswith("[0, 1, 2, ") and numbers.value_repr.endswith(", 49998, 49999]")
+    assert omission_marker(len(str(list(range(50_000)))) - 1_000) in numbers.value_repr
+    assert numbers.value_error is not None and "past the output limit of 1,000" in numbers.value_error
+    assert not small.truncated and small.value == list(range(10)) and small.value_repr is None
 
 
 async def test_errors_in_the_last_expression_point_at_it():
@@ -95,9 +98,9 @@ async def test_a_hostile_repr_cannot_break_the_reply_or_end_the_run():
         raising = await ex.run("class A:\n    def __repr__(self):\n        raise ValueError('no')\nA()")
         ending = await ex.run("class B:\n    def __repr__(self):\n        final_answer('sneaky')\nB()")
         after = await ex.run("print('still here')")
-    assert raising.ok and raising.value == "<unprintable value of type A>"
+    assert raising.ok and raising.value is None and raising.value_repr == "<unprintable value of type A>"
     assert ending.ok and not ending.has_final_answer and ending.final_answer is None
-    assert ending.value == "<unprintable value of type B>"
+    assert ending.value_repr == "<unprintable value of type B>"
     assert after.stdout == "still here\n"
 
 
@@ -105,7 +108,7 @@ async def test_a_starred_tuple_has_its_value_and_code_that_does_not_parse_its_er
     async with HostExecutor(timeout=10) as ex:
         starred = await ex.run("a = [1]\n*a, 2")  # valid as a statement, not as eval() text: split as a tree
         broken = await ex.run("x = (1,\n")
-    assert starred.ok and starred.value == [1, 2]
+    assert starred.ok and starred.value == (1, 2)
     assert broken.error is not None and broken.error.type == "SyntaxError"
 
 

@@ -139,8 +139,8 @@ def test_last_expression_values_as_code_output():
         not_json = ex("{'b', 'a'} - {'b'}")
         statement = ex("y = x")
     assert (number.output, number.logs, number.is_final_answer) == (6, "six\n", False)
-    assert data.output == {"a": [1, 2], "b": None}  # a JSON copy: tuples become lists
-    assert not_json.output == "{'a'}"  # its repr
+    assert data.output == {"a": (1, 2), "b": None}  # of their own types (docs/values.md)
+    assert type(data.output["a"]) is tuple and not_json.output == {"a"}
     assert statement.output is None and statement.logs == ""
 
 
@@ -256,9 +256,9 @@ def test_send_tools_keeps_the_session_unless_the_names_change():
         ex.send_tools({"f": lambda: "first"})
         ex("x = 5")
         ex.send_tools({"f": lambda: "second"})  # same names: same session, the new function
-        assert ex("(x, f())").output == [5, "second"]
+        assert ex("(x, f())").output == (5, "second")
         ex.send_tools({"f": lambda: "third", "g": lambda: "new"})  # a new stub: a new session
-        assert ex("(a, f(), g())").output == [1, "third", "new"]  # the agent's variables are back
+        assert ex("(a, f(), g())").output == (1, "third", "new")  # the agent's variables are back
         with pytest.raises(CodeExecutionError, match="NameError"):
             ex("x")
         with pytest.raises(ValueError, match="'g'"):  # a stub would shadow it in every run

@@ -208,7 +208,9 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
                         result,
                     ) from exc
             return CodeOutput(output=answer, logs=logs, is_final_answer=True)
-        return CodeOutput(output=result.value, logs=logs, is_final_answer=False)
+        # a value the codec does not carry is shown by its repr, as smolagents' executors show it
+        output = result.value if result.value_repr is None else result.value_repr
+        return CodeOutput(output=output, logs=logs, is_final_answer=False)
 
     def cleanup(self) -> None:
         """Close the session: its worker (container, microVM) and everything it started. A later

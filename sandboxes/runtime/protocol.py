@@ -22,6 +22,7 @@ ErrorKind = Literal[
     "WorkerCrashed",  # the sandbox process ended or the channel broke during the run
     "ToolResultTooLarge",  # a tool returned more than crosses into the sandbox
     "ToolCallRefused",  # a tool call arrived after the run that made it had ended; never executed
+    "UncarriableValue",  # a value from the sandbox could not be decoded (not the codec's form, past its bounds)
 ]
 """The kinds of error the platform itself reports (other `ExecutionError.type`s are the code's)."""
 
@@ -32,6 +33,7 @@ SYNTAX_ERROR: ErrorKind = "SyntaxError"
 INVALID_CODE: ErrorKind = "InvalidCode"
 TOOL_RESULT_TOO_LARGE: ErrorKind = "ToolResultTooLarge"
 TOOL_CALL_REFUSED: ErrorKind = "ToolCallRefused"
+UNCARRIABLE_VALUE: ErrorKind = "UncarriableValue"
 
 
 # ---------------------------------------------------------------------- the policy as the runner gets it
@@ -117,7 +119,8 @@ class ErrorDetail(TypedDict):
 
 
 class ToolResult(TypedDict):
-    """The parent's answer to a `ToolCall`: a JSON value, or an error the code sees as `ToolError`."""
+    """The parent's answer to a `ToolCall`: a value in the codec's tagged form (`values.py`), or an
+    error the code sees as `ToolError`."""
 
     op: Literal["tool_result"]
     id: Any
@@ -178,9 +181,13 @@ class RunReply(Reply):
     error: RunError | None
     oom: bool
     final_answer: Any
+    """In the codec's tagged form (`values.py`), or its JSON text cut to the output limit."""
     has_final_answer: bool
     value: Any
-    """The value of the code's last expression (bounded JSON, else its repr), or None."""
+    """The value of the code's last expression in the tagged form, bounded (a str cut to the limit),
+    or None (no value, or one not carried: then `value_repr` shows it and `value_error` says why)."""
+    value_repr: NotRequired[str | None]
+    value_error: NotRequired[str | None]
     artifacts: list[ArtifactEntry]
     artifacts_omitted: int
     exec_seconds: NotRequired[float]
@@ -204,7 +211,9 @@ class ToolCall(TypedDict):
     run: NotRequired[int]
     name: str
     args: list[Any]
+    """The positional arguments, in the codec's tagged form (`values.py`; a list is itself)."""
     kwargs: dict[str, Any]
+    """The keyword arguments as one dict in the tagged form."""
     token: NotRequired[str]
 
 

@@ -17,7 +17,7 @@ Requests and replies::
     {"op": "run", "code": "...", "run": N} -> {"op": "reply", "stdout", "stderr", "stdout_omitted",
                                                "stderr_omitted", "truncated", "error", "oom",
                                                "final_answer", "has_final_answer", "value",
-                                               "artifacts", "artifacts_omitted",
+                                               "value_repr", "value_error", "artifacts", "artifacts_omitted",
                                                "exec_seconds", "runner_seconds"}
                                                   (every part bounded: bounds.py)
     {"op": "reset"}                        -> {"op": "reply"}
@@ -29,7 +29,8 @@ Requests and replies::
                    {"op": "output", "stream": "stdout"|"stderr", "text", "dropped"}  (no answer)
     on a startup failure: {"op": "fatal", "message": "..."}, then exit
 
-Values cross as JSON, never pickle. Only the stdlib and RestrictedPython are needed.
+Values (final answers, the last expression's value, tool arguments and results) cross in the tagged
+JSON form of `values.py`, never pickle. Only the stdlib and RestrictedPython are needed.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def _load_sibling(name: str) -> Any:
 
 bounds = _load_sibling("bounds")
 capture = _load_sibling("capture")
+values = _load_sibling("values")
 sessionfork = _load_sibling("sessionfork")
 Capture, Drain, Streamer = capture.Capture, capture.Drain, capture.Streamer
 
@@ -619,9 +621,10 @@ class Runner:
         (stdout, stdout_omitted), (stderr, stderr_omitted) = self.drain.collect()
         self.streamer.finish()  # before the value's __repr__ runs: what it prints is not the code's output
         value_omitted = 0
+        value_repr = value_error = None
         if last is not None and error is None and not self.has_final:
             # After the capture: what a __repr__ prints is not the code's output.
-            value, value_omitted = self.reply_value(value)
+            value, value_repr, value_error, value_omitted = self.reply_value(value)
             if self.channel.forked_child:
                 os._exit(0)
         else:
@@ -647,38 +650,47 @@ class Runner:
             "final_answer": final,
             "has_final_answer": self.has_final,
             "value": value,
+            "value_repr": value_repr,
+            "value_error": value_error,
             "artifacts": artifacts,
             "artifacts_omitted": artifacts_omitted,
             "exec_seconds": ran,
             "runner_seconds": _clock() - started,
         }
 
-    def reply_value(self, value: Any) -> tuple[Any, int]:
-        """The last expression's value as the reply carries it, and how many characters were cut: a
-        copy of its JSON when it has one that fits the output limit; else that JSON text, or its
-        repr() when it is not JSON, cut to head and tail. Never raises: the value's own `__repr__`
-        (or a dict subclass's `items`) may do anything, even call `final_answer`."""
+    def reply_value(self, value: Any) -> tuple[Any, str | None, str | None, int]:
+        """The last expression's value as the reply carries it: (its tagged form, None, None, 0) when
+        the values codec carries it within the output limit; else (None, its repr() cut to head and
+        tail, why it was not carried, the characters cut): what a notebook shows. A str is carried
+        cut to the limit (the count of what was cut last). Never raises: the value's own `__repr__`
+        may do anything, even call `final_answer`."""
         final = self.final, self.has_final
         try:
             if value is None:
-                return None, 0
-            if isinstance(value, str):
-                return bounds.clip(str.__str__(value), self.output_limit)
+                return None, None, None, 0
+            if type(value) is str:
+                text, cut = bounds.clip(value, self.output_limit)
+                return text, None, None, cut
             try:
-                encoded = json.dumps(value, ensure_ascii=False)
-            except Exception:  # not JSON: what a notebook shows
-                text = str.__str__(repr(value))
+                encoded = values.encode(value, crossing="leave the sandbox")
+            except values.Uncarriable as exc:
+                why = str(exc)
             else:
-                if len(encoded) <= self.output_limit:
-                    return json.loads(encoded), 0  # a copy: the code's threads may change the original
-                text = encoded
-            return bounds.clip(text, self.output_limit)
+                size = len(json.dumps(encoded, ensure_ascii=False))
+                if size <= self.output_limit:
+                    return encoded, None, None, 0
+                why = (
+                    f"value: its JSON is {size:,} characters, past the output limit of "
+                    f"{self.output_limit:,} (a larger output_limit carries it)"
+                )
+            text, cut = bounds.clip(str.__str__(repr(value)), self.output_limit)
+            return None, text, bounds.clipped(why, bounds.ERROR_MESSAGE_LIMIT), cut
         except BaseException:
             try:
                 kind = bounds.clipped(str.__str__(type(value).__name__), 200)
             except BaseException:
                 kind = "?"
-            return f"<unprintable value of type {kind}>", 0
+            return None, f"<unprintable value of type {kind}>", f"value: its repr() of type {kind} raised", 0
         finally:
             self.final, self.has_final = final
 
@@ -727,25 +739,22 @@ class Runner:
         """End this run and hand the value to the caller as the final answer.
 
         The value comes positionally or under any one keyword (`final_answer(answer=x)`, as
-        smolagents' tool of that name is called). A value that is not JSON becomes its `str()`; one
-        whose JSON is longer than the output limit becomes that JSON text, cut to head and tail (the
-        result then says `truncated`)."""
+        smolagents' tool of that name is called). It crosses in the values codec's tagged form
+        (`values.py`); one the codec cannot carry raises `TypeError` here, naming the part and its
+        type. One whose tagged JSON is longer than the output limit becomes that JSON text, cut to
+        head and tail (the result then says `truncated`)."""
         if len(args) + len(kwargs) > 1:
             raise TypeError("final_answer() takes one value: the answer")
         value = args[0] if args else next(iter(kwargs.values()), None)
         try:
-            encoded = json.dumps(value, ensure_ascii=False)
-        except (TypeError, ValueError, RecursionError):
-            try:
-                value = str(value)
-            except Exception:
-                value = f"<unprintable final answer of type {bounds.clipped(type(value).__name__, 200)}>"
-            encoded = ""
-        if isinstance(value, str):
-            value = str.__str__(value)  # an exact str: a subclass could lie about its length
-        elif len(encoded) > self.output_limit:
-            value = encoded
-        self.final, self.has_final = value, True
+            encoded = values.encode(value, path="answer", crossing="leave the sandbox")
+        except values.Uncarriable as exc:
+            raise TypeError(f"final_answer(): {exc}") from None
+        if type(encoded) is not str:
+            text = json.dumps(encoded, ensure_ascii=False)
+            if len(text) > self.output_limit:
+                encoded = text
+        self.final, self.has_final = encoded, True
         raise FinalAnswerSignal
 
     def make_tool(self, name: str) -> Any:
@@ -761,11 +770,15 @@ class Runner:
                         capture.drain()
                 self.streamer.wait_sent()
             try:
-                reply = self.channel.call(name, list(args), kwargs, bounds.TOOL_MESSAGE_LIMIT)
+                sent = values.encode(list(args), path="args", crossing="leave the sandbox")
+                named = values.encode(kwargs, path="kwargs", crossing="leave the sandbox")
+                reply = self.channel.call(name, sent, named, bounds.TOOL_MESSAGE_LIMIT)
+            except values.Uncarriable as exc:
+                raise TypeError(f"arguments of tool {name!r}: {exc}") from None
             except (TypeError, ValueError, RecursionError) as exc:
                 raise TypeError(
-                    f"arguments of tool {name!r} must be JSON values of at most "
-                    f"{bounds.TOOL_MESSAGE_LIMIT:,} bytes: {exc}"
+                    f"arguments of tool {name!r} must be at most {bounds.TOOL_MESSAGE_LIMIT:,} bytes "
+                    f"in the values codec's JSON: {exc}"
                 ) from None
             if reply is None:
                 raise SystemExit(0)
@@ -774,7 +787,10 @@ class Runner:
                 kind = bounds.clipped(str(error.get("type")), bounds.ERROR_TYPE_LIMIT)
                 message = bounds.clipped(str(error.get("message")), bounds.ERROR_MESSAGE_LIMIT)
                 raise tool_error_class(kind)(f"tool {name!r} failed: {kind}: {message}")
-            return reply.get("value")
+            try:  # numpy, pandas, PIL values arrive as such once the code imported them
+                return values.decode(reply.get("value"), importer=sys.modules.get)
+            except values.Malformed as exc:
+                raise ToolError(f"tool {name!r} returned a value that could not be decoded: {exc}") from None
 
         call_tool.__name__ = call_tool.__qualname__ = name
         return call_tool

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import json
 import logging
 import signal
 import socket
@@ -24,6 +23,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import BaseModel, Field
 
 from ... import ExecutionResult, SandboxError
+from ...runtime import values
 from .auth import TENANT_KEY, Connections, HttpGuard, TokenTable, bind
 from .config import ServerConfig, load_tools
 from .sessions import Session, SessionManager
@@ -322,9 +322,7 @@ def observation(output: RunOutput) -> str:
         parts.append(f"[files changed: {shown}{f' and {more} more' if more > 0 else ''}]\n")
     if output.has_final_answer:
         value = output.final_answer
-        parts.append(
-            f"final answer: {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}\n"
-        )
+        parts.append(f"final answer: {value if isinstance(value, str) else values.shown(value)}\n")
     text = "".join(parts)
     return text if text.strip() else "(the code ran and printed nothing)"
 

@@ -47,7 +47,7 @@ from pydantic import BaseModel, ValidationError
 
 from ...errors import ForkError, ProtocolError, WorkerStartError
 from ...events import OutputEvent
-from ...executor import COMMON_OPTIONS, KILL_TIMEOUT, Executor, ExecutorOptions
+from ...executor import COMMON_OPTIONS, DEFAULT_OUTPUT_LIMIT, KILL_TIMEOUT, Executor, ExecutorOptions
 from ...models import ExecutionResult, ForkReport
 from ...runtime import bounds
 from ...runtime.protocol import (
@@ -61,7 +61,7 @@ from ...runtime.protocol import (
     StreamOptions,
     ToolCall,
 )
-from ...session import OutputHandler, Session, SessionLost, ToolCaller
+from ...session import OutputHandler, Session, SessionLost, ToolCaller, carry_values
 from ...wire import check
 from .. import executor_class
 from .cluster import (
@@ -225,9 +225,11 @@ class RayExecutor(Executor):
             if answer["kind"] == "error":
                 keep_reservation(reservation)
                 raise RAISABLE.get(answer["type"], WorkerStartError)(answer["message"])
-            return RaySession(
+            session = RaySession(
                 Placement(session_id, reservation, handle), answer["isolation"], self.placement_timeout
             )
+            session.output_limit = self.output_limit
+            return session
         raise AssertionError("unreachable")
 
 
@@ -236,6 +238,8 @@ class RaySession(Session):
     which enforces the timeout next to the worker (this side waits `RUN_SLACK` longer, as a backstop)."""
 
     timeout_backstop = RUN_SLACK
+    output_limit = DEFAULT_OUTPUT_LIMIT
+    """The executor's: the node's result is bounded by it again here (`carry_values`)."""
 
     def __init__(self, placement: Placement, isolation: str, placement_timeout: float = FORK_WAIT) -> None:
         self.placement = placement
@@ -293,6 +297,7 @@ class RaySession(Session):
         child = RaySession(
             Placement(session_id, reservation, placement.agent), answer["isolation"], self.placement_timeout
         )
+        child.output_limit = self.output_limit
         return child, _model_from_node(ForkReport, answer.get("report") or {})
 
     async def run(
@@ -321,7 +326,8 @@ class RaySession(Session):
             raise RAISABLE.get(event["type"], WorkerStartError)(event["message"])
         if event["kind"] != "done":
             raise ProtocolError(f"unexpected event from the cluster node: {event['kind']!r}")
-        return _model_from_node(ExecutionResult, event["result"])
+        # The node's values come in the codec's tagged form (its result as JSON): decoded once, here.
+        return carry_values(_model_from_node(ExecutionResult, event["result"]), self.output_limit)
 
     async def _streamed_run(
         self, code: str, call_tool: ToolCaller, on_output: OutputHandler, stream: StreamOptions | None

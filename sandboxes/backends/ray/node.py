@@ -28,6 +28,7 @@ from typing import Any
 from ... import errors
 from ...events import OutputEvent
 from ...executor import Executor
+from ...runtime import values
 from ...runtime.protocol import (
     NodeAnswer,
     NodeError,
@@ -110,8 +111,16 @@ class _Session:
             call_id = next(self.ids)
             answer: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
             self.pending[call_id] = answer
+            # In the codec's tagged form, as the runner sends them: the driver decodes them as it
+            # decodes a runner's (the node's executor decoded them from its runner).
             self.events.put_nowait(
-                {"kind": "tool", "id": call_id, "name": name, "args": list(args), "kwargs": kwargs}
+                {
+                    "kind": "tool",
+                    "id": call_id,
+                    "name": name,
+                    "args": values.encode(list(args)),
+                    "kwargs": values.encode(kwargs),
+                }
             )
             try:
                 reply = await answer
@@ -122,7 +131,9 @@ class _Session:
                 # Passed on under the parent's name, so the runner raises the same class with the
                 # same message as on a local backend.
                 raise RelayedToolError(str(error.get("type") or "ToolError"), str(error.get("message", "")))
-            return reply.get("value")
+            return values.decode(
+                reply.get("value")
+            )  # the driver's own encoding: encoded again for the runner
 
         call_in_parent.__name__ = name
         return call_in_parent
