@@ -104,6 +104,8 @@ class CodeActAgent(Agent):
         return "\n".join(t.describe(style="python") for t in chosen) if chosen else prompts.NO_TOOLS
 
     def get_system_prompt_content(self, run: AgentRun) -> str:
+        """The system prompt of `run`: CodeAct's (or `system_prompt`), with the tools as functions and
+        the imports the code may use."""
         imports = ", ".join(self._imports()) or "(none)"
         return render_template(
             self.system_prompt or prompts.CODEACT_SYSTEM_PROMPT,

@@ -57,6 +57,7 @@ class ReActAgent(Agent):
         return super().reply_mode()
 
     def get_system_prompt_content(self, run: AgentRun) -> str:
+        """The system prompt of `run`: ReAct's (its native-calls variant in native mode), or `system_prompt`."""
         template = prompts.REACT_NATIVE_SYSTEM_PROMPT if run.mode == "native" else prompts.REACT_SYSTEM_PROMPT
         return render_template(
             self.system_prompt or template,
