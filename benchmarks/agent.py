@@ -311,7 +311,7 @@ def make_agent(
         "litellm_params": litellm_params,
     }
     if kind == "codeact":
-        return CodeActAgent(model, run_env=backend, timeout=20, **common)  # type: ignore[arg-type]
+        return CodeActAgent(model, backend=backend, timeout=20, **common)  # type: ignore[arg-type]
     return ReActAgent(model, **common)
 
 

@@ -15,18 +15,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 from . import prompts
-from .agent import Agent, FinalAnswer, StepReply
-from .errors import ConfigurationError, ResponseParseError
+from .agent import Agent
+from .errors import ResponseParseError
 from .models import AgentResponse, ChatMessage, CodeActChatMessage, StepRecord
 from .observation import cut_stream, format_observation
-from .options import AgentOptions
 from .parsing import CODEACT_FORMAT, parse_codeact_reply
 from .prompts import render_template
+from .replies import FinalAnswer, StepReply
 from .run import AgentRun
 from .tools import Tool, as_tool
 from .usage import CALLER_USAGE
@@ -35,67 +34,60 @@ if TYPE_CHECKING:
     from sandboxes import ExecutionResult, Executor
     from sandboxes.backends import BackendName as RunEnv  # where CodeAct code runs: a backend, by name
 
-__all__ = ["CodeActAgent", "RunEnv", "cut_stream", "format_observation", "split_packages"]
+    from .codeact_options import CodeActOptions
+
+__all__ = ["CodeActAgent", "CodeActOptions", "RunEnv", "cut_stream", "format_observation"]
 
 
 def __getattr__(name: str) -> Any:
-    # `RunEnv` is sandboxes' one list of backends (`BackendName`), loaded on first use so that
-    # `import kodeagent` does not import sandboxes.
+    # `RunEnv` is sandboxes' one list of backends (`BackendName`), and `CodeActOptions` reads it:
+    # both are loaded on first use so that `import kodeagent` does not import sandboxes.
     if name == "RunEnv":
         from sandboxes.backends import BackendName
 
         return BackendName
+    if name == "CodeActOptions":
+        from . import codeact_options
+
+        return codeact_options.CodeActOptions
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CodeActAgent(Agent):
     """Thought, code, observation: the model writes Python that runs in a sandbox with the tools.
 
-    Args (besides the common `AgentOptions`):
-        run_env: where the code runs: ``"host"``, ``"docker"``, ``"e2b"`` or ``"ray"`` (a Ray cluster's node).
-        allowed_imports: modules the code may import (``"pkg.*"`` for a package and its submodules);
-            None means the sandbox's default pure-computation set.
-        pip_packages: extra packages installed in the sandbox (E2B only), space- or comma-separated.
-        timeout: wall-clock seconds each code run may take.
-        env_vars_to_set: the environment the code sees (nothing else of the host's leaks in).
-        executor_options: further options for `sandboxes.open_executor` (e.g. ``policy``).
+    Takes the `CodeActOptions`: the common `AgentOptions`, and where and how the code runs, in
+    `sandboxes`' words: `backend` (``"host"``, ``"docker"``, ``"e2b"`` or ``"ray"``), `allowed_imports`,
+    `pip_packages` (E2B only), `timeout` (seconds per code run), `env` (the code's whole environment)
+    and `executor_options` (further options for `sandboxes.open_executor`, e.g. ``policy``). The API
+    reference's ``run_env`` and ``env_vars_to_set`` are aliases of `backend` and `env`.
     """
 
     response_format_class: ClassVar[type[ChatMessage]] = CodeActChatMessage
     channel_name: ClassVar[str] = "codeact"
     OUTPUT_LIMIT: ClassVar[int] = 8000
 
-    def __init__(
-        self,
-        model_name: str,
-        *,
-        run_env: RunEnv = "host",
-        allowed_imports: list[str] | None = None,
-        pip_packages: str | None = None,
-        timeout: int = 30,
-        env_vars_to_set: dict[str, str] | None = None,
-        executor_options: dict[str, Any] | None = None,
-        **options: Unpack[AgentOptions],
-    ) -> None:
-        from sandboxes.backends import BACKEND_NAMES
+    def __init__(self, model_name: str, **options: Unpack[CodeActOptions]) -> None:
+        from .codeact_options import check_codeact_options
 
-        super().__init__(model_name, **options)
-        if run_env not in BACKEND_NAMES:
-            *others, last = (repr(name) for name in BACKEND_NAMES)
-            raise ConfigurationError(f"run_env must be {', '.join(others)} or {last}, got {run_env!r}")
-        if not timeout or timeout <= 0:
-            raise ConfigurationError(f"timeout must be a positive number of seconds, got {timeout!r}")
-        if pip_packages and run_env != "e2b":
-            raise ConfigurationError(
-                "pip_packages can only be installed in an E2B sandbox (run_env='e2b'); for host and docker, "
-                "install packages in the environment or image and list them in allowed_imports"
-            )
-        self.run_env: RunEnv = run_env
-        self.allowed_imports = list(allowed_imports) if allowed_imports is not None else None
-        self.pip_packages = pip_packages
-        self.timeout = timeout
-        self.env_vars_to_set = dict(env_vars_to_set) if env_vars_to_set else None
-        self.executor_options = dict(executor_options or {})
+        o = check_codeact_options(type(self).__name__, options)
+        self._configure(model_name, o)
+        self.backend: RunEnv = o["backend"]
+        self.allowed_imports: list[str] | None = o["allowed_imports"]
+        self.pip_packages: list[str] | None = o["pip_packages"]
+        self.timeout: float = o["timeout"]
+        self.env: dict[str, str] = o["env"]
+        self.executor_options: dict[str, Any] = o["executor_options"]
+
+    @property
+    def run_env(self) -> RunEnv:
+        """The API reference's name of `backend`."""
+        return self.backend
+
+    @property
+    def env_vars_to_set(self) -> dict[str, str]:
+        """The API reference's name of `env`."""
+        return self.env
 
     # ------------------------------------------------------------------ prompts and parsing
 
@@ -112,6 +104,8 @@ class CodeActAgent(Agent):
         return "\n".join(t.describe(style="python") for t in chosen) if chosen else prompts.NO_TOOLS
 
     def get_system_prompt_content(self, run: AgentRun) -> str:
+        """The system prompt of `run`: CodeAct's (or `system_prompt`), with the tools as functions and
+        the imports the code may use."""
         imports = ", ".join(self._imports()) or "(none)"
         return render_template(
             self.system_prompt or prompts.CODEACT_SYSTEM_PROMPT,
@@ -160,15 +154,15 @@ class CodeActAgent(Agent):
 
         options: dict[str, Any] = {
             "timeout": self.timeout,
-            "env": self.env_vars_to_set or {},
+            "env": self.env,
             "tools": {name: self._sandbox_tool(run, tool) for name, tool in run.tools.items()},
         }
         if "policy" not in self.executor_options:
             options["policy"] = Policy(allowed_imports=tuple(self._imports()))
         if self.pip_packages:
-            options["pip_packages"] = split_packages(self.pip_packages)
+            options["pip_packages"] = self.pip_packages
         options.update(self.executor_options)
-        return open_executor(self.run_env, **options)
+        return open_executor(self.backend, **options)
 
     def _sandbox_tool(self, run: AgentRun, tool: Tool) -> Callable[..., Any]:
         """What the sandbox's code calls: the tool, with `run` as the caller whose usage it adds to."""
@@ -190,9 +184,9 @@ class CodeActAgent(Agent):
         await executor.open()
         yield self._response(
             "log",
-            f"sandbox ready ({self.run_env}, isolation: {executor.isolation})",
+            f"sandbox ready ({self.backend}, isolation: {executor.isolation})",
             channel="sandbox",
-            metadata={"event": "sandbox_open", "run_env": self.run_env},
+            metadata={"event": "sandbox_open", "backend": self.backend, "run_env": self.backend},
         )
         for path in self._local_files(run):
             with open(path, "rb") as fh:
@@ -266,11 +260,6 @@ class CodeActAgent(Agent):
             with open(target, "wb") as fh:
                 fh.write(data)
             run.add_output_file(target)
-
-
-def split_packages(spec: str) -> list[str]:
-    """``"pandas>=2, numpy matplotlib"`` -> ``["pandas>=2", "numpy", "matplotlib"]`` (the E2B option's form)."""
-    return [part for part in re.split(r"[\s,]+", spec) if part]
 
 
 def _jsonable_repr(value: Any) -> str:  # kept small and separate: inputs are JSON, their repr is a literal

@@ -21,8 +21,14 @@ class AgentBusyError(KodeAgentError, RuntimeError):
 
     An agent runs one task at a time: what it shows (`task`, `steps`, `usage_tracker`, `last_run`) is
     its run in progress, which a second concurrent run would swap under the first run's caller. Run
-    parallel tasks on `agent.clone()`s.
+    parallel tasks on `agent.clone()`s. Also raised by `clear_history()` during a run, which would
+    leave the run nothing to send the model.
     """
+
+
+class NoRunError(KodeAgentError, RuntimeError):
+    """A method that changes the agent's current run (`add_to_history`, `add_output_file`) was called
+    before the agent ran a task: there is no conversation yet for it to change."""
 
 
 class ToolError(KodeAgentError):

@@ -21,13 +21,14 @@ from typing import Any, ClassVar
 import anyio
 
 from . import prompts
-from .agent import Agent, FinalAnswer, StepReply
+from .agent import Agent
 from .errors import ResponseParseError, ToolArgumentError
 from .llm import LLMReply, supports
 from .models import ChatMessage, ReActChatMessage, StepRecord, ToolCallRecord
 from .options import Mode
 from .parsing import REACT_FORMAT, parse_react_reply, parse_react_text
 from .prompts import render_template
+from .replies import FinalAnswer, StepReply
 from .run import AgentRun
 from .text import cap_text, neutralize_control
 from .tools import to_jsonable
@@ -56,6 +57,7 @@ class ReActAgent(Agent):
         return super().reply_mode()
 
     def get_system_prompt_content(self, run: AgentRun) -> str:
+        """The system prompt of `run`: ReAct's (its native-calls variant in native mode), or `system_prompt`."""
         template = prompts.REACT_NATIVE_SYSTEM_PROMPT if run.mode == "native" else prompts.REACT_SYSTEM_PROMPT
         return render_template(
             self.system_prompt or template,

@@ -140,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             imports = module_patterns(args.allow_import)
             agent: Any = CodeActAgent(
                 args.model,
-                run_env=args.backend,
+                backend=args.backend,
                 timeout=args.timeout,
                 executor_options=backend_options(args.backend_option),
                 allowed_imports=None if not imports else _with_defaults(imports),

@@ -145,3 +145,15 @@ async def test_codeact_refuses_inputs_that_would_hide_a_tool_or_builtin() -> Non
     for name in ("final_answer", "print", "lookup"):
         with pytest.raises(ValueError, match=f"inputs \\['{name}'\\] would hide"):
             await agent.arun("t", inputs={name: 1})
+
+
+@pytest.mark.parametrize("name", ["env", "env_vars_to_set"])
+async def test_codeact_env_reaches_the_sandbox_by_either_name(llm: StandinLLM, name: str) -> None:
+    """`env` is sandboxes' name; the API reference's `env_vars_to_set` is its alias."""
+    llm.add(code_step("import os\nprint(os.environ.get('GREETING'))"), code_final("hi"))
+    options: dict[str, Any] = {name: {"GREETING": "hello"}}
+    agent = CodeActAgent(
+        llm.model("json"), litellm_params=llm.params(), backend="host", allowed_imports=["os"], **options
+    )
+    await collect(agent.run("Greet"))
+    assert llm.requests[1]["messages"][-1]["content"] == "Observation:\nOutput:\nhello"

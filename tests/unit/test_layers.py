@@ -53,3 +53,44 @@ def test_the_floors_form_no_cycle() -> None:
     for package, targets in edges.items():
         for target in targets:
             assert package not in edges[target], f"{package} and {target} import each other"
+
+
+def module_imports(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of `package` it imports: every import statement, those under
+    TYPE_CHECKING and those inside functions too (a cycle of types is still a cycle to a reader)."""
+    root = ROOT / package
+    modules = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in root.rglob("*.py")
+    }
+    edges: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = here[: len(here) - node.level + 1] if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                submodules = {f"{target}.{alias.name}" for alias in node.names} & modules.keys()
+                found.update(submodules or {target})
+        edges[name] = {target for target in found if target in modules and target != name}
+    return edges
+
+
+@pytest.mark.parametrize("package", ["kodeagent"])
+def test_the_modules_of_a_package_form_no_cycle(package: str) -> None:
+    edges = module_imports(package)
+    edges.pop(package, None)  # the package's __init__ imports its modules to export their names
+    cycles = []
+    for start in sorted(edges):
+        stack = [(start, [start])]
+        while stack:
+            name, path = stack.pop()
+            for target in sorted(edges.get(name, ())):
+                if target == start:
+                    cycles.append(" -> ".join([*path, start]))
+                elif target not in path:
+                    stack.append((target, [*path, target]))
+    assert not cycles, f"import cycles in {package}: {cycles[:5]}"
