@@ -5,8 +5,8 @@ session forked inside the same container, reached through a ``docker exec`` rela
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
+import functools
 import io
 import itertools
 import os
@@ -36,6 +36,7 @@ from ...models import RunUsage
 from ...session import UsageProbe
 from ...usage import CpuReading, cgroup_paths, make_usage, parse_cpuacct_stat, split_cpu
 from ...worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
+from ..resources import WarmPool, fill, resources
 
 if TYPE_CHECKING:
     from .shared import SharedSessionWorker
@@ -71,11 +72,13 @@ STDERR_KEPT = 4096
 _client_lock = threading.Lock()
 _client: Any = None
 _orphans_swept = False
-# Pool refills and background removals run here, never in the event loop.
-_BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kodeagent-docker")
-# Removals of closed sessions' containers queue here, apart from refills so they never delay them.
-# Queued work still runs at interpreter exit (the executor drains its queue before its threads end).
-_REMOVER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kodeagent-docker-rm")
+RESOURCES = resources("docker")
+"""What the Docker backend keeps for the process: its threads (``background``: pool refills, relays
+and removals of collected workers; ``remove``: removals of closed sessions' containers, apart from
+refills so they never delay them; the shared containers' ``shared`` and ``clean``), the warm pools
+(`CONTAINERS`, `docker.shared`'s `SHARED`) and, at `close()`, the removal of every container left.
+Queued work still runs at interpreter exit (the thread pools drain their queues before they end)."""
+RESOURCES.declare("background", 2)
 
 
 def client() -> Any:
@@ -374,7 +377,7 @@ class DockerWorker(Worker):
         """
         if self.family is not None:
             try:
-                _REMOVER.submit(self.remove_now)
+                RESOURCES.submit("remove", self.remove_now)
             except RuntimeError:  # interpreter shutting down
                 self.remove_now()
             return
@@ -384,7 +387,7 @@ class DockerWorker(Worker):
             self._finalizer.detach()
             self._close_stream()
             try:
-                _REMOVER.submit(remove_container, self.container_id, None)
+                RESOURCES.submit("remove", remove_container, self.container_id, None)
             except RuntimeError:  # interpreter shutting down
                 remove_container(self.container_id, None)
 
@@ -434,7 +437,7 @@ class DockerWorker(Worker):
         """Start the relay of this session's next fork in the background (one idle process)."""
         if self._spare is None and not self._removed:
             try:
-                self._spare = _BACKGROUND.submit(_start_relay, self.container_id, self.user)
+                self._spare = RESOURCES.submit("background", _start_relay, self.container_id, self.user)
             except RuntimeError:  # interpreter shutting down
                 pass
 
@@ -771,7 +774,7 @@ def _leave_later(
 ) -> None:
     """Finalizer of a family member nobody closed: `_leave` in the background."""
     try:
-        _BACKGROUND.submit(_leave, family, member, user, sock, ending)
+        RESOURCES.submit("background", _leave, family, member, user, sock, ending)
     except RuntimeError:  # interpreter shutting down
         _leave(family, member, user, sock, ending)
 
@@ -934,7 +937,7 @@ def remove_later(container_id: str, sock: socket.socket) -> None:
     except OSError:
         pass
     try:
-        _BACKGROUND.submit(remove_container, container_id, None)
+        RESOURCES.submit("background", remove_container, container_id, None)
     except RuntimeError:  # interpreter shutting down: no more threads, remove it here
         remove_container(container_id, None)
 
@@ -985,53 +988,41 @@ def start_container(settings: ContainerSettings) -> DockerWorker:
     return worker
 
 
-_POOLS: dict[ContainerSettings, list[DockerWorker]] = {}
-_pool_lock = threading.Lock()
+def _remove_off_path(worker: DockerWorker) -> None:
+    RESOURCES.submit("background", worker.remove_now)
+
+
+CONTAINERS: WarmPool[ContainerSettings, DockerWorker] = WarmPool(
+    DockerWorker.socket_open, _remove_off_path, oldest_first=True
+)
+"""Started containers (one session each) waiting for sessions, per settings."""
 
 
 def take_pooled(settings: ContainerSettings) -> DockerWorker | None:
     """A warm container for `settings`, if the pool has a live one (dead ones are removed)."""
-    while True:
-        with _pool_lock:
-            pool = _POOLS.get(settings)
-            if not pool:
-                return None
-            worker = pool.pop(0)
-        if worker.socket_open():
-            return worker
-        _BACKGROUND.submit(worker.remove_now)
+    return CONTAINERS.take(settings)
+
+
+def _started(settings: ContainerSettings) -> DockerWorker | None:
+    try:
+        return start_container(settings)
+    except Exception:  # the next session's cold start reports the problem properly
+        return None
 
 
 def refill(settings: ContainerSettings, size: int) -> None:
     """Top up the pool of `settings` to `size` in a background thread; nobody waits for it."""
-
-    def fill() -> None:
-        while True:
-            with _pool_lock:
-                if len(_POOLS.setdefault(settings, [])) >= size:
-                    return
-            try:
-                worker = start_container(settings)
-            except Exception:  # the next session's cold start reports the problem properly
-                return
-            with _pool_lock:
-                _POOLS[settings].append(worker)
-
-    _BACKGROUND.submit(fill)
+    RESOURCES.submit("background", fill, CONTAINERS, settings, size, functools.partial(_started, settings))
 
 
 def pooled_count(settings: ContainerSettings) -> int:
     """How many warm containers wait for `settings` (benchmarks wait for a full pool with it)."""
-    with _pool_lock:
-        return len(_POOLS.get(settings, []))
+    return CONTAINERS.count(settings)
 
 
 def drain_pools() -> None:
     """Remove every pooled container of this process (blocking)."""
-    with _pool_lock:
-        workers = [w for pool in _POOLS.values() for w in pool]
-        _POOLS.clear()
-    for worker in workers:
+    for worker in CONTAINERS.drain():
         worker.remove_now()
 
 
@@ -1041,7 +1032,7 @@ def sweep_orphans_soon() -> None:
     global _orphans_swept
     if not _orphans_swept:
         _orphans_swept = True
-        _BACKGROUND.submit(_sweep_orphans)
+        RESOURCES.submit("background", _sweep_orphans)
 
 
 def _sweep_orphans() -> None:
@@ -1051,7 +1042,7 @@ def _sweep_orphans() -> None:
         pass
 
 
-@atexit.register
+@RESOURCES.on_close
 def _remove_all_at_exit() -> None:
     if _client is None:
         return
