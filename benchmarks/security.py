@@ -213,6 +213,7 @@ async def run_attack(backend: str, attack: Attack, where: Targets) -> dict[str, 
     import anyio
 
     from sandboxes import open_executor
+    from sandboxes.backends import backend_name
 
     name, options = _executor_options(backend)
     canary = where.new_canary()
@@ -221,7 +222,7 @@ async def run_attack(backend: str, attack: Attack, where: Targets) -> dict[str, 
     result = None
     usable = True
     started = time.perf_counter()
-    async with open_executor(name, timeout=attack.timeout, **options) as executor:
+    async with open_executor(backend_name(name), timeout=attack.timeout, **options) as executor:
         with anyio.move_on_after(attack.timeout + SURVIVE_GRACE):
             result = await executor.run(code)
         elapsed = time.perf_counter() - started
@@ -255,9 +256,10 @@ async def run_attack(backend: str, attack: Attack, where: Targets) -> dict[str, 
 
 async def run_benign(backend: str, snippet: Benign) -> dict[str, Any]:
     from sandboxes import open_executor
+    from sandboxes.backends import backend_name
 
     name, options = _executor_options(backend)
-    async with open_executor(name, timeout=DEFAULT_TIMEOUT, **options) as executor:
+    async with open_executor(backend_name(name), timeout=DEFAULT_TIMEOUT, **options) as executor:
         result = await executor.run(snippet.code)
     correct = result.ok and result.stdout == snippet.expected
     return {
@@ -271,9 +273,10 @@ async def run_benign(backend: str, snippet: Benign) -> dict[str, Any]:
 async def backend_isolation(backend: str) -> str:
     """Open one session to find out whether the backend works here and at which isolation level."""
     from sandboxes import open_executor
+    from sandboxes.backends import backend_name
 
     name, options = _executor_options(backend)
-    async with open_executor(name, timeout=30, **options) as executor:
+    async with open_executor(backend_name(name), timeout=30, **options) as executor:
         await executor.run("pass")
         return executor.isolation
 

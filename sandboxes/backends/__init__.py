@@ -7,10 +7,16 @@ are imported only by those who use them.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Final, Literal, get_args
+from typing import TYPE_CHECKING, Any, Final, Literal, Unpack, get_args, overload
 
 from ..errors import UnknownBackend
 from ..executor import Executor, Snapshot
+
+if TYPE_CHECKING:  # the backends' modules are imported on demand, never here
+    from .docker import DockerExecutor, DockerOptions
+    from .e2b import E2BExecutor, E2BOptions
+    from .host import HostExecutor, HostOptions
+    from .ray import RayExecutor, RayOptions
 
 BackendName = Literal["host", "docker", "e2b", "ray"]
 """A backend's name: the one list every reader (kodeagent's `RunEnv`, the CLI, the benchmarks) takes."""
@@ -25,6 +31,15 @@ BACKENDS: dict[str, tuple[str, str]] = {
 }
 
 
+def backend_name(name: str) -> BackendName:
+    """`name` as a `BackendName` (for a name known only at run time: a command line, a config file),
+    or `UnknownBackend` naming the choices; what `open_executor`'s typed overloads then accept."""
+    for known in BACKEND_NAMES:
+        if name == known:
+            return known
+    raise UnknownBackend(f"unknown backend {name!r}; choose one of: {', '.join(BACKEND_NAMES)}")
+
+
 def executor_class(backend: str) -> type[Executor]:
     """The `Executor` subclass of a backend, by name."""
     try:
@@ -35,10 +50,34 @@ def executor_class(backend: str) -> type[Executor]:
     return cls
 
 
+@overload
+def open_executor(
+    backend: Literal["host"] = "host",
+    *,
+    from_snapshot: Snapshot | None = None,
+    **options: Unpack[HostOptions],
+) -> HostExecutor: ...
+@overload
+def open_executor(
+    backend: Literal["docker"], *, from_snapshot: Snapshot | None = None, **options: Unpack[DockerOptions]
+) -> DockerExecutor: ...
+@overload
+def open_executor(
+    backend: Literal["e2b"], *, from_snapshot: Snapshot | None = None, **options: Unpack[E2BOptions]
+) -> E2BExecutor: ...
+@overload
+def open_executor(
+    backend: Literal["ray"], *, from_snapshot: Snapshot | None = None, **options: Unpack[RayOptions]
+) -> RayExecutor: ...
 def open_executor(
     backend: str = "host", *, from_snapshot: Snapshot | None = None, **options: Any
 ) -> Executor:
     """Create the executor of `backend` ("host", "docker", "e2b" or "ray") with its options.
+
+    Typed per backend: the options are the backend's TypedDict (`HostOptions`, `DockerOptions`,
+    `E2BOptions`, `RayOptions`), so a type checker refuses an option the backend does not take and
+    an editor completes them. A name known only at run time must be a `BackendName`: pass a ``str``
+    through `backend_name` first; an unknown one is `UnknownBackend`.
 
     Use the result as an async context manager; it opens on entry and closes on exit::
 

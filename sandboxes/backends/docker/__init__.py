@@ -7,6 +7,24 @@ Modules: `executor` (`DockerExecutor`), `container` (one container per session, 
 pool and usage probe), `shared` (several sessions in one container, behind its session host).
 """
 
-from .executor import ContainerSettings, DockerExecutor, DockerWorker, client, drain_pools, pooled_count
+from .executor import (
+    ContainerOptions,
+    ContainerSettings,
+    DockerExecutor,
+    DockerOptions,
+    DockerWorker,
+    client,
+    drain_pools,
+    pooled_count,
+)
 
-__all__ = ["ContainerSettings", "DockerExecutor", "DockerWorker", "client", "drain_pools", "pooled_count"]
+__all__ = [
+    "ContainerOptions",
+    "ContainerSettings",
+    "DockerExecutor",
+    "DockerOptions",
+    "DockerWorker",
+    "client",
+    "drain_pools",
+    "pooled_count",
+]

@@ -17,7 +17,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, TypedDict
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field
@@ -95,20 +95,31 @@ class ContainerSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    image: str = DEFAULT_IMAGE
+    image: str = Field(DEFAULT_IMAGE, description="The sandbox image (`python -m sandboxes.images build`).")
     memory_mb: int = Field(
         2048, ge=16, description="Memory limit (`Limits.memory_mb`); swap limited to the same."
     )
     cpus: float = Field(1.0, gt=0, description="CPU quota in cores.")
-    pids_limit: int = Field(128, ge=2, description="Processes and threads in the container.")
+    pids_limit: int = Field(
+        128,
+        ge=2,
+        description="Processes and threads in the container (at most `max_processes` + 1 for its init).",
+    )
     network: bool = Field(
         False,
         description="Network on (`Policy.network`): still no network of Docker's (``none``); the egress "
         "gateway's listener is put into the container's namespace, its only way out.",
     )
-    read_only: bool = Field(True, description="Mount the root filesystem read-only.")
+    read_only: bool = Field(
+        True,
+        description="Mount the root filesystem read-only (the working directory and /tmp stay writable).",
+    )
     tmp_mb: int = Field(64, ge=1, description="Size of the tmpfs at /tmp.")
-    user: str = Field(SANDBOX_UID, description="uid:gid the runner runs as.")
+    user: str = Field(
+        SANDBOX_UID,
+        description="uid:gid the runner runs as. The image's /workspace must belong to it (the standard "
+        "images: 1000:1000); never root unless you mean it. Not for shared containers (a uid per session).",
+    )
     drop_capabilities: bool = Field(True, description="Drop every Linux capability.")
     no_new_privileges: bool = Field(True, description="Forbid gaining privileges (setuid binaries).")
     open_files: int = Field(1024, ge=16, description="RLIMIT_NOFILE of the container.")
@@ -119,8 +130,11 @@ class ContainerSettings(BaseModel):
     sessions_per_container: int = Field(
         1,
         ge=1,
-        description="Sessions one container hosts, one after another (1: a container per session); "
-        "above 1 the container runs the session host (`docker.shared`).",
+        description="Sessions one container hosts, one after another. 1 gives every session a container "
+        "of its own, removed at its close: the kernel boundary between any two sessions. Above 1 the "
+        "container runs the session host (`docker.shared`): each session a fresh runner as a uid of its "
+        "own, everything of it killed, removed and checked at its close, so a fresh session costs "
+        "milliseconds instead of a container's life.",
     )
 
     preload: tuple[tuple[str, str], ...] = Field(
@@ -182,6 +196,30 @@ class ContainerSettings(BaseModel):
             "labels": {LABEL_SANDBOX: "1", LABEL_OWNER: owner_label()},
             "host_config": host_config,
         }
+
+
+class ContainerOptions(TypedDict, total=False):
+    """The container options a caller sets (`DockerExecutor(**options)`, ``open_executor("docker",
+    ...)``), typed for the type checker and an editor: their meanings, defaults and bounds are the
+    `ContainerSettings` fields of the same names and types, declared there once (a unit test keeps
+    the two equal). The other fields come from the executor's common options: `memory_mb` and
+    `network` from the policy, `host_workdir` from `workdir`, `preload` from the executor's own."""
+
+    image: str
+    cpus: float
+    pids_limit: int
+    read_only: bool
+    tmp_mb: int
+    user: str
+    drop_capabilities: bool
+    no_new_privileges: bool
+    open_files: int
+    file_size_mb: int
+    sessions_per_container: int
+
+
+CONTAINER_OPTIONS: Final = frozenset(ContainerOptions.__annotations__)
+"""The names of `ContainerOptions`, at run time."""
 
 
 # ---------------------------------------------------------------------- the channel

@@ -522,6 +522,22 @@ class E2BForkWorker(E2BWorker):
         await super().detach()
 
 
+class E2BOptions(ExecutorOptions, total=False):
+    """Every option `E2BExecutor` takes (all by keyword), typed for ``open_executor("e2b", ...)``:
+    the common ones and the executor's own (its docstring says what each does)."""
+
+    template: str
+    pip_packages: Sequence[str]
+    api_key: str | None
+    sandbox_timeout: int
+    max_concurrent_sandboxes: int
+    install_timeout: float
+    api_url: str | None
+    sandbox_url: str | None
+    domain: str | None
+    request_timeout: float
+
+
 class E2BExecutor(Executor):
     """Runs code in an E2B sandbox (a Firecracker microVM in E2B's cloud), one sandbox per session.
 

@@ -9,6 +9,6 @@ Modules: `executor` (`HostExecutor`, the warm pool), `process` (the worker and i
 that collects their processes), `sweep` (finding and killing a user's processes).
 """
 
-from .executor import HostExecutor, namespaces_available
+from .executor import HostExecutor, HostOptions, namespaces_available
 
-__all__ = ["HostExecutor", "namespaces_available"]
+__all__ = ["HostExecutor", "HostOptions", "namespaces_available"]

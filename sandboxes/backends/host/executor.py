@@ -278,13 +278,22 @@ async def _retire(worker: Worker) -> None:
     await worker.retire()
 
 
+class HostOptions(ExecutorOptions, total=False):
+    """Every option `HostExecutor` takes (all by keyword), typed for ``open_executor("host", ...)``:
+    the common ones and the executor's own (its docstring says what each does and its default)."""
+
+    isolation: Isolation
+    pool: bool
+    preload: Sequence[str | os.PathLike[str]]
+
+
 class HostExecutor(Executor):
     """Runs code in a worker process on this machine. See the module docs for the isolation levels.
 
     Args:
-        isolation: ``"auto"`` (namespaces when bubblewrap works here, else process), ``"namespaces"``
-            (fail if unavailable) or ``"process"``.
-        pool: take a pre-started worker from the warm pool (not possible with an explicit `workdir`);
+        isolation: ``"auto"`` (the default: namespaces when bubblewrap works here, else process),
+            ``"namespaces"`` (fail if unavailable) or ``"process"``.
+        pool: (default True) take a pre-started worker from the warm pool (not possible with an explicit `workdir`);
             for options opened recently, one whose runner has already answered this executor's
             `init` (see `HostPools`), so opening costs no round trip to the runner.
         preload: trusted Python files (``name.py``) imported once, in the fork server, before any
