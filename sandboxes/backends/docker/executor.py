@@ -25,7 +25,7 @@ process that uses this backend, or by ``python -m sandboxes.images cleanup``.
 
 Fork (`fork()`, snapshots): the new session lives in the parent's container (the runner forks
 itself; a ``docker exec`` relay carries its channel), and the container is removed when the last
-session of that family closes (`docker.container.Family`, docs/fork.md).
+session of that family closes (`docker.family.Family`, docs/fork.md).
 
 Why opening a session is cheap: a small warm pool of started containers per configuration. By
 default a container serves exactly one session and is destroyed at its close; it is never handed
@@ -33,8 +33,8 @@ on. With ``sessions_per_container > 1`` a warm container hosts session after ses
 a fresh runner as a uid of its own, everything of it killed, removed and checked between them
 (`docker/shared.py`; docs/security.md says what separates two such sessions).
 
-The containers themselves (settings, start, pool, the worker on the attach socket) live in
-`docker/container.py`; this module is the executor.
+The containers themselves live in the package's other modules (`settings`, `container`, `stream`,
+`family`, `pool`, `probe`, `shared`); this module is the executor.
 """
 
 from __future__ import annotations
@@ -55,20 +55,10 @@ from ...preload import read_preload
 from ...runtime.protocol import InitRequest, LimitsConfig
 from ...session import RunnerSession, Session
 from ...worker import Worker
-from .container import (
-    CONTAINER_OPTIONS,
-    POOL_SIZE,
-    ContainerOptions,
-    ContainerSettings,
-    DockerWorker,
-    client,
-    drain_pools,
-    pooled_count,
-    refill,
-    start_container,
-    sweep_orphans_soon,
-    take_pooled,
-)
+from .container import DockerWorker, start_container, sweep_orphans_soon
+from .daemon import client
+from .pool import POOL_SIZE, drain_pools, pooled_count, refill, take_pooled
+from .settings import CONTAINER_OPTIONS, ContainerOptions, ContainerSettings
 from .shared import SharedSessionWorker, idle_count, refill_shared, start_shared, take_shared
 
 _checked_images: set[str] = set()

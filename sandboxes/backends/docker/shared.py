@@ -41,27 +41,12 @@ from ...worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExit
 from ..host.reap import PrivateUsers
 from ..resources import WarmPool
 from ..resources import fill as resources_fill
-from .container import (
-    RESOURCES,
-    SESSIONS_DIR,
-    ContainerProbe,
-    ContainerSettings,
-    Demultiplexer,
-    Family,
-    ForkedDockerWorker,
-    client,
-    container_cgroup_dirs,
-    container_exit_info,
-    create_and_attach,
-    drop_relay,
-    listen_answer,
-    remove_container,
-    remove_later,
-    run_helper,
-    start_relay,
-    stream_line,
-    stream_open,
-)
+from .container import ForkedDockerWorker, container_exit_info, create_and_attach, remove_later
+from .daemon import RESOURCES, client, remove_container
+from .family import Family, drop_relay, listen_answer, run_helper, start_relay
+from .probe import ContainerProbe, container_cgroup_dirs
+from .settings import SESSIONS_DIR, ContainerSettings
+from .stream import Demultiplexer, stream_line, stream_open
 
 SHARED_USERS = PrivateUsers(1_000_000 + (os.getpid() % 1000) * 1000)
 """Session uids of shared containers: 1,000,001 and up, 1,000 per parent process (by pid), so two

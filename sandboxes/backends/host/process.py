@@ -36,10 +36,11 @@ from ...errors import ForkError, ProtocolError, SandboxFileError, WorkerStartErr
 from ...preload import read_preload
 from ...runtime import RUNTIME_DIR
 from ...runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
-from ...usage import ProcessProbe, ProcessTree, find_in_namespace, parse_nspid, read_text
+from ...usage import ProcessTree, find_in_namespace, parse_nspid, read_text
 from ...worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, peek_sender
 from ..resources import resources
 from .bubblewrap import Bubblewrap, choose
+from .probe import ProcessProbe
 from .reap import REAPER, PrivateUsers
 from .sweep import kill_user_processes, process_uids, start_time, wait_until_reaped
 

@@ -64,9 +64,9 @@ from ...runtime.protocol import (
 )
 from ...session import OutputHandler, Session, SessionLost, ToolCaller
 from ...wire import check
-from .. import executor_class
-from ..docker.container import ContainerOptions
+from ..docker.settings import ContainerOptions
 from ..host.executor import Isolation
+from ..names import executor_class
 from .cluster import (
     SANDBOX_RESOURCE,
     Reservation,
