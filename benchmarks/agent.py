@@ -30,7 +30,7 @@ from typing import Any
 
 from rich.console import Console
 
-from sandboxes.backends import BACKEND_NAMES
+from sandboxes.backends import BACKEND_NAMES, backend_name
 
 from .common import (
     fmt_ms,
@@ -287,7 +287,7 @@ async def grade_humaneval(problem: dict[str, Any], answer: Any, backend: str) ->
 
     from .humaneval import policy_for
 
-    async with open_executor(backend, policy=policy_for(problem), timeout=10) as executor:
+    async with open_executor(backend_name(backend), policy=policy_for(problem), timeout=10) as executor:
         result = await executor.run(humaneval_program(problem, answer))
     return result.ok, "passed" if result.ok else str(result.error or "timed out")
 

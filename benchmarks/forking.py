@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sandboxes import Executor, ForkError, Limits, Policy, open_executor
+from sandboxes.backends import backend_name
 
 from .common import ratio, summarize
 
@@ -233,12 +234,12 @@ def fork_rows(
     log: Callable[[str], None] | None = None,
     **options: Any,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """The fork rows of `backend` (sessions from `open_executor(backend, **options)`), or no rows and
+    """The fork rows of `backend` (sessions from `open_executor(backend_name(backend), **options)`), or no rows and
     why: a backend that cannot fork answers the first `fork()` with `ForkError`, before any timing."""
     import anyio
 
     def make(**more: Any) -> Executor:
-        return open_executor(backend, **{**options, **more})
+        return open_executor(backend_name(backend), **{**options, **more})
 
     try:
         samples = anyio.run(measure, make, sizes, n, rebuild_n, big_n, big_rebuild_n, log)

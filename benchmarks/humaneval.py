@@ -61,7 +61,7 @@ from typing import Any
 
 from rich.console import Console
 
-from sandboxes.backends import BACKEND_NAMES
+from sandboxes.backends import BACKEND_NAMES, backend_name
 
 from .common import (
     RESULTS_DIR,
@@ -346,7 +346,7 @@ async def run_sandbox(
         if free:
             executor = free.pop()
         else:
-            executor = open_executor(backend, policy=policy, stateless=True, **options)
+            executor = open_executor(backend_name(backend), policy=policy, stateless=True, **options)
             opened.append(executor)
             await executor.open()
         try:
@@ -366,7 +366,7 @@ async def run_sandbox(
             if reuse:
                 result, parts = await run_reused(policy, code)
             else:
-                executor = open_executor(backend, policy=policy, **options)
+                executor = open_executor(backend_name(backend), policy=policy, **options)
                 result, parts = await open_and_run(executor, code)
             seconds = time.perf_counter() - started
         if executor is not None:
@@ -417,7 +417,7 @@ async def warm_up(
 
     policy = {"policy": harness_policy()} if semantics == "harness" else {}
     options = {**session_options(backend, semantics, 30, backend_options), "timeout": 30}
-    async with open_executor(backend, **policy, **options) as executor:
+    async with open_executor(backend_name(backend), **policy, **options) as executor:
         await executor.run("pass")
         isolation = executor.isolation
     warm = getattr(executor, "warm_containers", None)

@@ -162,6 +162,7 @@ async def throughput(backend: str, code: str, programs: int, concurrency: int) -
     """Seconds for `programs` fresh sessions (open, run, close), `concurrency` at a time, and the CPU
     seconds this process (the driver: its event loop and Ray's threads) spent meanwhile."""
     from sandboxes import open_executor
+    from sandboxes.backends import backend_name
 
     options: dict[str, Any] = {"node_backend": "host"} if backend == "ray" else {}
     limiter = anyio.CapacityLimiter(concurrency)
@@ -169,7 +170,7 @@ async def throughput(backend: str, code: str, programs: int, concurrency: int) -
 
     async def one() -> None:
         async with limiter:
-            async with open_executor(backend, timeout=30, **options) as executor:
+            async with open_executor(backend_name(backend), timeout=30, **options) as executor:
                 result = await executor.run(code)
                 if not result.ok:
                     failures.append(str(result.error))

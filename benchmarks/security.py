@@ -211,9 +211,10 @@ def _stopped_by(result: Any) -> str:
 def executor_maker(backend: str) -> Callable[..., Any]:
     """Unopened executors of `backend` (a name of `BACKEND_CHOICES`), given their common options."""
     from sandboxes import open_executor
+    from sandboxes.backends import backend_name
 
     name, options = _executor_options(backend)
-    return lambda **more: open_executor(name, **options, **more)
+    return lambda **more: open_executor(backend_name(name), **options, **more)
 
 
 async def run_attack(backend: str, attack: Attack, where: Targets) -> dict[str, Any]:
@@ -284,9 +285,10 @@ async def check_benign(make: Callable[..., Any], snippet: Benign) -> dict[str, A
 async def backend_isolation(backend: str) -> str:
     """Open one session to find out whether the backend works here and at which isolation level."""
     from sandboxes import open_executor
+    from sandboxes.backends import backend_name
 
     name, options = _executor_options(backend)
-    async with open_executor(name, timeout=30, **options) as executor:
+    async with open_executor(backend_name(name), timeout=30, **options) as executor:
         await executor.run("pass")
         return executor.isolation
 

@@ -55,6 +55,7 @@ import anyio
 from rich.console import Console
 
 from sandboxes import BackendUnavailable, Limits, Policy, open_executor
+from sandboxes.backends import backend_name
 from sandboxes.executor import Executor
 
 from .common import add_backend_option, make_console, parse_key_values, print_table, publish, script_main
@@ -123,12 +124,12 @@ def _expect(condition: bool, what: str, result: Any) -> None:
 
 def _executor(backend: str, kind: str, options: dict[str, Any]) -> Executor:
     if kind == "timeout":
-        return open_executor(backend, timeout=SHORT_TIMEOUT, **options)
+        return open_executor(backend_name(backend), timeout=SHORT_TIMEOUT, **options)
     if kind == "crash":
-        return open_executor(backend, timeout=TIMEOUT, policy=CRASH_POLICY, **options)
+        return open_executor(backend_name(backend), timeout=TIMEOUT, policy=CRASH_POLICY, **options)
     if kind == "oom":
-        return open_executor(backend, timeout=TIMEOUT, policy=MEMORY_POLICY, **options)
-    return open_executor(backend, timeout=TIMEOUT, **options)
+        return open_executor(backend_name(backend), timeout=TIMEOUT, policy=MEMORY_POLICY, **options)
+    return open_executor(backend_name(backend), timeout=TIMEOUT, **options)
 
 
 async def _after(executor: Executor, what: str) -> None:

@@ -25,10 +25,11 @@ def _try_backend(backend: str, **options: Any) -> tuple[bool, str, str | None]:
     import anyio
 
     from sandboxes import BackendUnavailable, open_executor
+    from sandboxes.backends import backend_name
 
     async def go() -> tuple[str, str]:
         with anyio.fail_after(DOCTOR_TIMEOUT):
-            async with open_executor(backend, timeout=30, **options) as executor:
+            async with open_executor(backend_name(backend), timeout=30, **options) as executor:
                 result = await executor.run("print(1)")
                 return result.stdout, executor.isolation
 

@@ -71,9 +71,9 @@ from .session import (
     Session,
     SessionLost,
     ToolCaller,
-    UsageProbe,
 )
 from .toolbridge import ToolCalls, ToolFunction, checked_call, still_running
+from .usage import UsageProbe
 from .worker import Worker
 
 __all__ = [

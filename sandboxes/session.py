@@ -51,7 +51,7 @@ import anyio
 
 from .errors import ForkError, ProtocolError, SandboxFileError, WorkerStartError
 from .events import DEFAULT_STREAM_CHARS, DEFAULT_STREAM_RATE, OutputEvent
-from .models import Artifact, ExecutionError, ExecutionResult, ForkReport, RunUsage
+from .models import Artifact, ExecutionError, ExecutionResult, ForkReport
 from .runtime import bounds, values
 from .runtime.protocol import (
     UNCARRIABLE_VALUE,
@@ -69,6 +69,7 @@ from .runtime.protocol import (
     ToolResult,
 )
 from .toolbridge import for_run, next_run_number
+from .usage import UsageProbe
 from .wire import check
 from .worker import ForkPlan, Worker, WorkerExited
 
@@ -101,22 +102,6 @@ class SessionLost(Exception):
         super().__init__(detail)
         self.detail = detail
         self.oom = oom
-
-
-class UsageProbe(ABC):
-    """Measures one run from outside the sandbox, where the code cannot forge the figures.
-
-    The executor calls `start` just before it sends the code and `stop` once the reply is in, or,
-    for a run it stops (its timeout), before the kill, so a killed run still reports what it used.
-    Neither may raise: a figure that cannot be read is None (`stop` may return None altogether)."""
-
-    @abstractmethod
-    async def start(self) -> None:
-        """Take the 'before' reading (and reset the peak where the platform allows it)."""
-
-    @abstractmethod
-    async def stop(self) -> RunUsage | None:
-        """Take the 'after' reading and return what the run used."""
 
 
 class Session(ABC):

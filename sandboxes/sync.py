@@ -157,6 +157,6 @@ class SyncEventStream(Iterator[Event]):
 
 def open_executor_sync(backend: str = "host", **options: Any) -> SyncExecutor:
     """The blocking twin of `open_executor`: use it in a `with` block."""
-    from .backends import open_executor
+    from .backends import backend_name, open_executor
 
-    return SyncExecutor(open_executor(backend, **options))
+    return SyncExecutor(open_executor(backend_name(backend), **options))

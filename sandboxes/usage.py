@@ -1,14 +1,15 @@
 """What a run used, read from outside the sandbox: the readings behind `ExecutionResult.usage`.
 
-Each backend measures where the code cannot reach (see `session.UsageProbe`):
+Each backend measures where the code cannot reach, with a `UsageProbe` of its own (in its package):
 
-- host: the parent reads the runner's /proc entries (`ProcessTree`): CPU of the runner and of its
+- host: the parent reads the runner's /proc entries (`ProcessTree`, read by `backends/host/probe.py`): CPU of the runner and of its
   whole process tree (live and zombie descendants, and what reaped children left in ``cutime``/
   ``cstime``), and the runner's peak RSS (``VmHWM``), reset before each run through ``clear_refs``;
-- Docker: the container's cgroup v1, read on the host (the Docker backend's `ContainerProbe`):
-  ``cpuacct`` and the memory controller's ``max_usage_in_bytes`` (reset before each run), or the
-  daemon's stats of the container where this process cannot read the host's cgroups;
-- E2B: the sandbox's metrics (`metrics_usage`): coarse samples of the whole microVM.
+- Docker: the container's cgroup v1, read on the host (`backends/docker/probe.py`): ``cpuacct`` and
+  the memory controller's ``max_usage_in_bytes`` (reset before each run), or the daemon's stats of
+  the container where this process cannot read the host's cgroups;
+- E2B: the sandbox's metrics (`metrics_usage`, read by the E2B backend's `MetricsProbe`): coarse
+  samples of the whole microVM.
 
 The parsing here is pure (no process, no file of its own) so that it is tested on its own.
 """
@@ -17,13 +18,29 @@ from __future__ import annotations
 
 import os
 import threading
-import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .models import RunUsage
-from .session import UsageProbe
+
+
+class UsageProbe(ABC):
+    """Measures one run from outside the sandbox, where the code cannot forge the figures.
+
+    The executor calls `start` just before it sends the code and `stop` once the reply is in, or,
+    for a run it stops (its timeout), before the kill, so a killed run still reports what it used.
+    Neither may raise: a figure that cannot be read is None (`stop` may return None altogether)."""
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Take the 'before' reading (and reset the peak where the platform allows it)."""
+
+    @abstractmethod
+    async def stop(self) -> RunUsage | None:
+        """Take the 'after' reading and return what the run used."""
+
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -267,34 +284,6 @@ def find_in_namespace(root: int, ns_pid: int | None, skip: Iterable[str] = ("bwr
         if name not in skipped:
             return pid
     return None
-
-
-class ProcessProbe(UsageProbe):
-    """`session.UsageProbe` for a host worker: its runner's process tree, read from /proc."""
-
-    def __init__(self, tree: ProcessTree | None) -> None:
-        self.tree = tree
-        self.before: CpuReading | None = None
-        self.scope = "session"
-        self.started = 0.0
-
-    async def start(self) -> None:
-        if self.tree is not None:
-            self.before = self.tree.cpu()  # first: it checks that the pid is still the runner's
-            cleared = self.before is not None and self.tree.clear_peak()
-            self.scope = "run" if cleared else "session"
-        self.started = time.perf_counter()
-
-    async def stop(self) -> RunUsage | None:
-        wall = time.perf_counter() - self.started
-        if self.tree is None:
-            return None
-        after = self.tree.cpu()
-        peak = self.tree.peak_rss() if after is not None else None
-        user = system = None
-        if after is not None and self.before is not None:
-            user, system = after.since(self.before)
-        return make_usage(user, system, peak, wall, self.scope, "proc", cpu_exact=True, peak_exact=True)
 
 
 def make_usage(

@@ -22,7 +22,7 @@ import anyio
 from .errors import FileTooLarge
 
 if TYPE_CHECKING:
-    from .session import UsageProbe
+    from .usage import UsageProbe
 
 MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 """The default bound of one protocol line. The executor sets each worker's `line_limit` from its output
@@ -67,7 +67,7 @@ class Worker(ABC):
     """The runner's channel token, learnt from its `init` reply before any code runs (set by `Executor`)."""
 
     def usage_probe(self) -> UsageProbe | None:
-        """A probe that measures a run of this worker from outside it (see `session.UsageProbe`), or None
+        """A probe that measures a run of this worker from outside it (see `usage.UsageProbe`), or None
         where the backend cannot."""
         return None
 

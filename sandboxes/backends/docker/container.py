@@ -1,273 +1,43 @@
-"""The Docker backend's containers: how one is configured, started (cold or from the warm pool),
-talked to (`DockerWorker`: the attach socket, demultiplexed), forked (`ForkedDockerWorker`: a
-session forked inside the same container, reached through a ``docker exec`` relay) and removed.
-`docker.py` builds the executor on top; see its docstring for why the containers are made this way."""
+"""The Docker backend's worker: one container running the runner, talked to over its attach socket
+(`DockerWorker`), a session forked inside the same container and reached through a ``docker exec``
+relay (`ForkedDockerWorker`), how a container is started and removed, and what removes every container
+of this process at exit. `executor.py` builds the executor on top; see its docstring for why the
+containers are made this way. Settings, the stream, the family, the pool and the usage probe are the
+package's other modules."""
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import io
-import itertools
 import os
 import socket
-import struct
 import tarfile
-import threading
 import time
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import anyio
-from pydantic import BaseModel, ConfigDict, Field
 
 from ...errors import BackendUnavailable, ForkError, SandboxFileError, WorkerStartError
 from ...images import (
-    DEFAULT_IMAGE,
-    LABEL_OWNER,
-    LABEL_SANDBOX,
     cleanup,
-    docker_client,
     image_missing_message,
-    owner_label,
 )
-from ...models import RunUsage
-from ...session import UsageProbe
-from ...usage import CpuReading, cgroup_paths, make_usage, parse_cpuacct_stat, split_cpu
-from ...worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
+from ...worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit
+from .daemon import RESOURCES, client, connected, remove_container
+from .family import Family, close_relay, drop_relay, leave, leave_later, listen_answer, start_exec_relay
+from .probe import ContainerProbe, container_cgroup_dirs
+from .settings import FORKS_DIR, SANDBOX_UID, WORKDIR, ContainerSettings
+from .stream import Demultiplexer, stream_line, stream_open
 
-if TYPE_CHECKING:
-    from .shared import SharedSessionWorker
-
-WORKDIR = "/workspace"
-FORKS_DIR = "/forks"
-"""Where forked sessions' working directories live in the container (an anonymous volume of its own,
-so the parent's /workspace never lists them and the files API reaches them)."""
-RUNNER_COMMAND = ("python3", "-I", "/opt/kodeagent/runtime/runner.py")
-HELPER_COMMAND = ("python3", "-I", "-S", "/opt/kodeagent/runtime/forkrelay.py")
-SESSION_HOST_COMMAND = ("python3", "-I", "/opt/kodeagent/runtime/sessionhost.py")
-SESSION_HOST_CAPABILITIES = ("SETUID", "SETGID", "SETPCAP", "KILL")
-"""What the session host of a shared container needs: start sessions as other uids, empty their
-bounding sets, kill them. Sessions themselves hold no capability at all."""
-SESSIONS_DIR = "/sessions"
-"""The working directories of a shared container's sessions (mode 1733 in the image: anyone may
-make an entry, nobody may list them)."""
-MEMORY_HEADROOM_MB = 128
-"""A shared container's memory above `memory_mb`: the session host's, and room for a session's
-``MemoryError`` (its address-space rlimit) to come before the container's OOM killer."""
 HANDOVER_TIMEOUT = 15.0
 """Seconds a fork waits for its relay's ``docker exec`` to start."""
-SANDBOX_UID = "1000:1000"
-POOL_SIZE = 2
 GO_MODE_SYMLINK = 1 << 27
 """The symlink bit of Go's os.FileMode, as the daemon reports it in an archive's stat header."""
 ARCHIVE_HEADER_ROOM = 1 << 20
 """Bytes of a file read's tar stream allowed beyond the file itself: its headers (a long name, the
 extended attributes the daemon adds) and padding."""
-STDERR_KEPT = 4096
-"""Bytes of the runner's own stderr kept to explain a crash (user output never goes there)."""
-
-_client_lock = threading.Lock()
-_client: Any = None
 _orphans_swept = False
-# Pool refills and background removals run here, never in the event loop.
-_BACKGROUND = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kodeagent-docker")
-# Removals of closed sessions' containers queue here, apart from refills so they never delay them.
-# Queued work still runs at interpreter exit (the executor drains its queue before its threads end).
-_REMOVER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kodeagent-docker-rm")
-
-
-def client() -> Any:
-    """The process-wide Docker client (connects and pings once), or `BackendUnavailable`."""
-    global _client
-    with _client_lock:
-        if _client is None:
-            _client = docker_client()
-        return _client
-
-
-class ContainerSettings(BaseModel):
-    """Everything that decides how a sandbox container is created; equal settings share a warm pool."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    image: str = DEFAULT_IMAGE
-    memory_mb: int = Field(
-        2048, ge=16, description="Memory limit (`Limits.memory_mb`); swap limited to the same."
-    )
-    cpus: float = Field(1.0, gt=0, description="CPU quota in cores.")
-    pids_limit: int = Field(128, ge=2, description="Processes and threads in the container.")
-    network: bool = Field(
-        False,
-        description="Network on (`Policy.network`): still no network of Docker's (``none``); the egress "
-        "gateway's listener is put into the container's namespace, its only way out.",
-    )
-    read_only: bool = Field(True, description="Mount the root filesystem read-only.")
-    tmp_mb: int = Field(64, ge=1, description="Size of the tmpfs at /tmp.")
-    user: str = Field(SANDBOX_UID, description="uid:gid the runner runs as.")
-    drop_capabilities: bool = Field(True, description="Drop every Linux capability.")
-    no_new_privileges: bool = Field(True, description="Forbid gaining privileges (setuid binaries).")
-    open_files: int = Field(1024, ge=16, description="RLIMIT_NOFILE of the container.")
-    file_size_mb: int = Field(1024, ge=1, description="RLIMIT_FSIZE of the container: the largest file.")
-    host_workdir: str | None = Field(
-        None, description="A host directory bind-mounted as the working directory."
-    )
-    sessions_per_container: int = Field(
-        1,
-        ge=1,
-        description="Sessions one container hosts, one after another (1: a container per session); "
-        "above 1 the container runs the session host (`docker.shared`).",
-    )
-
-    preload: tuple[tuple[str, str], ...] = Field(
-        (), description="Trusted modules (name, source) a shared container's host imports before any session."
-    )
-
-    @property
-    def shared(self) -> bool:
-        """Whether these containers host successive sessions (`docker.shared`)."""
-        return self.sessions_per_container > 1
-
-    def create_arguments(self, api: Any) -> dict[str, Any]:
-        """Keyword arguments of the low-level `create_container` call."""
-        from docker.types import Mount, Ulimit
-
-        if self.host_workdir is not None:
-            workspace = Mount(WORKDIR, self.host_workdir, type="bind")
-        else:  # anonymous volume: gets /workspace's owner from the image, removed with the container
-            workspace = Mount(WORKDIR, None, type="volume")
-        mounts = [workspace, Mount(FORKS_DIR, None, type="volume")]
-        memory_mb, command, user = self.memory_mb, list(RUNNER_COMMAND), self.user
-        cap_add = None
-        if self.shared:  # the session host: root with the four capabilities it needs (docker.shared)
-            mounts.append(Mount(SESSIONS_DIR, None, type="volume"))
-            memory_mb += MEMORY_HEADROOM_MB
-            command, user, cap_add = list(SESSION_HOST_COMMAND), "0:0", list(SESSION_HOST_CAPABILITIES)
-        file_size = self.file_size_mb * 1024 * 1024
-        host_config = api.create_host_config(
-            network_mode="none",  # with network on too: the egress gateway is the way out
-            read_only=self.read_only,
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={self.tmp_mb}m,mode=1777"},
-            mounts=mounts,
-            cap_drop=["ALL"] if self.drop_capabilities or self.shared else None,
-            cap_add=cap_add,
-            security_opt=["no-new-privileges"] if self.no_new_privileges else None,
-            pids_limit=self.pids_limit,
-            mem_limit=f"{memory_mb}m",
-            memswap_limit=f"{memory_mb}m",
-            nano_cpus=int(self.cpus * 1e9),
-            ulimits=[
-                Ulimit(name="nofile", soft=self.open_files, hard=self.open_files),
-                Ulimit(name="fsize", soft=file_size, hard=file_size),
-                Ulimit(name="core", soft=0, hard=0),
-            ],
-            oom_score_adj=1000,  # under host memory pressure, sandboxes die first
-            init=True,
-            ipc_mode="private",
-        )
-        return {
-            "image": self.image,
-            "command": command,
-            "stdin_open": True,
-            "detach": False,  # with stdin_open: StdinOnce, so a vanished parent closes the stdin
-            "tty": False,
-            "user": user,
-            "working_dir": WORKDIR,
-            "hostname": "sandbox",
-            "environment": {"HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},
-            "labels": {LABEL_SANDBOX: "1", LABEL_OWNER: owner_label()},
-            "host_config": host_config,
-        }
-
-
-# ---------------------------------------------------------------------- the channel
-
-
-class Demultiplexer:
-    """Splits Docker's multiplexed attach stream (8-byte header: stream, 0, 0, 0, big-endian size)."""
-
-    def __init__(self) -> None:
-        self._raw = bytearray()
-        self.stdout = bytearray()
-        self.stderr_tail = bytearray()
-
-    def feed(self, data: bytes) -> None:
-        self._raw += data
-        while len(self._raw) >= 8:
-            stream, size = self._raw[0], struct.unpack(">I", self._raw[4:8])[0]
-            if len(self._raw) < 8 + size:
-                return
-            payload = bytes(self._raw[8 : 8 + size])
-            del self._raw[: 8 + size]
-            if stream == 1:
-                self.stdout += payload
-            else:
-                self.stderr_tail += payload
-                del self.stderr_tail[:-STDERR_KEPT]
-
-
-def stream_open(sock: socket.socket) -> bool:
-    """Whether a container's attach stream is still open. No daemon call: the daemon ends the stream
-    when the container stops, is removed, or the daemon itself goes away, so this is cheap and
-    sufficient."""
-    try:
-        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-
-
-async def stream_line(channel: SocketLineReader, demux: Demultiplexer, limit: int) -> bytes:
-    """The next line of a container's stdout on its attach stream (`WorkerExited` at its end)."""
-    while True:
-        line = take_line(demux.stdout, limit)
-        if line is not None:
-            return line
-        chunk = await channel.receive_some()
-        if not chunk:
-            raise WorkerExited("the container's attach stream ended")
-        demux.feed(chunk)
-
-
-def container_cgroup_dirs(container_id: str) -> tuple[str, str] | None:
-    """The container's cpuacct and memory cgroup directories on this host, from its init's pid
-    (blocking), or None where they cannot be read from here."""
-    try:
-        pid = client().api.inspect_container(container_id)["State"]["Pid"]
-    except Exception:
-        pid = 0
-    return find_cgroup_dirs(pid) if pid else None
-
-
-class Family:
-    """The sessions sharing one container: its first session and the forks made in it (`fork()`).
-
-    Members are plain tokens (a finalizer may leave on a worker's behalf). Only the last member to
-    leave removes the container (or, in a shared container, calls `finish` with its stream: the
-    session host then ends and cleans the family's uid); the others end their own runner's
-    processes (`forkrelay.py`)."""
-
-    _tokens = itertools.count(1)
-
-    def __init__(self, container_id: str, finish: Callable[[socket.socket], None] | None = None) -> None:
-        self.container_id = container_id
-        self.members: set[int] = set()
-        self.lock = threading.Lock()
-        self.finish = finish
-
-    def join(self) -> int:
-        with self.lock:
-            token = next(self._tokens)
-            self.members.add(token)
-            return token
-
-    def leave(self, token: int) -> bool:
-        """Remove `token`; True when nobody is left (the caller then removes the container)."""
-        with self.lock:
-            self.members.discard(token)
-            return not self.members
 
 
 class DockerWorker(Worker):
@@ -331,11 +101,11 @@ class DockerWorker(Worker):
             self._removed = True
             self._finalizer.detach()
             self._drop_spare()
-            self._close_attach()  # the socket itself closes in `remove_container` / `_leave`, in their order
+            self._close_attach()  # the socket itself closes in `remove_container` / `leave`, in their order
             if self.family is None:
                 remove_container(self.container_id, self.sock)
             else:
-                _leave(self.family, self.member, self.user, self.sock, self._ending())
+                leave(self.family, self.member, self.user, self.sock, self._ending())
 
     def _ending(self) -> tuple[str, ...]:
         """`forkrelay.py`'s arguments that end this session while others live in its container: the
@@ -374,7 +144,7 @@ class DockerWorker(Worker):
         """
         if self.family is not None:
             try:
-                _REMOVER.submit(self.remove_now)
+                RESOURCES.submit("remove", self.remove_now)
             except RuntimeError:  # interpreter shutting down
                 self.remove_now()
             return
@@ -384,7 +154,7 @@ class DockerWorker(Worker):
             self._finalizer.detach()
             self._close_stream()
             try:
-                _REMOVER.submit(remove_container, self.container_id, None)
+                RESOURCES.submit("remove", remove_container, self.container_id, None)
             except RuntimeError:  # interpreter shutting down
                 remove_container(self.container_id, None)
 
@@ -420,7 +190,7 @@ class DockerWorker(Worker):
                 attach = None
         for _ in range(2):  # a spare that died meanwhile: one fresh try
             if attach is None:
-                attach = _start_relay(self.container_id, self.user)
+                attach = start_exec_relay(self.container_id, self.user)
             raw: socket.socket = getattr(attach, "_sock", attach)
             try:
                 raw.sendall(f"{path} {secret}\n".encode())
@@ -434,14 +204,14 @@ class DockerWorker(Worker):
         """Start the relay of this session's next fork in the background (one idle process)."""
         if self._spare is None and not self._removed:
             try:
-                self._spare = _BACKGROUND.submit(_start_relay, self.container_id, self.user)
+                self._spare = RESOURCES.submit("background", start_exec_relay, self.container_id, self.user)
             except RuntimeError:  # interpreter shutting down
                 pass
 
     def _drop_spare(self) -> None:
         spare, self._spare = self._spare, None
         if spare is not None:  # closing its stream ends it (end-of-file before its first line)
-            spare.add_done_callback(_close_relay)
+            spare.add_done_callback(close_relay)
 
     def forked(self, plan: ForkPlan, pid: int) -> ForkedDockerWorker:
         if self.family is None:
@@ -450,7 +220,7 @@ class DockerWorker(Worker):
             # From now on a collected worker leaves the family instead of removing the container.
             self._finalizer.detach()
             self._finalizer = weakref.finalize(
-                self, _leave_later, self.family, self.member, self.user, self.sock, self._ending()
+                self, leave_later, self.family, self.member, self.user, self.sock, self._ending()
             )
             self._finalizer.atexit = False
         child = ForkedDockerWorker(
@@ -619,7 +389,7 @@ class ForkedDockerWorker(DockerWorker):
         self._cgroups = None
         self._spare = None
         self.stats_peak = None
-        self._finalizer = weakref.finalize(self, _leave_later, family, self.member, user, raw, self._ending())
+        self._finalizer = weakref.finalize(self, leave_later, family, self.member, user, raw, self._ending())
         self._finalizer.atexit = False
         _LIVE_FORKS.add(self)
 
@@ -676,106 +446,6 @@ def container_exit_info(container_id: str, stderr_tail: bytes) -> WorkerExit:
     return WorkerExit(detail=f"the container exited with code {state.get('ExitCode')}" + suffix)
 
 
-def drop_relay(plan: ForkPlan) -> None:
-    """Close the relay of a fork given up (it then ends; the runner removed the directory itself)."""
-    relay = plan.state.pop("relay", None)
-    if relay is not None:
-        try:
-            getattr(relay, "_sock", relay).close()
-        except OSError:
-            pass
-
-
-def listen_answer(plan: ForkPlan) -> tuple[str, str, int]:
-    """The socket path, secret and runner pid of a ``listen`` fork's answer, checked (`ForkError`)."""
-    path, secret, pid = plan.answer.get("path"), plan.answer.get("secret"), plan.answer.get("pid")
-    if (
-        not isinstance(path, str)
-        or not isinstance(secret, str)
-        or isinstance(pid, bool)
-        or not isinstance(pid, int)
-        or not 1 < pid < 1 << 22  # Linux's PID_MAX_LIMIT; 1 is the container's init
-        or any(c in path for c in "\n ")  # one line "PATH SECRET" for the relay
-        or not secret.isalnum()
-    ):
-        raise ForkError(f"the runner's fork_channel answer is malformed: {str(plan.answer)[:200]}")
-    return path, secret, pid
-
-
-def start_relay(container_id: str, user: str, path: str, secret: str) -> Any:
-    """A fresh relay for a fork, told where to connect (blocking): its attach socket."""
-    attach = _start_relay(container_id, user)
-    raw: socket.socket = getattr(attach, "_sock", attach)
-    try:
-        raw.sendall(f"{path} {secret}\n".encode())
-    except OSError as exc:
-        raw.close()
-        raise ForkError("the fork's relay closed its stream at once") from exc
-    return attach
-
-
-def _start_relay(container_id: str, user: str) -> Any:
-    """``forkrelay.py relay`` in the container, as the session's user: its attach socket (blocking).
-    It waits for its first line (where to connect) on that stream."""
-    import docker.errors
-
-    api = client().api
-    try:
-        created = api.exec_create(
-            container_id, [*HELPER_COMMAND, "relay"], stdin=True, stdout=True, stderr=True, user=user
-        )
-        return api.exec_start(created["Id"], socket=True)
-    except docker.errors.APIError as exc:
-        raise ForkError(f"Docker could not start the fork's relay: {exc.explanation or exc}") from exc
-
-
-def _close_relay(future: concurrent.futures.Future[Any]) -> None:
-    try:
-        attach = future.result()
-    except Exception:
-        return
-    try:
-        getattr(attach, "_sock", attach).close()
-    except OSError:
-        pass
-
-
-def run_helper(container_id: str, user: str, args: tuple[str, ...]) -> None:
-    """Run ``forkrelay.py ARGS`` in the container as `user` and wait for it (blocking). Never raises."""
-    try:
-        api = client().api
-        created = api.exec_create(container_id, [*HELPER_COMMAND, *args], stdout=True, stderr=True, user=user)
-        api.exec_start(created["Id"])  # returns once the helper has exited
-    except Exception:  # the container is gone already, or the daemon is down
-        pass
-
-
-def _leave(family: Family, member: int, user: str, sock: socket.socket, ending: tuple[str, ...]) -> None:
-    """One session of `family` ends (blocking): the last removes the container, any other its own
-    processes (`ending`: the helper's arguments), then its stream closes."""
-    if family.leave(member):
-        if family.finish is not None:
-            family.finish(sock)
-        else:
-            remove_container(family.container_id, sock)
-        return
-    run_helper(family.container_id, user, ending)
-    try:
-        sock.close()
-    except OSError:
-        pass
-
-
-def _leave_later(
-    family: Family, member: int, user: str, sock: socket.socket, ending: tuple[str, ...]
-) -> None:
-    """Finalizer of a family member nobody closed: `_leave` in the background."""
-    try:
-        _BACKGROUND.submit(_leave, family, member, user, sock, ending)
-    except RuntimeError:  # interpreter shutting down
-        _leave(family, member, user, sock, ending)
-
-
 _LIVE_FORKS: weakref.WeakSet[DockerWorker] = weakref.WeakSet()
 """Forked sessions of this process; their containers are removed at interpreter exit."""
 
@@ -787,145 +457,6 @@ _LIVE: weakref.WeakValueDictionary[str, DockerWorker] = weakref.WeakValueDiction
 executor nobody closed can still be garbage collected (its finalizer removes the container)."""
 
 
-CGROUP_ROOT = "/sys/fs/cgroup"
-
-
-class ContainerProbe(UsageProbe):
-    """`session.UsageProbe` for a container: its cgroup v1 as the host sees it (``cpuacct.usage``,
-    ``cpuacct.stat``, ``memory.max_usage_in_bytes``, reset before each run for a per-run peak),
-    or, where this process cannot read the host's cgroups (it runs in a container itself), the
-    daemon's stats of the container (CPU exact; memory the session's peak)."""
-
-    def __init__(self, worker: DockerWorker | SharedSessionWorker) -> None:
-        self.worker = worker
-        self.started = 0.0
-        self.before: tuple[int, CpuReading] | None = None
-        self.scope = "session"
-
-    async def start(self) -> None:
-        await anyio.to_thread.run_sync(self._start)
-        self.started = time.perf_counter()
-
-    def _start(self) -> None:
-        paths = self.worker.cgroup_dirs()
-        if paths is not None:
-            self.scope = (
-                "run" if _write(os.path.join(paths[1], "memory.max_usage_in_bytes"), "0") else "session"
-            )
-            self.before = _cgroup_cpu(paths[0])
-        else:
-            self.before = _stats_cpu(self.worker.container_id)
-
-    async def stop(self) -> RunUsage | None:
-        wall = time.perf_counter() - self.started
-        return await anyio.to_thread.run_sync(self._stop, wall)
-
-    def _stop(self, wall: float) -> RunUsage | None:
-        paths = self.worker.cgroup_dirs()
-        peak: int | None = None
-        if paths is not None:
-            after = _cgroup_cpu(paths[0])
-            text = _read_text(os.path.join(paths[1], "memory.max_usage_in_bytes"))
-            peak = int(text) if text and text.strip().isdigit() else None
-            source = "cgroup"
-        else:
-            after = _stats_cpu(self.worker.container_id, self.worker)
-            source = "docker-stats"
-        if after is None or self.before is None:
-            return make_usage(None, None, peak, wall, self.scope, source, cpu_exact=True, peak_exact=True)
-        if paths is None:
-            peak = self.worker.stats_peak
-        total = max(0, after[0] - self.before[0]) / 1e9
-        user, system = split_cpu(total, CpuReading(*after[1].since(self.before[1])))
-        return make_usage(
-            user, system, peak, wall, self.scope, source, cpu_exact=True, peak_exact=True, total=total
-        )
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as handle:
-            return handle.read()
-    except OSError:
-        return None
-
-
-def _write(path: str, text: str) -> bool:
-    try:
-        with open(path, "w", encoding="ascii") as handle:
-            handle.write(text)
-        return True
-    except OSError:
-        return False
-
-
-def _cgroup_cpu(directory: str) -> tuple[int, CpuReading] | None:
-    usage = _read_text(os.path.join(directory, "cpuacct.usage"))
-    stat = _read_text(os.path.join(directory, "cpuacct.stat"))
-    if not usage or not stat or not usage.strip().isdigit():
-        return None
-    return int(usage), parse_cpuacct_stat(stat)
-
-
-def _stats_cpu(
-    container_id: str, worker: DockerWorker | SharedSessionWorker | None = None
-) -> tuple[int, CpuReading] | None:
-    """The daemon's one-shot stats: CPU in ns (total, user, kernel); with `worker`, the memory peak is
-    kept on it (cgroup v1's max_usage, of the container's life)."""
-    try:
-        stats = client().api.stats(container_id, stream=False, one_shot=True)
-        usage = stats["cpu_stats"]["cpu_usage"]
-    except Exception:
-        return None
-    if worker is not None:
-        peak = (stats.get("memory_stats") or {}).get("max_usage")
-        worker.stats_peak = int(peak) if isinstance(peak, int) else None
-    return int(usage.get("total_usage", 0)), CpuReading(
-        usage.get("usage_in_usermode", 0) / 1e9, usage.get("usage_in_kernelmode", 0) / 1e9
-    )
-
-
-def find_cgroup_dirs(pid: int, root: str = CGROUP_ROOT) -> tuple[str, str] | None:
-    """The cpuacct and memory cgroup v1 directories of host process `pid`, if this process can read them."""
-    text = _read_text(f"/proc/{pid}/cgroup")
-    if not text:
-        return None
-    paths = cgroup_paths(text)
-    found = []
-    for controller, mounts in (
-        ("cpuacct", ("cpuacct", "cpu,cpuacct", "cpuacct,cpu")),
-        ("memory", ("memory",)),
-    ):
-        relative = paths.get(controller)
-        if relative is None:
-            return None
-        directory = next(
-            (
-                os.path.join(root, mount, relative.lstrip("/"))
-                for mount in mounts
-                if os.path.isdir(os.path.join(root, mount, relative.lstrip("/")))
-            ),
-            None,
-        )
-        if directory is None:
-            return None
-        found.append(directory)
-    return found[0], found[1]
-
-
-def remove_container(container_id: str, sock: socket.socket | None) -> None:
-    """Close `sock` and remove the container and its volumes (blocking; never raises)."""
-    if sock is not None:
-        try:
-            sock.close()
-        except OSError:
-            pass
-    try:
-        client().api.remove_container(container_id, force=True, v=True)
-    except Exception:  # already gone, or the daemon is down (then stdin_once stops it anyway)
-        pass
-
-
 def remove_later(container_id: str, sock: socket.socket) -> None:
     """Finalizer of a worker nobody closed: closing the socket stops it, the removal runs in the background."""
     _LIVE.pop(container_id, None)
@@ -934,7 +465,7 @@ def remove_later(container_id: str, sock: socket.socket) -> None:
     except OSError:
         pass
     try:
-        _BACKGROUND.submit(remove_container, container_id, None)
+        RESOURCES.submit("background", remove_container, container_id, None)
     except RuntimeError:  # interpreter shutting down: no more threads, remove it here
         remove_container(container_id, None)
 
@@ -985,63 +516,13 @@ def start_container(settings: ContainerSettings) -> DockerWorker:
     return worker
 
 
-_POOLS: dict[ContainerSettings, list[DockerWorker]] = {}
-_pool_lock = threading.Lock()
-
-
-def take_pooled(settings: ContainerSettings) -> DockerWorker | None:
-    """A warm container for `settings`, if the pool has a live one (dead ones are removed)."""
-    while True:
-        with _pool_lock:
-            pool = _POOLS.get(settings)
-            if not pool:
-                return None
-            worker = pool.pop(0)
-        if worker.socket_open():
-            return worker
-        _BACKGROUND.submit(worker.remove_now)
-
-
-def refill(settings: ContainerSettings, size: int) -> None:
-    """Top up the pool of `settings` to `size` in a background thread; nobody waits for it."""
-
-    def fill() -> None:
-        while True:
-            with _pool_lock:
-                if len(_POOLS.setdefault(settings, [])) >= size:
-                    return
-            try:
-                worker = start_container(settings)
-            except Exception:  # the next session's cold start reports the problem properly
-                return
-            with _pool_lock:
-                _POOLS[settings].append(worker)
-
-    _BACKGROUND.submit(fill)
-
-
-def pooled_count(settings: ContainerSettings) -> int:
-    """How many warm containers wait for `settings` (benchmarks wait for a full pool with it)."""
-    with _pool_lock:
-        return len(_POOLS.get(settings, []))
-
-
-def drain_pools() -> None:
-    """Remove every pooled container of this process (blocking)."""
-    with _pool_lock:
-        workers = [w for pool in _POOLS.values() for w in pool]
-        _POOLS.clear()
-    for worker in workers:
-        worker.remove_now()
-
-
 def sweep_orphans_soon() -> None:
     """Once per process, in the background: remove containers left behind by parents that died
     without cleaning up."""
     global _orphans_swept
     if not _orphans_swept:
         _orphans_swept = True
-        _BACKGROUND.submit(_sweep_orphans)
+        RESOURCES.submit("background", _sweep_orphans)
 
 
 def _sweep_orphans() -> None:
@@ -1051,11 +532,12 @@ def _sweep_orphans() -> None:
         pass
 
 
-@atexit.register
+@RESOURCES.on_close
 def _remove_all_at_exit() -> None:
-    if _client is None:
+    """Remove every container of this process (blocking): sessions', and forks' with their family
+    (the pools drain first: `pool.py` registers that clean-up later, so it runs before this one)."""
+    if not connected():
         return
-    drain_pools()
     families = {w.container_id: w for w in list(_LIVE_FORKS) if w.family is not None}
     for worker in list(_LIVE.values()):
         worker.remove_now()

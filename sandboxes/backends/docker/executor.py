@@ -25,7 +25,7 @@ process that uses this backend, or by ``python -m sandboxes.images cleanup``.
 
 Fork (`fork()`, snapshots): the new session lives in the parent's container (the runner forks
 itself; a ``docker exec`` relay carries its channel), and the container is removed when the last
-session of that family closes (`docker.container.Family`, docs/fork.md).
+session of that family closes (`docker.family.Family`, docs/fork.md).
 
 Why opening a session is cheap: a small warm pool of started containers per configuration. By
 default a container serves exactly one session and is destroyed at its close; it is never handed
@@ -33,40 +33,32 @@ on. With ``sessions_per_container > 1`` a warm container hosts session after ses
 a fresh runner as a uid of its own, everything of it killed, removed and checked between them
 (`docker/shared.py`; docs/security.md says what separates two such sessions).
 
-The containers themselves (settings, start, pool, the worker on the attach socket) live in
-`docker/container.py`; this module is the executor.
+The containers themselves live in the package's other modules (`settings`, `container`, `stream`,
+`family`, `pool`, `probe`, `shared`); this module is the executor.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Unpack
+from typing import Any, Final, Unpack, cast
 
 import anyio
+from pydantic import ValidationError
 
 from ...egress.policy import NetworkPolicy
 from ...egress.service import EgressLink, EgressUnavailable, attach_process_blocking, with_proxy_environment
 from ...errors import BackendUnavailable
-from ...executor import Executor, ExecutorOptions
-from ...images import DEFAULT_IMAGE, image_missing_message, stale_runner
+from ...executor import COMMON_OPTIONS, Executor, ExecutorOptions
+from ...images import image_missing_message, stale_runner
 from ...preload import read_preload
 from ...runtime.protocol import InitRequest, LimitsConfig
 from ...session import RunnerSession, Session
 from ...worker import Worker
-from .container import (
-    POOL_SIZE,
-    SANDBOX_UID,
-    ContainerSettings,
-    DockerWorker,
-    client,
-    drain_pools,
-    pooled_count,
-    refill,
-    start_container,
-    sweep_orphans_soon,
-    take_pooled,
-)
+from .container import DockerWorker, start_container, sweep_orphans_soon
+from .daemon import client
+from .pool import POOL_SIZE, drain_pools, pooled_count, refill, take_pooled
+from .settings import CONTAINER_OPTIONS, ContainerOptions, ContainerSettings
 from .shared import SharedSessionWorker, idle_count, refill_shared, start_shared, take_shared
 
 _checked_images: set[str] = set()
@@ -83,10 +75,32 @@ def _preload_sources(paths: Sequence[str | os.PathLike[str]]) -> tuple[tuple[str
     return tuple(sources)
 
 
+class DockerOptions(ExecutorOptions, ContainerOptions, total=False):
+    """Every option `DockerExecutor` takes (all by keyword): the common ones, the container's, and
+    the executor's own (below; the docstring of `DockerExecutor` says what each does)."""
+
+    pool: bool
+    pool_size: int
+    preload: Sequence[str | os.PathLike[str]]
+
+
+OWN_OPTIONS: Final = frozenset({"pool", "pool_size", "preload"})
+"""The executor's own options, beside the common and the container's."""
+
+
 SHARED_WAIT = 2.0
 """Seconds a shared-mode session waits for a container being cleaned before it starts a new one."""
 
-__all__ = ["ContainerSettings", "DockerExecutor", "DockerWorker", "client", "drain_pools", "pooled_count"]
+__all__ = [
+    "ContainerSettings",
+    "DockerExecutor",
+    "ContainerOptions",
+    "DockerOptions",
+    "DockerWorker",
+    "client",
+    "drain_pools",
+    "pooled_count",
+]
 
 
 # ---------------------------------------------------------------------- the executor
@@ -103,65 +117,48 @@ class DockerExecutor(Executor):
     and ``state_lost``), `policy.limits.max_processes` caps its PIDs.
 
     Args (besides the common `ExecutorOptions`; `workdir` is a host directory mounted at /workspace):
-        image: the sandbox image (build it with ``python -m sandboxes.images build``).
-        cpus: CPU quota, in cores.
-        pids_limit: processes and threads in the container (at most `max_processes` + 1 for the init).
-        read_only: mount the root filesystem read-only (the working directory and /tmp stay writable).
-        tmp_mb: size of the tmpfs at /tmp.
-        user: ``uid:gid`` to run as (default the image's unprivileged 1000:1000). The image's
-            /workspace must belong to it (the standard images: 1000:1000); never root unless you mean it.
-        drop_capabilities: drop every Linux capability.
-        no_new_privileges: forbid setuid-style privilege gains.
-        open_files, file_size_mb: ulimits of the container.
-        pool: take a started container from the warm pool (not with `workdir`, a bind-mounted host dir).
-        pool_size: how many warm containers to keep for this configuration. With shared containers
+        pool: take a started container from the warm pool (not with `workdir`, a bind-mounted host
+            dir). Default True.
+        pool_size: how many warm containers to keep for this configuration (default `POOL_SIZE`, 2). With shared containers
             a container whose clean-up came back clean is reused even at 0 (then none is started
             ahead, and sequential sessions take turns in one container).
-        sessions_per_container: 1 (the default) gives every session a container of its own, removed
-            at its close: the kernel boundary between any two sessions. Above 1, a warm container
-            hosts up to that many sessions one after another (`docker.shared`: each a fresh runner
-            as a uid of its own, everything of it killed, removed and checked at its close; a
-            container whose clean-up is not proved clean is removed instead), which makes a fresh
-            session cost milliseconds instead of a container's life. Not with `workdir`; `user`
-            does not apply (every session has its own uid); a fork shares its parent's container and
-            uid, and the container is cleaned once the last of the family has closed.
         preload: trusted Python files (``name.py``) compiled and imported once by a shared container's
             session host, before any session: every session finds them in ``sys.modules`` (subject to
             the import allowlist), as `HostExecutor(preload=...)` does. Needs
             ``sessions_per_container > 1``; the files' code runs as the host (root in the container,
             before any session): only ever your own code.
+        **the container's options** (`ContainerOptions`; each one's meaning, default and bounds are the
+        `ContainerSettings` field of its name): ``image``, ``cpus``, ``pids_limit``, ``read_only``,
+        ``tmp_mb``, ``user``, ``drop_capabilities``, ``no_new_privileges``, ``open_files``,
+        ``file_size_mb`` and ``sessions_per_container`` (not with `workdir`; `user` does not apply
+        to shared containers, where every session has its own uid; a fork shares its parent's
+        container and uid, and the container is cleaned once the last of the family has closed).
     """
 
     backend = "docker"
 
-    def __init__(
-        self,
-        *,
-        image: str = DEFAULT_IMAGE,
-        cpus: float = 1.0,
-        pids_limit: int = 128,
-        read_only: bool = True,
-        tmp_mb: int = 64,
-        user: str = SANDBOX_UID,
-        drop_capabilities: bool = True,
-        no_new_privileges: bool = True,
-        open_files: int = 1024,
-        file_size_mb: int = 1024,
-        pool: bool = True,
-        pool_size: int = POOL_SIZE,
-        sessions_per_container: int = 1,
-        preload: Sequence[str | os.PathLike[str]] = (),
-        **options: Unpack[ExecutorOptions],
-    ) -> None:
-        super().__init__(**options)
-        if sessions_per_container < 1:
-            raise ValueError(f"sessions_per_container must be 1 or more, not {sessions_per_container}")
-        if preload and sessions_per_container == 1:
+    def __init__(self, **options: Unpack[DockerOptions]) -> None:
+        unknown = set(options) - COMMON_OPTIONS - CONTAINER_OPTIONS - OWN_OPTIONS
+        if unknown:
+            raise TypeError(
+                f"DockerExecutor got unknown options: {', '.join(sorted(unknown))}. It takes the common "
+                f"options ({', '.join(sorted(COMMON_OPTIONS))}), pool, pool_size, preload and the "
+                f"container's ({', '.join(sorted(CONTAINER_OPTIONS))}); the memory limit and the network "
+                "are the policy's (Policy(limits=Limits(memory_mb=...)), Policy(network=True))"
+            )
+        pool = options.pop("pool", True)
+        pool_size = options.pop("pool_size", POOL_SIZE)
+        preload = options.pop("preload", ())
+        given = cast(dict[str, Any], options)
+        container = {name: given.pop(name) for name in CONTAINER_OPTIONS if name in given}
+        super().__init__(**cast(ExecutorOptions, given))
+        chosen = _checked_settings(container)
+        if preload and not chosen.shared:
             raise ValueError(
                 "preload needs sessions_per_container > 1: the modules are loaded once by a shared "
                 "container's session host (a container per session has none)"
             )
-        if sessions_per_container > 1 and self.workdir is not None:
+        if chosen.shared and self.workdir is not None:
             raise ValueError(
                 "sessions_per_container > 1 shares a container between sessions, and a bind-mounted "
                 "workdir would be shared with it: use one or the other"
@@ -172,22 +169,12 @@ class DockerExecutor(Executor):
         limits = self.policy.limits
         # +1 for the init; a shared container also holds its session host, its zygote, a clean-up
         # or file helper and the next session's runner started while the last one is cleaned up.
-        pids_limit = min(pids_limit, limits.max_processes + (5 if sessions_per_container > 1 else 1))
+        pids_limit = min(chosen.pids_limit, limits.max_processes + (5 if chosen.shared else 1))
         self.settings = ContainerSettings(
-            image=image,
+            **{**container, "pids_limit": pids_limit},
             memory_mb=limits.memory_mb,
-            cpus=cpus,
-            pids_limit=pids_limit,
             network=self.policy.network_policy is not None,
-            read_only=read_only,
-            tmp_mb=tmp_mb,
-            user=user,
-            drop_capabilities=drop_capabilities,
-            no_new_privileges=no_new_privileges,
-            open_files=open_files,
-            file_size_mb=file_size_mb,
             host_workdir=self.workdir,
-            sessions_per_container=sessions_per_container,
             preload=_preload_sources(preload),
         )
         self.pool_size = max(0, pool_size) if pool and self.workdir is None else 0
@@ -272,6 +259,19 @@ class DockerExecutor(Executor):
                 raise BackendUnavailable(problem)
             _checked_images.add(self.settings.image)
             sweep_orphans_soon()
+
+
+def _checked_settings(options: dict[str, Any]) -> ContainerSettings:
+    """`ContainerSettings` of the caller's container options (their defaults and bounds), or a
+    `ValueError` naming each bad option, its value and what it must be."""
+    try:
+        return ContainerSettings(**options)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])}={error.get('input')!r}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ValueError(f"DockerExecutor got a bad container option: {problems}") from None
 
 
 def _attach_egress(worker: Worker, rules: NetworkPolicy) -> EgressLink:

@@ -21,17 +21,15 @@ Which bound is whose (cgroup v1 here, so no cgroup per session without privilege
 
 from __future__ import annotations
 
-import atexit
 import base64
 import binascii
 import collections
-import concurrent.futures
+import functools
 import json
 import os
 import secrets
 import select
 import socket
-import threading
 import time
 import weakref
 from typing import Any
@@ -41,26 +39,14 @@ import anyio
 from ...errors import FileTooLarge, ForkError, ProtocolError, SandboxFileError, WorkerStartError
 from ...worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 from ..host.reap import PrivateUsers
-from .container import (
-    SESSIONS_DIR,
-    ContainerProbe,
-    ContainerSettings,
-    Demultiplexer,
-    Family,
-    ForkedDockerWorker,
-    client,
-    container_cgroup_dirs,
-    container_exit_info,
-    create_and_attach,
-    drop_relay,
-    listen_answer,
-    remove_container,
-    remove_later,
-    run_helper,
-    start_relay,
-    stream_line,
-    stream_open,
-)
+from ..resources import WarmPool
+from ..resources import fill as resources_fill
+from .container import ForkedDockerWorker, container_exit_info, create_and_attach, remove_later
+from .daemon import RESOURCES, client, remove_container
+from .family import Family, drop_relay, listen_answer, run_helper, start_relay
+from .probe import ContainerProbe, container_cgroup_dirs
+from .settings import SESSIONS_DIR, ContainerSettings
+from .stream import Demultiplexer, stream_line, stream_open
 
 SHARED_USERS = PrivateUsers(1_000_000 + (os.getpid() % 1000) * 1000)
 """Session uids of shared containers: 1,000,001 and up, 1,000 per parent process (by pid), so two
@@ -78,12 +64,10 @@ CLEAN_SECONDS: collections.deque[float] = collections.deque(maxlen=10_000)
 CLEAN_PARTS: collections.deque[dict[str, float]] = collections.deque(maxlen=10_000)
 """Of each: the seconds of its parts (the runner's end, the kill, the sweep, waiting for reaping)."""
 
-_BACKGROUND = concurrent.futures.ThreadPoolExecutor(
-    max_workers=2, thread_name_prefix="kodeagent-docker-shared"
-)
+RESOURCES.declare("shared", 2)
 # Waits for clean-ups run apart from starts and removals, so a container is back in milliseconds
 # even while a replacement starts (hundreds of milliseconds of daemon work).
-_CLEANERS = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="kodeagent-docker-clean")
+RESOURCES.declare("clean", 8)
 
 
 def _nonce() -> str:
@@ -242,7 +226,7 @@ class SharedContainer:
             _CLEANING.add(self)
         try:
             self.send_blocking(request)
-            _CLEANERS.submit(self._after_close, worker.uid, nonce, following)
+            RESOURCES.submit("clean", self._after_close, worker.uid, nonce, following)
         except (WorkerExited, RuntimeError):  # a dead stream, or the interpreter is shutting down
             self.remove_now()
             SHARED_USERS.release(worker.uid)
@@ -448,7 +432,7 @@ class SharedSessionWorker(Worker):
                 return
             ending = ("end", str(self.runner_pid), self.workdir)
             try:
-                _BACKGROUND.submit(run_helper, self.container_id, self.user, ending)
+                RESOURCES.submit("shared", run_helper, self.container_id, self.user, ending)
             except RuntimeError:
                 run_helper(self.container_id, self.user, ending)
 
@@ -567,7 +551,7 @@ def _piece(data: Any) -> bytes:
 def _end_quietly(container: SharedContainer, uid: int) -> None:
     """Finalizer of a session nobody closed: its container is removed (nothing to wait on here)."""
     try:
-        _BACKGROUND.submit(container.remove_now)
+        RESOURCES.submit("shared", container.remove_now)
     except RuntimeError:
         container.remove_now()
     SHARED_USERS.release(uid)
@@ -576,11 +560,23 @@ def _end_quietly(container: SharedContainer, uid: int) -> None:
 # ---------------------------------------------------------------------- start and pool
 
 _LIVE: weakref.WeakValueDictionary[str, SharedContainer] = weakref.WeakValueDictionary()
-_IDLE: dict[ContainerSettings, list[SharedContainer]] = {}
 _CLEANING: weakref.WeakSet[SharedContainer] = weakref.WeakSet()
 _IN_USE: weakref.WeakSet[SharedContainer] = weakref.WeakSet()
 _POOL_SIZE: dict[ContainerSettings, int] = {}
-_pool = threading.Condition()
+
+
+def _usable(container: SharedContainer) -> bool:
+    return not container.removed and container.socket_open()
+
+
+def _remove_off_path(container: SharedContainer) -> None:
+    RESOURCES.submit("shared", container.remove_now)
+
+
+SHARED: WarmPool[ContainerSettings, SharedContainer] = WarmPool(_usable, _remove_off_path)
+"""Idle shared containers per settings (the next session started ahead in each). Its lock also
+guards `_CLEANING`, `_IN_USE` and `_POOL_SIZE`, and is waited on for a container being cleaned."""
+_pool = SHARED.lock
 
 
 def start_shared(settings: ContainerSettings) -> SharedContainer:
@@ -620,12 +616,9 @@ def take_shared(settings: ContainerSettings, wait: float = 0.0) -> SharedContain
     deadline = time.monotonic() + wait
     with _pool:
         while True:
-            idle = _IDLE.get(settings, [])
-            while idle:
-                container = idle.pop()
-                if not container.removed and container.socket_open():
-                    return container
-                _BACKGROUND.submit(container.remove_now)
+            container = SHARED.take(settings)
+            if container is not None:
+                return container
             left = deadline - time.monotonic()
             if left <= 0 or not any(c.settings == settings for c in _CLEANING):
                 return None
@@ -647,10 +640,8 @@ def _give_back(container: SharedContainer, reusable: bool) -> None:
             reusable
             and not container.removed
             and container.sessions < settings.sessions_per_container
-            and len(_IDLE.get(settings, [])) < room
+            and SHARED.put(settings, container, limit=room)
         )
-        if keep:
-            _IDLE.setdefault(settings, []).append(container)
         _pool.notify_all()
     if not keep:
         container.remove_now()
@@ -662,41 +653,37 @@ def refill_shared(settings: ContainerSettings, size: int) -> None:
     _POOL_SIZE[settings] = max(_POOL_SIZE.get(settings, 0), size)
 
     def fill() -> None:
-        while True:
-            with _pool:
-                # Idle ones only: a container being cleaned is back in tens of milliseconds, but the
-                # next session may come sooner (a judge's loop), and then it would wait for it.
-                if len(_IDLE.get(settings, [])) >= size:
-                    return
-            try:
-                container = start_shared(settings)
-            except Exception:  # the next session's cold start reports the problem properly
-                return
-            with _pool:
-                _IDLE.setdefault(settings, []).append(container)
-                _pool.notify_all()
+        # Idle ones only: a container being cleaned is back in tens of milliseconds, but the next
+        # session may come sooner (a judge's loop), and then it would wait for it.
+        resources_fill(SHARED, settings, size, functools.partial(_started_shared, settings))
 
     if size > 0:
         try:
-            _BACKGROUND.submit(fill)
+            RESOURCES.submit("shared", fill)
         except RuntimeError:
             pass
 
 
+def _started_shared(settings: ContainerSettings) -> SharedContainer | None:
+    try:
+        return start_shared(settings)
+    except Exception:  # the next session's cold start reports the problem properly
+        return None
+
+
 def idle_count(settings: ContainerSettings) -> int:
     """How many idle shared containers wait for `settings` (benchmarks wait for a full pool with it)."""
-    with _pool:
-        return len(_IDLE.get(settings, []))
+    return SHARED.count(settings)
 
 
-@atexit.register
+@RESOURCES.on_close
 def drain_shared() -> None:
     """Remove every shared container of this process (blocking)."""
     # Hold them before the pool lets go: at exit weakref finalizers no longer run (`weakref.finalize`
     # shuts down first), so an idle container collected here would be left behind, not removed.
     with _pool:
         containers = list(_LIVE.values())
-        _IDLE.clear()
+        SHARED.drain()
         _POOL_SIZE.clear()
     for container in containers:
         container.remove_now()

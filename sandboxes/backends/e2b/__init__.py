@@ -6,6 +6,6 @@ network, on top of the Python-level guards.
 Modules: `executor` (`E2BExecutor`, its worker, fork worker and usage probe).
 """
 
-from .executor import REMOTE_RUNTIME, E2BExecutor
+from .executor import REMOTE_RUNTIME, E2BExecutor, E2BOptions
 
-__all__ = ["REMOTE_RUNTIME", "E2BExecutor"]
+__all__ = ["REMOTE_RUNTIME", "E2BExecutor", "E2BOptions"]

@@ -58,8 +58,8 @@ from ...errors import BackendUnavailable, FileTooLarge, ForkError, SandboxFileEr
 from ...executor import KILL_TIMEOUT, Executor, ExecutorOptions
 from ...models import ForkReport, RunUsage
 from ...runtime import RUNTIME_DIR
-from ...session import Session, UsageProbe
-from ...usage import metrics_usage
+from ...session import Session
+from ...usage import UsageProbe, metrics_usage
 from ...worker import CappedBytes, ForkPlan, Worker, WorkerExit, WorkerExited
 
 REMOTE_RUNTIME = ".kodeagent/runtime"
@@ -159,7 +159,7 @@ class _Sandbox:
 
 
 class MetricsProbe(UsageProbe):
-    """`session.UsageProbe` from the sandbox's metrics (`AsyncSandbox.get_metrics`): samples of the
+    """`usage.UsageProbe` from the sandbox's metrics (`AsyncSandbox.get_metrics`): samples of the
     whole microVM every few seconds (CPU percentage over the interval, memory in use), so the figures
     are approximate and of the session's scope: CPU is what the samples inside the run show (the
     last part of a run, after the latest sample, is not in it yet), memory the highest sample."""
@@ -520,6 +520,22 @@ class E2BForkWorker(E2BWorker):
             await self.kill()
             return
         await super().detach()
+
+
+class E2BOptions(ExecutorOptions, total=False):
+    """Every option `E2BExecutor` takes (all by keyword), typed for ``open_executor("e2b", ...)``:
+    the common ones and the executor's own (its docstring says what each does)."""
+
+    template: str
+    pip_packages: Sequence[str]
+    api_key: str | None
+    sandbox_timeout: int
+    max_concurrent_sandboxes: int
+    install_timeout: float
+    api_url: str | None
+    sandbox_url: str | None
+    domain: str | None
+    request_timeout: float
 
 
 class E2BExecutor(Executor):

@@ -23,15 +23,13 @@ its user), so threads, daemons and ``setsid`` children do not outlive it.
 
 from __future__ import annotations
 
-import atexit
 import concurrent.futures
 import functools
 import json
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Literal, Unpack, cast
+from typing import Any, Literal, Unpack, cast
 
 import anyio
 
@@ -42,6 +40,7 @@ from ...executor import Executor, ExecutorOptions
 from ...runtime.protocol import InitRequest
 from ...session import RunnerSession, Session, initialise_ahead
 from ...worker import Worker, WorkerExited
+from ..resources import WarmPool, resources
 from .process import (
     _LIVE_WORKERS,
     HostWorker,
@@ -53,9 +52,11 @@ from .process import (
 
 Isolation = Literal["auto", "namespaces", "process"]
 
-# Workers are spawned from one long-lived thread: a child's "die with parent" signal fires when the
-# *thread* that forked it exits, and anyio's worker threads come and go.
-_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kodeagent-spawn")
+RESOURCES = resources("host")
+"""What the host backend keeps for the process: its spawner thread (workers are spawned from one
+long-lived thread: a child's "die with parent" signal fires when the *thread* that forked it exits,
+and anyio's worker threads come and go), the reaper, the fork servers and the warm pools (`POOLS`),
+all ended by its `close()` at exit."""
 
 
 PoolKey = tuple[str, bool, tuple[str, ...]]
@@ -77,8 +78,12 @@ def make_worker(
     return spawn_worker(isolation, workdir, network, preload)
 
 
+def _spawner_submit(fn: Callable[..., object], /, *args: object) -> concurrent.futures.Future[Any]:
+    return RESOURCES.submit("spawn", fn, *args)
+
+
 async def _spawn(key: PoolKey, workdir: str | None) -> HostWorker:
-    future = _SPAWNER.submit(make_worker, key[0], workdir, key[1], key[2])
+    future = _spawner_submit(make_worker, key[0], workdir, key[1], key[2])
     return await anyio.to_thread.run_sync(future.result)
 
 
@@ -96,99 +101,107 @@ READY_KEYS = 4
 """Option sets (`ReadyKey`s) that keep initialised workers: the most recently opened ones."""
 
 
-class _Pools:
+class HostPools:
     """The idle workers of this process, shared by every executor (event loops in any thread) and
-    filled by the spawner thread.
+    filled by the spawner thread; closed (every idle worker killed) with the backend's resources.
 
-    Two kinds: *started* workers (warmed up, no `init` yet) per `PoolKey`, without bound in keys as
-    before; and *ready* ones per `ReadyKey`, whose `init` handshake is done ahead, for only the
+    Two `WarmPool`s: *started* workers (warmed up, no `init` yet) per `PoolKey`, without bound in
+    keys; and *ready* ones per `ReadyKey`, whose `init` handshake is done ahead, for only the
     `READY_KEYS` option sets most recently opened: a new one evicts the least recently opened, whose
     idle workers are killed, so many option sets (a policy per problem) never pile up idle processes.
     An open takes a ready worker of its options; failing that a started one (its handshake then on
     the open's path, as for any first open of new options); failing that it starts one."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.started: dict[PoolKey, list[HostWorker]] = {}
-        self.ready: OrderedDict[ReadyKey, list[HostWorker]] = OrderedDict()
-        self.pending = 0  # refills submitted and not yet finished
+        self.started: WarmPool[PoolKey, HostWorker] = WarmPool(
+            HostWorker.is_alive, _kill_off_path, on_put=_LIVE_WORKERS.discard
+        )
+        self.ready: WarmPool[ReadyKey, HostWorker] = WarmPool(
+            HostWorker.is_alive, _kill_off_path, max_keys=READY_KEYS, on_put=_LIVE_WORKERS.discard
+        )
+        self.deferred = _Deferred()
+        self._lock = threading.Lock()
+        self._pending = 0  # refills submitted and not yet finished
 
     def take(self, key: PoolKey, ready_key: ReadyKey) -> tuple[HostWorker | None, bool]:
         """A live idle worker, and whether it is initialised (for `ready_key`)."""
-        with self.lock:
-            pool = self.ready.get(ready_key)
-            if pool is not None:
-                self.ready.move_to_end(ready_key)
-                worker = _take_live(pool)
-                if worker is not None:
-                    return worker, True
-            return _take_live(self.started.get(key, [])), False
-
-    def want(self, ready_key: ReadyKey) -> list[HostWorker]:
-        """Keep initialised workers for `ready_key` (most recently used now); the idle workers of the
-        key this evicts, for the caller to kill."""
-        evicted: list[HostWorker] = []
-        with self.lock:
-            self.ready.setdefault(ready_key, [])
-            self.ready.move_to_end(ready_key)
-            while len(self.ready) > READY_KEYS:
-                evicted += self.ready.popitem(last=False)[1]
-        return evicted
-
-    def started_short(self, key: PoolKey) -> bool:
-        with self.lock:
-            return len(self.started.setdefault(key, [])) < POOL_SIZE
-
-    def ready_short(self, ready_key: ReadyKey, target: int) -> bool:
-        with self.lock:
-            pool = self.ready.get(ready_key)
-            return pool is not None and len(pool) < target
-
-    def put(self, worker: HostWorker, key: PoolKey, ready_key: ReadyKey | None = None) -> bool:
-        """Pool an idle worker; False (the caller kills it) when its ready key was evicted meanwhile."""
-        with self.lock:
-            pool = self.started.setdefault(key, []) if ready_key is None else self.ready.get(ready_key)
-            if pool is None:
-                return False
-            _LIVE_WORKERS.discard(worker)
-            pool.append(worker)
-            return True
+        worker = self.ready.take(ready_key)
+        if worker is not None:
+            return worker, True
+        return self.started.take(key), False
 
     def idle(self) -> list[HostWorker]:
         """Every pooled worker (for tests and `bench latency`)."""
-        with self.lock:
-            return [w for pools in (self.started, self.ready) for pool in pools.values() for w in pool]
+        return self.ready.idle() + self.started.idle()
 
-    def drain(self) -> list[HostWorker]:
-        with self.lock:
-            workers = [w for pools in (self.started, self.ready) for pool in pools.values() for w in pool]
-            self.started.clear()
-            self.ready.clear()
-        return workers
+    def refilling(self) -> bool:
+        with self._lock:
+            return self._pending > 0 or len(self.deferred) > 0
+
+    def close(self) -> None:
+        """Kill every idle worker (blocking)."""
+        for worker in self.started.drain() + self.ready.drain():
+            worker.kill_now()
+
+    def refill(self, key: PoolKey, ready_key: ReadyKey, hit: bool) -> None:
+        """Top the pools up in the background spawner thread after an open; nobody waits for it.
+
+        After an open that found an initialised worker the ready pool of its options is topped up to
+        `POOL_SIZE`; after one that did not (new options, or the pool ran dry), to one worker only, so
+        options opened once cost one spare handshake, not a pool, and the started pool as before."""
+        evicted = self.ready.want(ready_key)
+        with self._lock:
+            self._pending += 1
+
+        def step() -> bool:
+            """Make one worker the pools lack (the ready one first: the next open of these options is
+            the likeliest to come); False once none is lacking, or when making it failed."""
+            if self.ready.wanted(ready_key) and self.ready.count(ready_key) < (POOL_SIZE if hit else 1):
+                ready = _started_worker(key)
+                if ready is None:
+                    return False
+                init = cast(InitRequest, json.loads(ready_key[1]))  # exactly the key's request
+                if not (_initialise(ready, init) and self.ready.put(ready_key, ready, only_wanted=True)):
+                    ready.kill_now()  # a failed handshake (or evicted meanwhile): never handed out
+                    return False
+                return True
+            if not hit and self.started.count(key) < POOL_SIZE:
+                started = _started_worker(key)
+                if started is not None:
+                    self.started.put(key, started)
+                    return True
+            return False
+
+        def fill() -> None:
+            # One worker a task: an open that found the pools empty queues its own worker behind at
+            # most one being made, not behind whole refills.
+            again = False
+            try:
+                while evicted:
+                    evicted.pop().kill_now()
+                if step():
+                    _spawner_submit(fill)
+                    again = True
+            finally:
+                if not again:
+                    with self._lock:
+                        self._pending -= 1
+
+        try:
+            _spawner_submit(fill)
+        except RuntimeError:  # the interpreter is exiting: nothing is refilled any more
+            with self._lock:
+                self._pending -= 1
+            for idle in evicted:
+                idle.kill_now()
 
 
-def _take_live(pool: list[HostWorker]) -> HostWorker | None:
-    while pool:
-        worker = pool.pop()
-        if worker.is_alive():
-            return worker
-        _SPAWNER.submit(worker.kill_now)  # died while idle: reaped off the caller's path
-    return None
-
-
-_POOLS = _Pools()
-
-
-def refilling() -> bool:
-    """Whether a refill is still waiting (for its session's first run), pending or running (`bench
-    latency` waits for the pools to settle)."""
-    with _POOLS.lock:
-        return _POOLS.pending > 0 or len(_DEFERRED) > 0
-
-
-def pooled_workers() -> list[HostWorker]:
-    """The idle workers of every pool, started and initialised."""
-    return _POOLS.idle()
+def _kill_off_path(worker: HostWorker) -> None:
+    """A worker that died while idle: reaped in the spawner thread, off the caller's path."""
+    try:
+        _spawner_submit(worker.kill_now)
+    except RuntimeError:  # the interpreter is exiting
+        worker.kill_now()
 
 
 class _Deferred:
@@ -223,59 +236,19 @@ class _Deferred:
             return len(self.waiting)
 
 
-_DEFERRED = _Deferred()
+POOLS = HostPools()
+RESOURCES.on_close(POOLS.close)
 
 
-def _refill(key: PoolKey, ready_key: ReadyKey, hit: bool) -> None:
-    """Top the pools up in the background spawner thread after an open; nobody waits for it.
+def refilling() -> bool:
+    """Whether a refill is still waiting (for its session's first run), pending or running (`bench
+    latency` waits for the pools to settle)."""
+    return POOLS.refilling()
 
-    After an open that found an initialised worker the ready pool of its options is topped up to
-    `POOL_SIZE`; after one that did not (new options, or the pool ran dry), to one worker only, so
-    options opened once cost one spare handshake, not a pool, and the started pool as before."""
-    evicted = _POOLS.want(ready_key)
-    with _POOLS.lock:
-        _POOLS.pending += 1
 
-    def step() -> bool:
-        """Make one worker the pools lack (the ready one first: the next open of these options is
-        the likeliest to come); False once none is lacking, or when making it failed."""
-        if _POOLS.ready_short(ready_key, POOL_SIZE if hit else 1):
-            ready = _started_worker(key)
-            if ready is None:
-                return False
-            init = cast(InitRequest, json.loads(ready_key[1]))  # exactly the key's request
-            if not (_initialise(ready, init) and _POOLS.put(ready, key, ready_key)):
-                ready.kill_now()  # a failed handshake (or evicted meanwhile): never handed out
-                return False
-            return True
-        if not hit and _POOLS.started_short(key):
-            started = _started_worker(key)
-            if started is not None and _POOLS.put(started, key):
-                return True
-        return False
-
-    def fill() -> None:
-        # One worker a task: an open that found the pools empty queues its own worker behind at most
-        # one being made, not behind whole refills.
-        again = False
-        try:
-            while evicted:
-                evicted.pop().kill_now()
-            if step():
-                _SPAWNER.submit(fill)
-                again = True
-        finally:
-            if not again:
-                with _POOLS.lock:
-                    _POOLS.pending -= 1
-
-    try:
-        _SPAWNER.submit(fill)
-    except RuntimeError:  # the interpreter is exiting: nothing is refilled any more
-        with _POOLS.lock:
-            _POOLS.pending -= 1
-        for idle in evicted:
-            idle.kill_now()
+def pooled_workers() -> list[HostWorker]:
+    """The idle workers of every pool, started and initialised."""
+    return POOLS.idle()
 
 
 def _started_worker(key: PoolKey) -> HostWorker | None:
@@ -299,27 +272,30 @@ def _initialise(worker: HostWorker, init: InitRequest) -> bool:
     return True
 
 
-@atexit.register
-def _kill_pooled_workers() -> None:
-    for worker in _POOLS.drain():
-        worker.kill_now()
-
-
 async def _retire(worker: Worker) -> None:
     """A normal close: the worker is killed and reaped off the caller's path (`host/reap.py`)."""
     assert isinstance(worker, HostWorker)
     await worker.retire()
 
 
+class HostOptions(ExecutorOptions, total=False):
+    """Every option `HostExecutor` takes (all by keyword), typed for ``open_executor("host", ...)``:
+    the common ones and the executor's own (its docstring says what each does and its default)."""
+
+    isolation: Isolation
+    pool: bool
+    preload: Sequence[str | os.PathLike[str]]
+
+
 class HostExecutor(Executor):
     """Runs code in a worker process on this machine. See the module docs for the isolation levels.
 
     Args:
-        isolation: ``"auto"`` (namespaces when bubblewrap works here, else process), ``"namespaces"``
-            (fail if unavailable) or ``"process"``.
-        pool: take a pre-started worker from the warm pool (not possible with an explicit `workdir`);
+        isolation: ``"auto"`` (the default: namespaces when bubblewrap works here, else process),
+            ``"namespaces"`` (fail if unavailable) or ``"process"``.
+        pool: (default True) take a pre-started worker from the warm pool (not possible with an explicit `workdir`);
             for options opened recently, one whose runner has already answered this executor's
-            `init` (see `_Pools`), so opening costs no round trip to the runner.
+            `init` (see `HostPools`), so opening costs no round trip to the runner.
         preload: trusted Python files (``name.py``) imported once, in the fork server, before any
             session: every session then has them in ``sys.modules`` (``import name`` costs nothing,
             subject to the policy's import allowlist like any import). What many sessions share (a
@@ -395,22 +371,22 @@ class HostExecutor(Executor):
         init = self._runner_init()
         if not self.use_pool:
             return await self._runner_session(await _spawn(key, self.workdir), init, release=_retire)
-        _DEFERRED.run_all()  # earlier sessions' refills wait no longer: this open may need their workers
+        POOLS.deferred.run_all()  # earlier sessions' refills wait no longer: this open may need their workers
         ready_key = (key, init_key(init))
-        worker, initialised = _POOLS.take(key, ready_key)
+        worker, initialised = POOLS.take(key, ready_key)
         if worker is None:  # started before the refill is queued behind it in the spawner thread
             worker = await _spawn(key, None)
         else:
             _LIVE_WORKERS.add(worker)
-        refill = _DEFERRED.add(functools.partial(_refill, key, ready_key, initialised))
+        refill = POOLS.deferred.add(functools.partial(POOLS.refill, key, ready_key, initialised))
         try:
             session = await self._runner_session(worker, init, release=_retire, initialised=initialised)
         except BaseException:
-            _DEFERRED.run(refill)
+            POOLS.deferred.run(refill)
             raise
         # Refilling forks, warms up and initialises a worker: on two cores that slowed the session's
         # first run by about as much as the handshake saved, so it waits for that run to end.
-        session.after_first_run = functools.partial(_DEFERRED.run, refill)
+        session.after_first_run = functools.partial(POOLS.deferred.run, refill)
         return session
 
 

@@ -15,7 +15,6 @@ Two ways to make one:
 
 from __future__ import annotations
 
-import atexit
 import functools
 import hashlib
 import json
@@ -37,9 +36,11 @@ from ...errors import ForkError, ProtocolError, SandboxFileError, WorkerStartErr
 from ...preload import read_preload
 from ...runtime import RUNTIME_DIR
 from ...runtime.proctools import BeneathError, kill_process_tree, open_beneath, signal_group
-from ...usage import ProcessProbe, ProcessTree, find_in_namespace, parse_nspid, read_text
+from ...usage import ProcessTree, find_in_namespace, parse_nspid, read_text
 from ...worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, peek_sender
+from ..resources import resources
 from .bubblewrap import Bubblewrap, choose
+from .probe import ProcessProbe
 from .reap import REAPER, PrivateUsers
 from .sweep import kill_user_processes, process_uids, start_time, wait_until_reaped
 
@@ -530,8 +531,13 @@ def _runner_flags(uid: int | None, isolation: str) -> list[str]:
 def _preload_root() -> pathlib.Path:
     root = pathlib.Path(tempfile.mkdtemp(prefix="kodeagent-preload-"))
     os.chmod(root, 0o755)
-    atexit.register(shutil.rmtree, root, True)
+    resources("host").once_on_close(functools.partial(_remove_preload_root, root))
     return root
+
+
+def _remove_preload_root(root: pathlib.Path) -> None:
+    _preload_root.cache_clear()  # a later preload stages into a new root
+    shutil.rmtree(root, True)
 
 
 def stage_preload(paths: Iterable[str | os.PathLike[str]]) -> tuple[str, ...]:
@@ -735,7 +741,7 @@ def fork_worker(isolation: str, network: bool, preload: tuple[str, ...] = ()) ->
     return server.fork_worker()
 
 
-@atexit.register
+@resources("host").on_close
 def _kill_all_workers() -> None:
     for worker in list(_LIVE_WORKERS):
         worker.kill_now()

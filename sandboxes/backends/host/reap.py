@@ -12,7 +12,6 @@ of an old one; a uid whose processes could not be shown gone is never handed out
 
 from __future__ import annotations
 
-import atexit
 import queue
 import threading
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from collections.abc import Callable
 import anyio
 
 from ...errors import WorkerStartError
+from ..resources import resources
 
 BACKLOG = 64
 """Closed workers at most waiting to be killed and reaped before `close()` waits for room."""
@@ -110,8 +110,4 @@ class PrivateUsers:
 
 
 REAPER = Reaper()
-
-
-@atexit.register
-def _finish_closing() -> None:
-    REAPER.drain(timeout=10)
+resources("host").on_close(lambda: REAPER.drain(timeout=10))  # the last of the host's clean-ups

@@ -5,6 +5,24 @@ Modules: `executor` (`RayExecutor` and its session), `cluster` (connecting, plac
 node agents' handles), `node` (the agent actor on each node).
 """
 
-from .executor import SANDBOX_RESOURCE, Placement, RayExecutor, RaySession, capacity, connect, describe
+from .executor import (
+    SANDBOX_RESOURCE,
+    Placement,
+    RayExecutor,
+    RayOptions,
+    RaySession,
+    capacity,
+    connect,
+    describe,
+)
 
-__all__ = ["SANDBOX_RESOURCE", "Placement", "RayExecutor", "RaySession", "capacity", "connect", "describe"]
+__all__ = [
+    "SANDBOX_RESOURCE",
+    "Placement",
+    "RayExecutor",
+    "RayOptions",
+    "RaySession",
+    "capacity",
+    "connect",
+    "describe",
+]

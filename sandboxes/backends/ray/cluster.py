@@ -30,6 +30,7 @@ from typing import Any
 import anyio
 
 from ...errors import BackendUnavailable, WorkerStartError
+from ..resources import resources
 from .node import NodeAgent
 
 SANDBOX_RESOURCE = "kodeagent_sandbox"
@@ -51,9 +52,10 @@ START_HINT = (
     "start a local one here"
 )
 
-# ray.init starts the local cluster's processes with "die with parent" tied to the *thread* that
-# started them, so it must run on a thread that lives as long as the process (not anyio's pool).
-_INIT_THREAD = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="kodeagent-ray")
+RESOURCES = resources("ray")
+"""What the Ray backend keeps for the process: the ``init`` thread (ray.init starts the local
+cluster's processes with "die with parent" tied to the *thread* that started them, so it must run on
+a thread that lives as long as the process, not anyio's pool) and the lingering reservations."""
 _lock = threading.Lock()
 _resource: str | None = None
 _agents: dict[str, Any] = {}
@@ -106,7 +108,7 @@ def _reachable(address: str) -> bool:
 
 def _expected_warning(record: logging.LogRecord) -> bool:
     """False for Ray's warning that a connection made off the main thread sets no SIGTERM handler: we
-    connect on our own thread on purpose (see `_INIT_THREAD`), so it would only be noise."""
+    connect on our own thread on purpose (see `RESOURCES`), so it would only be noise."""
     return "SIGTERM handler is not set" not in str(record.msg)
 
 
@@ -136,7 +138,9 @@ def _connect(address: str | None, init_options: Mapping[str, Any], start_local: 
             ray.init(**{**local, **options})
         except Exception as exc:
             raise BackendUnavailable(f"could not start a local Ray cluster ({exc}); {START_HINT}") from exc
-        atexit.register(_stop_local_cluster, node_processes())  # runs before Ray's own exit handler
+        # Its own exit hook, not the backend's resources: it must run before Ray's own exit handler,
+        # which ray.init just registered (hooks run last registered first).
+        atexit.register(_stop_local_cluster, node_processes())
         return
     if not _reachable(address):
         raise BackendUnavailable(f"no Ray cluster answers at {address!r}: {START_HINT}")
@@ -207,7 +211,7 @@ def connect(
 ) -> None:
     """Connect this process to a Ray cluster once (blocking; see `RayExecutor` for `address`). With
     `start_local` False and no cluster running, raise `BackendUnavailable` instead of starting one."""
-    future = _INIT_THREAD.submit(_connect, address, dict(init_options or {}), start_local)
+    future = RESOURCES.submit("init", _connect, address, dict(init_options or {}), start_local)
     try:
         future.result(timeout=CONNECT_TIMEOUT)
     except concurrent.futures.TimeoutError:
@@ -353,7 +357,7 @@ def drop_reservations(node_id: str) -> None:
         remove_group(reservation.group)
 
 
-@atexit.register
+@RESOURCES.on_close
 def _forget_reservations() -> None:
     """At exit nothing is given back one by one: the job's end removes its placement groups."""
     with _lock:

@@ -37,8 +37,9 @@ that node gets a new agent. No cluster reachable at open raises `BackendUnavaila
 
 from __future__ import annotations
 
+import os
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Self, TypeVar, cast
 
@@ -63,7 +64,9 @@ from ...runtime.protocol import (
 )
 from ...session import OutputHandler, Session, SessionLost, ToolCaller, carry_values
 from ...wire import check
-from .. import executor_class
+from ..docker.settings import ContainerOptions
+from ..host.executor import Isolation
+from ..names import executor_class
 from .cluster import (
     SANDBOX_RESOURCE,
     Reservation,
@@ -111,6 +114,22 @@ class Placement:
     @property
     def node_id(self) -> str:
         return self.reservation.node_id
+
+
+class RayOptions(ExecutorOptions, ContainerOptions, total=False):
+    """Every option `RayExecutor` takes (all by keyword), typed for ``open_executor("ray", ...)``: the
+    common ones, the executor's own, and the node backends' own (passed on to the node's backend,
+    which refuses those it does not take: `HostOptions`' ``isolation``, `DockerOptions`' container
+    options, ``pool``, ``pool_size``, ``preload``)."""
+
+    node_backend: Literal["host", "docker"]
+    address: str | None
+    placement_timeout: float
+    init_options: Mapping[str, Any] | None
+    isolation: Isolation
+    pool: bool
+    pool_size: int
+    preload: Sequence[str | os.PathLike[str]]
 
 
 class RayExecutor(Executor):

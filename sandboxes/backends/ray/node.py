@@ -40,7 +40,7 @@ from ...runtime.protocol import (
     ToolResult,
 )
 from ...toolbridge import RelayedToolError
-from .. import executor_class
+from ..names import executor_class
 
 OUTPUT_EVENTS = 256
 """Output events of a streamed run waiting for the parent at most; past them output is dropped and counted."""

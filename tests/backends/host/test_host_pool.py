@@ -147,8 +147,7 @@ async def test_many_option_sets_keep_the_idle_workers_bounded() -> None:
             await _settled()
             seen.update(host.pooled_workers())
     REAPER.drain()
-    with host._POOLS.lock:
-        ready = {key: list(pool) for key, pool in host._POOLS.ready.items()}
+    ready = host.POOLS.ready.by_key()
     assert len(ready) <= host.READY_KEYS
     assert sum(len(pool) for pool in ready.values()) <= host.READY_KEYS * host.POOL_SIZE
     pooled = set(host.pooled_workers())
@@ -165,8 +164,8 @@ async def test_a_preinitialised_worker_killed_while_idle_is_not_handed_out() -> 
         async with HostExecutor(**options):
             pass
         await _settled()
-    with host._POOLS.lock:
-        doomed = [w for key, pool in host._POOLS.ready.items() if '"KILLED":"idle"' in key[1] for w in pool]
+    ready = host.POOLS.ready.by_key()
+    doomed = [w for key, pool in ready.items() if '"KILLED":"idle"' in key[1] for w in pool]
     assert len(doomed) == host.POOL_SIZE
     for worker in doomed:
         tree = worker.process_tree()
@@ -196,7 +195,7 @@ async def main():
             assert (await ex.run("print(1)")).stdout == "1\\n"
         while host.refilling():
             await anyio.sleep(0.01)
-    ready = [w for pool in host._POOLS.ready.values() for w in pool]
+    ready = host.POOLS.ready.idle()
     print(json.dumps({"ready": len(ready), "uids": sorted({w.uid for w in host.pooled_workers()})}))
 
 anyio.run(main)

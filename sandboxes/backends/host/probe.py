@@ -1,0 +1,37 @@
+"""The host backend's usage probe: what a run used, read from the runner's process tree in /proc
+(`usage.ProcessTree`) by the parent, where the code cannot forge it."""
+
+from __future__ import annotations
+
+import time
+
+from ...models import RunUsage
+from ...usage import CpuReading, ProcessTree, UsageProbe, make_usage
+
+
+class ProcessProbe(UsageProbe):
+    """`UsageProbe` for a host worker: its runner's process tree, read from /proc."""
+
+    def __init__(self, tree: ProcessTree | None) -> None:
+        self.tree = tree
+        self.before: CpuReading | None = None
+        self.scope = "session"
+        self.started = 0.0
+
+    async def start(self) -> None:
+        if self.tree is not None:
+            self.before = self.tree.cpu()  # first: it checks that the pid is still the runner's
+            cleared = self.before is not None and self.tree.clear_peak()
+            self.scope = "run" if cleared else "session"
+        self.started = time.perf_counter()
+
+    async def stop(self) -> RunUsage | None:
+        wall = time.perf_counter() - self.started
+        if self.tree is None:
+            return None
+        after = self.tree.cpu()
+        peak = self.tree.peak_rss() if after is not None else None
+        user = system = None
+        if after is not None and self.before is not None:
+            user, system = after.since(self.before)
+        return make_usage(user, system, peak, wall, self.scope, "proc", cpu_exact=True, peak_exact=True)
