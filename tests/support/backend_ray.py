@@ -13,7 +13,9 @@ import importlib.util
 import threading
 from typing import Any
 
-PER_NODE = 2
+PER_NODE = 3
+"""Sandbox units a worker node declares: a fork lives on its parent's node, so a node takes a family of
+three (a parent, its snapshot and a session opened from it), as the fork contract needs."""
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
 # Fast node-failure detection, so the node-kill test sees the death in about a second, not fifteen.
 SYSTEM_CONFIG = {

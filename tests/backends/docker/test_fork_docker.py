@@ -1,8 +1,11 @@
 """Fork on the Docker backend: a forked session lives in its parent's container (docs/fork.md).
 
-Each test drives real containers on the daemon and checks what a fork promises there: state and files
-copied, then independent both ways; one session's timeout, crash or close never reaches another of
-its family; the container goes with the family's last session, and nothing is left behind.
+The fork contract itself (state and files copied then independent, timeouts, crashes and closes that
+reach no other session of the family, refusals, snapshots, tools) runs on docker and dockershared in
+`tests/conformance/test_fork.py`. Here, what only Docker has, seen from the daemon: the family's
+container (kept while any of its sessions lives, removed with the last, at interpreter exit too), the
+fork relays that carry a fork's channel over the attach stream, the descriptors the runners hold, and
+forks in shared containers.
 """
 
 from __future__ import annotations
@@ -80,64 +83,25 @@ async def pid_of(ex: Any) -> int:
     return int(result.stdout)
 
 
-async def test_state_and_files_are_copied_then_independent_both_ways():
+async def test_a_fork_lives_in_its_parents_container_in_a_directory_of_its_own():
     async with make() as parent:
-        await parent.run("x = 41\ndata = list(range(100_000))\nopen('a.txt', 'w').write('parent')")
-        await parent.upload("sub/b.bin", b"\x00\x01" * 1000)
-        child = await parent.fork()
-        async with child:
+        await parent.run("x = 41")
+        async with await parent.fork() as child:
             assert child.container_id == parent.container_id, "a fork lives in its parent's container"
-            report = child.fork_report
-            assert report is not None and report.files_copied == 2 and report.bytes_copied == 2006
-            result = await child.run(
-                "x += 1\nprint(x, len(data), open('a.txt').read(), open('sub/b.bin', 'rb').read()[:2])\n"
-                "open('a.txt', 'w').write('child')\nimport os\nprint(os.getcwd())"
-            )
-            assert result.error is None, result.error
-            lines = result.stdout.splitlines()
-            assert lines[0] == "42 100000 parent b'\\x00\\x01'"
-            assert lines[1].startswith("/forks/")
-            # the parent saw none of it
-            result = await parent.run("import os\nprint(x, open('a.txt').read(), os.getcwd())")
-            assert result.stdout == "41 parent /workspace\n"
-            # nor the child what the parent does now
-            await parent.run("x = 'p'\nopen('c.txt', 'w').write('new')")
-            result = await child.run("import os\nprint(x, os.path.exists('c.txt'))")
-            assert result.stdout == "42 False\n"
-            # the files API reaches each session's own directory
-            assert await child.download("a.txt") == b"child"
-            assert await parent.download("a.txt") == b"parent"
-            await child.upload("only-child.txt", b"mine")
-            result = await parent.run("print(os.path.exists('only-child.txt'))")
-            assert result.stdout == "False\n"
-            assert (await child.run("print(open('only-child.txt').read())")).stdout == "mine\n"
+            where = (await child.run("import os\nprint(os.getcwd())")).stdout
+            home = (await parent.run("import os\nprint(os.getcwd())")).stdout
+    assert where.startswith("/forks/") and home == "/workspace\n"
 
 
-async def test_a_childs_timeout_or_crash_leaves_the_parent_and_its_container():
+async def test_a_childs_lost_session_leaves_the_container_and_its_next_gets_one_of_its_own():
     async with make(timeout=2) as parent:
         await parent.run("x = 'kept'")
         container = parent.container_id
-        for code, lost in (
-            ("while True:\n    pass", "timed_out"),
-            ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", "crash"),
-        ):
-            child = await parent.fork()
-            async with child:
-                pid = await pid_of(child)
-                result = await child.run(code)
-                assert result.state_lost
-                if lost == "timed_out":
-                    assert result.timed_out
-                else:
-                    assert result.error is not None and result.error.type == "WorkerCrashed"
-                assert wait_for(lambda pid=pid: process_state(container, pid) in ("-", "Z"))
+        for code in ("while True:\n    pass", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"):
+            async with await parent.fork() as child:
+                assert (await child.run(code)).state_lost
                 assert (st := state(container)) is not None and st["Running"], "the container stays"
-                result = await parent.run("print(x)")
-                assert result.stdout == "kept\n" and not result.state_lost
-                # the child's next run starts afresh (the lost state was reported above), in a
-                # container of its own
-                result = await child.run("print('again')")
-                assert result.stdout == "again\n" and result.error is None
+                assert (await child.run("print('again')")).stdout == "again\n"
                 assert child.container_id != container
 
 
@@ -158,68 +122,19 @@ async def test_a_parents_timeout_leaves_its_fork_running():
         assert wait_for(lambda: state(container) is None), "the family's last close removes it"
 
 
-async def test_closing_the_parent_leaves_the_child_and_the_last_close_removes_the_container():
-    parent = make()
-    await parent.open()
-    await parent.run("x = 1\nimport subprocess\nsleeper = subprocess.Popen(['sleep', '300'])")
-    container = parent.container_id
-    sleeper = int((await parent.run("print(sleeper.pid)")).stdout)
-    child = await parent.fork()
-    try:
-        await parent.close()
-        assert wait_for(lambda: process_state(container, sleeper) in ("-", "Z")), (
-            "the parent's own processes end with it"
-        )
-        assert (st := state(container)) is not None and st["Running"]
-        result = await child.run("x += 1\nprint(x)")
-        assert result.stdout == "2\n" and not result.state_lost
-    finally:
-        await child.close()
-    assert wait_for(lambda: state(container) is None), "no container left after both close"
-
-
-async def test_closing_the_child_ends_its_processes_and_directory_and_leaves_the_parent():
-    async with make() as parent:
-        await parent.run("x = 5")
-        container = parent.container_id
-        child = await parent.fork()
-        result = await child.run(
-            "import os, subprocess\nbusy = subprocess.Popen(['sleep', '300'])\nprint(busy.pid, os.getcwd())"
-        )
-        busy, workdir = result.stdout.split()
-        child_pid = await pid_of(child)
-        await child.close()
-
-        def gone() -> bool:
-            return all(process_state(container, pid) in ("-", "Z") for pid in (int(busy), child_pid))
-
-        assert wait_for(gone), "the child's runner and what it started are killed"
-        assert wait_for(
-            lambda: in_container(container, f"import os; print(os.path.exists({workdir!r}))") == "False\n"
-        )
-        assert (await parent.run("print(x)")).stdout == "5\n"
-        assert (st := state(container)) is not None and st["Running"]
-    assert wait_for(lambda: state(container) is None)
-
-
-async def test_a_fork_of_a_fork_and_nothing_left_after_all_close():
+async def test_the_container_lives_until_the_familys_last_close():
     parent = make()
     await parent.open()
     await parent.run("depth = 0")
     container = parent.container_id
     child = await parent.fork()
-    await child.run("depth += 1")
     grandchild = await child.fork()
     assert grandchild.container_id == container
-    assert (await grandchild.run("depth += 1\nprint(depth)")).stdout == "2\n"
-    pids = [await pid_of(ex) for ex in (parent, child, grandchild)]
-    assert len(set(pids)) == 3
-    await child.close()  # the middle one first: the others go on
-    assert (await grandchild.run("print(depth)")).stdout == "2\n"
-    assert (await parent.run("print(depth)")).stdout == "0\n"
+    await child.close()  # the middle one first
+    assert (st := state(container)) is not None and st["Running"]
     await parent.close()
-    assert (await grandchild.run("print(depth + 1)")).stdout == "3\n"
-    assert state(container) is not None
+    assert (st := state(container)) is not None and st["Running"]
+    assert (await grandchild.run("print(depth)")).stdout == "0\n"
     await grandchild.close()
     assert wait_for(lambda: state(container) is None), "the last of the family removes the container"
 
@@ -255,13 +170,6 @@ async def test_the_child_holds_nothing_of_the_parents_channel():
             )
             result = await parent.run("print(x)")
             assert result.stdout == "1\n" and not result.state_lost
-
-
-async def test_fork_refusals():
-    async with make() as parent:
-        await parent.run("x = 1")
-    with pytest.raises(Exception, match="closed"):
-        await parent.fork()
 
 
 async def test_a_fork_refused_by_the_runner_leaves_the_session_intact():
@@ -319,16 +227,7 @@ async def test_relays_end_with_their_sessions():
     assert wait_for(lambda: state(container) is None)
 
 
-async def test_the_parents_directory_by_its_absolute_path_stays_out_of_reach():
-    async with make() as parent:
-        await parent.run("import os\nhere = os.getcwd()\nopen('secret.txt', 'w').write('p')")
-        async with await parent.fork() as child:
-            result = await child.run("print(open(here + '/secret.txt').read())")
-            assert result.error is not None and result.error.type == "PermissionError", result
-            assert (await child.run("print(open('secret.txt').read())")).stdout == "p\n"
-
-
-async def test_snapshots_open_forks_in_the_container_and_close_with_their_executor():
+async def test_a_snapshot_opens_in_the_container_and_the_container_goes_with_its_executor():
     from sandboxes import open_executor
 
     parent = make()
@@ -336,13 +235,8 @@ async def test_snapshots_open_forks_in_the_container_and_close_with_their_execut
     await parent.run("counter = 10")
     container = parent.container_id
     snapshot = await parent.snapshot()
-    await parent.run("counter = 99")
-    outputs = []
-    for _ in range(2):
-        async with open_executor("docker", from_snapshot=snapshot) as opened:
-            assert opened.container_id == container
-            outputs.append((await opened.run("counter += 1\nprint(counter)")).stdout)
-    assert outputs == ["11\n", "11\n"]
+    async with open_executor("docker", from_snapshot=snapshot) as opened:
+        assert opened.container_id == container
     await parent.close()
     assert snapshot.closed
     assert wait_for(lambda: state(container) is None), "the snapshot's container goes with it"
