@@ -500,6 +500,7 @@ class Executor(ABC):
         session, _ = await self._live_session()
         state_lost, self._state_lost_pending = self._state_lost_pending, False
         limit = self.timeout + session.timeout_backstop
+        session.run_timeout = self.timeout
         probe = session.usage_probe() if self.measure_usage else None
         if probe is not None:
             with anyio.move_on_after(USAGE_TIMEOUT):

@@ -121,6 +121,10 @@ class Session(ABC):
     """Seconds past the executor's timeout before it gives up on this session: 0 for a session whose
     sandbox the executor's timeout kills; more for one that forwards to an executor that enforces
     the timeout next to the sandbox and answers with the timed-out result itself (Ray)."""
+    run_timeout: float | None = None
+    """The executor's timeout for the run about to start, set by the executor before each run: a
+    session whose timeout is enforced elsewhere (Ray's node) passes it on, so a changed `timeout`
+    holds there too."""
 
     async def alive(self) -> bool:
         """A cheap check before an operation, so a session that died while idle is replaced before the

@@ -164,10 +164,6 @@ async def test_a_timeout_or_crash_in_the_child_leaves_the_parent_untouched(execu
         assert fresh.stdout == "fresh\n"  # the child's own fresh session, not the parent's
 
 
-@backends(
-    ray="the node's executor keeps the timeout the session opened with, so setting `timeout` on a "
-    "ray executor (a fork's or any) does not reach the node"
-)
 async def test_a_timeout_set_on_the_child_applies_to_the_child(executor_factory: Any) -> None:
     async with executor_factory(timeout=10) as parent:
         async with await parent.fork() as child:

@@ -331,7 +331,10 @@ class RaySession(Session):
         placement = self.placement
         try:
             if on_output is None:
-                event = _from_node(NodeRunEvent, await placement.agent.run.remote(placement.session_id, code))
+                event = _from_node(
+                    NodeRunEvent,
+                    await placement.agent.run.remote(placement.session_id, code, None, self.run_timeout),
+                )
                 while event["kind"] == "tool":
                     event = await self._serve_tool(event, call_tool)
             else:
@@ -360,7 +363,8 @@ class RaySession(Session):
         async with anyio.create_task_group() as group:
             try:
                 event = _from_node(
-                    NodeRunEvent, await placement.agent.run.remote(placement.session_id, code, stream)
+                    NodeRunEvent,
+                    await placement.agent.run.remote(placement.session_id, code, stream, self.run_timeout),
                 )
                 while event["kind"] in ("tool", "output"):
                     if event["kind"] == "output":

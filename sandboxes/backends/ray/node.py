@@ -229,12 +229,17 @@ class NodeAgent:
             "report": report.model_dump(mode="json") if report is not None else {},
         }
 
-    async def run(self, session_id: str, code: str, stream: StreamOptions | None = None) -> NodeRunEvent:
+    async def run(
+        self, session_id: str, code: str, stream: StreamOptions | None = None, timeout: float | None = None
+    ) -> NodeRunEvent:
         """Start a run; answers with its first event (a tool call, output when `stream`ed, or ``done``
-        with the result)."""
+        with the result). `timeout` is the caller's executor's timeout now, which the node's executor
+        takes for this run and the next (the caller may have changed it since the open)."""
         session = self.sessions.get(session_id)
         if session is None or session.executor is None:
             return _LOST
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < float("inf"):
+            session.executor.timeout = float(timeout)
         if session.task is not None and not session.task.done():
             return {
                 "kind": "error",
