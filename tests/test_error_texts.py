@@ -133,7 +133,9 @@ async def test_a_refused_name_shows_its_line_and_marks_the_expression():
 async def test_exec_of_bad_text_raises_a_syntax_error_the_code_can_catch():
     policy = Policy(allow_builtins=["exec"])
     async with HostExecutor(timeout=20, policy=policy) as ex:
-        caught = await ex.run("try:\n    exec('y = (')\nexcept SyntaxError as e:\n    print('caught', e.lineno)")
+        caught = await ex.run(
+            "try:\n    exec('y = (')\nexcept SyntaxError as e:\n    print('caught', e.lineno)"
+        )
         raised = await ex.run("exec('y = (')")
     assert caught.stdout == "caught 1\n"
     text = raised.error.traceback
