@@ -2,7 +2,8 @@
 
 Output is untrusted and may be huge: each stream is neutralised (no terminal escapes) and cut head and
 tail under one marker that states the real number of characters left out — what the sandbox dropped
-plus what this cut drops. Lost state, timeouts and crashes are said plainly, since the model must
+plus what this cut drops. The value of the code's last expression is shown as its repr (as a notebook
+shows it), so the model sees `(1, 2)` as a tuple and `'4'` as a string. Lost state, timeouts and crashes are said plainly, since the model must
 define its variables again; a run that printed nothing gets a hint to print what it needs.
 """
 
@@ -89,6 +90,11 @@ def format_observation(result: ExecutionResult, *, limit: int = 8000, timeout: f
         else:
             detail = neutralize_control(error.traceback or f"{error.type}: {error.message}")
             parts.append("Error:\n" + cap_text(detail.rstrip("\n"), 3000))
+    shown = result.shown_value(limit // 2)
+    if shown is not None:
+        shown = neutralize_control(shown)
+        separator = "\n" if "\n" in shown else " "
+        parts.append(f"Value of the last expression:{separator}{shown}")
     if result.has_final_answer:
         parts.append("final_answer() was called.")
     artifacts = result.artifacts
@@ -101,6 +107,7 @@ def format_observation(result: ExecutionResult, *, limit: int = 8000, timeout: f
         and error is None
         and not result.timed_out
         and not result.has_final_answer
+        and shown is None
     ):
         parts.append(
             "The code ran without errors and printed nothing. Print the values you need to see, "

@@ -86,6 +86,9 @@ def cmd_exec(args: argparse.Namespace) -> int:
             sys.stdout.write(result.stdout)
             sys.stdout.flush()
             sys.stderr.write(result.stderr)
+        shown = result.shown_value()
+        if shown is not None:  # as the Python prompt shows an expression's value
+            print(shown)
         if result.has_final_answer:
             answer = result.final_answer
             print(answer if isinstance(answer, str) else values.shown(answer))

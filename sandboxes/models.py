@@ -7,7 +7,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_serializer
 
 from .egress.policy import NetworkReport
-from .runtime import values
+from .runtime import bounds, values
+
+SHOWN_VALUE_CHARS = 4_000
+"""Characters of a value's repr a text observation shows at most (head and tail)."""
 
 
 class ExecutionError(BaseModel):
@@ -154,10 +157,32 @@ class ExecutionResult(BaseModel):
         return self.error is None and not self.timed_out
 
     def observation(self) -> str:
-        """stdout, then stderr and the error, as one text: what an agent shows the model."""
+        """stdout, then stderr and the error, then the last expression's value (`shown_value`), as
+        one text: what an agent shows the model, which may see nothing but this text."""
         parts = [self.stdout]
         if self.stderr:
             parts.append(self.stderr)
         if self.error is not None:
             parts.append(self.error.traceback or str(self.error))
+        shown = self.shown_value()
+        if shown is not None:
+            separator = "\n" if "\n" in shown else " "
+            parts.append(f"value of the last expression:{separator}{shown}")
         return "".join(p if p.endswith("\n") or not p else p + "\n" for p in parts if p)
+
+    def shown_value(self, limit: int = SHOWN_VALUE_CHARS) -> str | None:
+        """The last expression's value as text, for a reader that gets only text (a model through
+        MCP, a terminal): its repr(), which shows its type (``4``, ``'4'``, ``(1, 2)``), cut to
+        head and tail past `limit` characters; None when the run has no value (as a notebook
+        shows nothing for None)."""
+        text: Any
+        if self.value is not None:
+            try:
+                text = repr(self.value)
+            except Exception:  # a value put here by hand may be anything
+                text = f"<unprintable value of type {type(self.value).__name__}>"
+        else:  # a value the sandbox could not carry comes as its repr (where the result has one)
+            text = self.value_repr
+            if not isinstance(text, str):
+                return None
+        return bounds.clipped(text, limit)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
@@ -189,6 +190,7 @@ class Policy(BaseModel):
             return ExecutionError(
                 type=SYNTAX_ERROR,
                 message=f"{exc.msg} (line {exc.lineno}, column {exc.offset})",
+                traceback=syntax_error_text(exc),
                 line=exc.lineno,
                 column=exc.offset,
             )
@@ -201,7 +203,11 @@ class Policy(BaseModel):
             return ExecutionError(type=INVALID_CODE, message=f"the code cannot be parsed: {why}")
         checker = _StaticChecker(self, extra_names)
         checker.check(tree)
-        return checker.violation
+        violation = checker.violation
+        if violation is not None and checker.node is not None:
+            message = violation.message.removesuffix(f" (line {violation.line})")
+            violation.traceback = _pointed(code, checker.node, f"{violation.type}: {message}")
+        return violation
 
 
 CHECKED_SOURCE_CHARS = 16_000
@@ -211,6 +217,50 @@ CHECKED_SOURCE_CHARS = 16_000
 @functools.lru_cache(maxsize=256)
 def _cached_check(policy: Policy, code: str, extra_names: frozenset[str]) -> ExecutionError | None:
     return policy._check(code, extra_names)
+
+
+SHOWN_LINE_CHARS = 160
+"""How much of the offending source line an error's text shows (a window around the column)."""
+
+
+def syntax_error_text(exc: SyntaxError, filename: str = "<code>") -> str:
+    """The text CPython prints for `exc`: where, the offending line with a caret under the problem,
+    then the error; a long line shows only a window of it around the caret."""
+    text, offset, end = exc.text, exc.offset, exc.end_offset
+    if text is not None and offset is not None and len(text) > SHOWN_LINE_CHARS:
+        start = max(0, min(offset - 1 - SHOWN_LINE_CHARS // 2, len(text) - SHOWN_LINE_CHARS))
+        prefix = "..." if start else ""
+        shown = text[start : start + SHOWN_LINE_CHARS]
+        suffix = "..." if start + SHOWN_LINE_CHARS < len(text.rstrip("\n")) else ""
+        shift = len(prefix) - start
+        offset += shift
+        if end:
+            end = max(offset, min(end + shift, len(prefix) + len(shown) + 1))
+        text = prefix + shown.rstrip("\n") + suffix + "\n"
+    shown_exc = type(exc)(exc.msg, (filename, exc.lineno, offset, text, exc.end_lineno, end))
+    return "".join(traceback.format_exception_only(type(exc), shown_exc))
+
+
+def _pointed(code: str, node: ast.AST, last_line: str) -> str | None:
+    """CPython's layout for an error at `node` (file and line, the source line, carets under the
+    node), ending with `last_line`; None when the node has no position."""
+    line = getattr(node, "lineno", None)
+    column = getattr(node, "col_offset", None)
+    if not isinstance(line, int) or not isinstance(column, int):
+        return None
+    lines = code.splitlines()
+    if not 0 < line <= len(lines):
+        return None
+    text = lines[line - 1]
+    encoded = text.encode("utf-8", "surrogatepass")
+    # ast columns count UTF-8 bytes; SyntaxError's count characters from 1
+    start = len(encoded[:column].decode("utf-8", "ignore")) + 1
+    end_column = getattr(node, "end_col_offset", None)
+    end = start + 1
+    if getattr(node, "end_lineno", None) == line and isinstance(end_column, int):
+        end = max(start + 1, len(encoded[:end_column].decode("utf-8", "ignore")) + 1)
+    pointer = syntax_error_text(SyntaxError("", ("<code>", line, start, text + "\n", line, end)))
+    return pointer[: pointer.rindex("SyntaxError")] + last_line + "\n"
 
 
 def prepare_code(
@@ -254,6 +304,8 @@ class _StaticChecker(ast.NodeVisitor):
         self.banned = policy.effective_banned_builtins - extra_names
         self.dunders = frozenset(policy.allowed_dunders)
         self.violation: ExecutionError | None = None
+        self.node: ast.AST | None = None
+        """Where `violation` is (the source line its text shows)."""
 
     def check(self, tree: ast.AST) -> None:
         methods: dict[type, Callable[[Any], None] | None] = {}  # None: this kind has no visit method
@@ -275,6 +327,7 @@ class _StaticChecker(ast.NodeVisitor):
         ):
             return  # keep the earliest
         where = f" (line {line})" if line else ""
+        self.node = node
         self.violation = ExecutionError(
             type=POLICY_VIOLATION, message=message + where, line=line, column=column
         )

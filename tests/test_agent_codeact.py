@@ -185,6 +185,20 @@ async def test_terminal_control_characters_are_neutralised(llm: StandinLLM) -> N
     assert "safe\nEVIL" in told and "red" in told and "\\x07bell" in told and "\\u202e" not in told
 
 
+async def test_the_last_expressions_value_reaches_the_model(llm: StandinLLM) -> None:
+    llm.add(
+        code_step("x = 6 * 7\nx"),
+        code_step("print('shown')\nstr(x)"),
+        code_step("list(range(100_000))"),
+        code_final("done"),
+    )
+    await collect(make(llm).run("Compute"))
+    told = observations(llm)
+    assert "Value of the last expression: 42" in told[0] and "printed nothing" not in told[0]
+    assert "Output:\nshown" in told[1] and "Value of the last expression: '42'" in told[1]  # a str
+    assert "characters omitted" in told[2] and len(told[2]) < 6_000  # bounded
+
+
 async def test_errors_hints_and_policy_reach_the_model(llm: StandinLLM) -> None:
     llm.add(
         code_step("y = 1 / 0"),

@@ -70,6 +70,15 @@ def test_exec_stdin_prints_output_and_final_answer() -> None:
     assert done.stdout == '120\n{"n": 120}\n'
 
 
+def test_exec_shows_the_last_expressions_value_as_the_python_prompt_does() -> None:
+    done = kodeagent("exec", "-", stdin="print('sum')\n2 + 2\n")
+    assert done.returncode == cli.EXIT_OK, done.stderr
+    assert done.stdout == "sum\n4\n"
+    text = kodeagent("exec", "-", stdin="'4'\n")
+    assert text.stdout == "'4'\n"  # a str shows as one
+    assert kodeagent("exec", "-", stdin="x = 4\n").stdout == ""
+
+
 def test_exec_file_keeps_stdout_and_stderr_apart(tmp_path: Path) -> None:
     script = tmp_path / "script.py"
     script.write_text("import sys\nprint('out')\nprint('err', file=sys.stderr)\n")

@@ -225,6 +225,28 @@ async def test_stdio_keeps_state_across_calls_and_manages_sessions() -> None:
         assert "no open session" in await refused(session, "close_session", session_id=other)
 
 
+async def test_stdio_text_shows_the_last_expressions_value() -> None:
+    """A host that shows the model only the text content (the MCP Inspector does) sees the value."""
+    async with stdio_session() as session:
+        structured, text, is_error = await run(session, "2 + 2")
+        assert (structured["value"], text, is_error) == (4, "value of the last expression: 4\n", False)
+        _, text, _ = await run(session, "print('hi')\n'hi'")
+        assert text == "hi\nvalue of the last expression: 'hi'\n"
+        _, text, _ = await run(session, "x = 1")
+        assert text == "(the code ran and printed nothing)"
+        _, text, _ = await run(session, "'a\\nb'")
+        assert text == "value of the last expression: 'a\\nb'\n"  # a repr: one line
+        _, text, _ = await run(session, "list(range(200_000))")
+        assert "characters omitted" in text and len(text) < 4_200
+
+
+async def test_stdio_text_shows_the_values_type() -> None:
+    async with stdio_session() as session:
+        assert (await run(session, "(1, 2)"))[1] == "value of the last expression: (1, 2)\n"
+        assert (await run(session, "{1: 'a'}"))[1] == "value of the last expression: {1: 'a'}\n"
+        assert (await run(session, "{2, 1}"))[1] == "value of the last expression: {1, 2}\n"
+
+
 async def test_stdio_stdout_carries_only_protocol_messages() -> None:
     """A raw client: every line on the server's stdout is JSON-RPC, even when a tool function and the
     sandboxed code print; their output goes to stderr (the function's) or into the result (the code's)."""
@@ -317,7 +339,8 @@ async def test_stdio_files_round_trip_bounded(tmp_path: pathlib.Path) -> None:
             session, "print(open('data/in.txt').read())\nopen('out.txt', 'w').write('made here')"
         )
         assert out["stdout"] == "hello\n" and out["artifacts"] == [{"path": "out.txt", "size": 9}]
-        assert text == "hello\n[files changed: out.txt (9 bytes)]\n"
+        # write() returned 9: the value of the last expression, as a notebook shows it
+        assert text == "hello\nvalue of the last expression: 9\n[files changed: out.txt (9 bytes)]\n"
         assert (await call(session, "download_file", path="out.txt")) | {"session_id": ""} == {
             "session_id": "",
             "path": "out.txt",

@@ -20,11 +20,15 @@ Why it is built this way:
 - The session keeps its state between steps, as smolagents' executors do. Its tool stubs are fixed
   when it opens, so `send_tools` with other tool names opens a new session (the agent's variables
   are sent again; what earlier steps defined is gone, as after a timeout).
-- `final_answer` is the runner's own (the code calls it by that name, which the runner reserves);
-  the agent's `FinalAnswerTool` then runs here, on the value it was given.
+- `final_answer(...)` runs the agent's `FinalAnswerTool` here, through the same bridge, with the
+  arguments of the call (several inputs too, as smolagents' executors allow), and ends the step;
+  its result stays here as the step's output, whatever its type (it never crosses back).
 - Variables and tool values cross as JSON, never pickle.
 - The policy allows exactly the imports CodeAgent tells the model it may use: smolagents' base
-  modules and the `additional_authorized_imports` given to both.
+  modules and the `additional_authorized_imports` given to both. One that is not installed is
+  refused as smolagents' own executor refuses it: at construction on the host backend (the sandbox
+  runs this interpreter), when the session opens on the others (the sandbox's Python is elsewhere).
+- A timeout raises smolagents' `ExecutionTimeoutError` (and a `CodeExecutionError`).
 
 Needs the `smolagents` extra (``pip install 'kodeagent[smolagents]'``); `import sandboxes` never
 imports this module.
@@ -32,8 +36,11 @@ imports this module.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import keyword
+import re
+import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -41,8 +48,13 @@ from types import TracebackType
 from typing import Any, Self
 
 try:
-    from smolagents.local_python_executor import CodeOutput, InterpreterError, PythonExecutor
-    from smolagents.utils import BASE_BUILTIN_MODULES
+    from smolagents.local_python_executor import (
+        CodeOutput,
+        ExecutionTimeoutError,
+        InterpreterError,
+        PythonExecutor,
+    )
+    from smolagents.utils import BASE_BUILTIN_MODULES, AgentError
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "sandboxes.adapters.smolagents needs smolagents>=1.23: pip install 'kodeagent[smolagents]'"
@@ -53,7 +65,7 @@ from ..policy import Policy
 from ..runtime.protocol import POLICY_VIOLATION
 from ..sync import SyncExecutor, open_executor_sync
 
-__all__ = ["CodeExecutionError", "KodeagentExecutor"]
+__all__ = ["CodeExecutionError", "CodeTimeoutError", "KodeagentExecutor"]
 
 RESERVED_NAMES = frozenset({"final_answer", "ToolError", "PolicyViolation"})
 """Names the runner binds in every run: a tool or variable of that name would be replaced."""
@@ -61,15 +73,23 @@ RESERVED_NAMES = frozenset({"final_answer", "ToolError", "PolicyViolation"})
 _VALUE_DEPTH_LIMIT = 500
 
 
-class CodeExecutionError(InterpreterError):
+class CodeExecutionError(InterpreterError, AgentError):
     """A code step failed in the sandbox (an exception, a refused import, a timeout, a crash).
 
-    An `InterpreterError`, as smolagents' local executor raises: CodeAgent shows the message to the
-    model and goes on with the next step. `result` is the whole `ExecutionResult`."""
+    An `InterpreterError`, as smolagents' local executor raises, and an `AgentError`, as its remote
+    executors raise: CodeAgent shows the message to the model and goes on with the next step.
+    `result` is the whole `ExecutionResult`."""
 
     def __init__(self, message: str, result: ExecutionResult) -> None:
-        super().__init__(message)
+        InterpreterError.__init__(self, message)  # not AgentError's: it logs, and needs a logger
+        self.message = message
         self.result = result
+
+
+class CodeTimeoutError(CodeExecutionError, ExecutionTimeoutError):
+    """A code step ran past the executor's timeout and was stopped: smolagents'
+    `ExecutionTimeoutError`, as its local executor raises, and a `CodeExecutionError`. The session
+    was restarted: what earlier steps defined is gone (the agent's variables are sent again)."""
 
 
 class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: PythonExecutor is Any
@@ -122,8 +142,14 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
         self.backend = backend
         self.timeout = timeout
         self.options = dict(options)
+        self._imports_checked = False
+        if backend == "host":  # the sandbox runs this interpreter: what it lacks, the sandbox lacks
+            _refuse_missing(_missing_here(self.authorized_imports), "")
+            self._imports_checked = True
         self._tools: dict[str, Callable[..., Any]] = {}
         self._final_answer_tool: Callable[..., Any] | None = None
+        self._final_output: list[Any] = []
+        """The current step's final answer, as the agent's `FinalAnswerTool` returned it (here)."""
         self._variables: dict[str, Any] = {}
         self._variables_sent = True  # the session holds every variable in `_variables`
         self._session: SyncExecutor | None = None
@@ -185,7 +211,9 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
         answer) as `output`. Raises `CodeExecutionError` when the code failed."""
         with self._exclusive("run code"):
             session = self._ensure_session()
+            self._final_output.clear()
             result = session.run(code_action)
+            final_output = list(self._final_output)
         logs = result.stdout + result.stderr
         if result.state_lost:
             self._variables_sent = False  # the variables went with the state: send them again
@@ -194,19 +222,13 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
                     "\n[The sandbox was restarted before this code ran: variables from earlier steps are "
                     "lost; the agent's own inputs are defined again from the next step on.]\n"
                 )
+        if result.timed_out:
+            raise CodeTimeoutError(_timeout_text(self.timeout, logs), result)
         if result.error is not None:
             raise CodeExecutionError(_error_text(result, logs), result)
         if result.has_final_answer:
-            answer = result.final_answer
-            if self._final_answer_tool is not None:
-                try:  # the agent's FinalAnswerTool: here, like every tool
-                    answer = self._final_answer_tool(answer)
-                except Exception as exc:
-                    raise CodeExecutionError(
-                        f"{logs}Executing code yielded an error:\nfinal_answer failed: "
-                        f"{type(exc).__name__}: {exc}",
-                        result,
-                    ) from exc
+            # With the agent's FinalAnswerTool its output is here; without one, the runner's value.
+            answer = final_output[-1] if final_output else result.final_answer
             return CodeOutput(output=answer, logs=logs, is_final_answer=True)
         # a value the codec does not carry is shown by its repr, as smolagents' executors show it
         output = result.value if result.value_repr is None else result.value_repr
@@ -250,14 +272,22 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
     def _ensure_session(self) -> SyncExecutor:
         if self._session is None:
             names = frozenset(self._tools)
+            bridged = {name: self._dispatcher(name) for name in names}
+            if self._final_answer_tool is not None:
+                bridged["final_answer"] = self._run_final_answer
             session = open_executor_sync(
-                self.backend,
-                policy=self.policy,
-                timeout=self.timeout,
-                tools={name: self._dispatcher(name) for name in names},
-                **self.options,
+                self.backend, policy=self.policy, timeout=self.timeout, tools=bridged, **self.options
             )
             session.open()
+            if not self._imports_checked:
+                try:
+                    _refuse_missing(
+                        _missing_in(session, self.authorized_imports), f" in the {self.backend} sandbox"
+                    )
+                except BaseException:
+                    session.close(wait=True)
+                    raise
+                self._imports_checked = True
             self._session, self._session_tools = session, names
             self._variables_sent = not self._variables
         if not self._variables_sent:
@@ -280,6 +310,14 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
             names = ", ".join(variables)
             raise ValueError(f"could not define the variables {names} in the sandbox: {result.error}")
         self._variables_sent = True
+
+    def _run_final_answer(self, *args: Any, **kwargs: Any) -> None:
+        """The code's `final_answer(...)`: the agent's current `FinalAnswerTool`, run here on the
+        call's arguments. Its output stays here (the step's output); the sandbox gets None."""
+        tool = self._final_answer_tool
+        if tool is None:
+            raise NameError("the agent has no final_answer tool any more")
+        self._final_output.append(tool(*args, **kwargs))
 
     def _dispatcher(self, name: str) -> Callable[..., Any]:
         """What the session's tool bridge calls: the agent's current tool of that name (the bridge
@@ -328,15 +366,70 @@ def _json_copy(name: str, value: Any) -> Any:
         raise TypeError(f"variable {name!r} cannot cross into the sandbox as JSON: {exc}") from None
 
 
+def _missing_here(imports: Iterable[str]) -> list[str]:
+    """The top-level modules of `imports` this interpreter cannot find (``*`` matches anything)."""
+    bases = dict.fromkeys(name.split(".")[0] for name in imports if name != "*")
+    return [base for base in bases if importlib.util.find_spec(base) is None]
+
+
+def _missing_in(session: SyncExecutor, imports: Iterable[str]) -> list[str]:
+    """The top-level modules of `imports` the sandbox's Python cannot import (the standard library
+    is there): each is imported once, in a function, and the namespace is reset after."""
+    names = dict.fromkeys(
+        name.removesuffix(".*")
+        for name in imports
+        if name != "*" and name.split(".")[0] not in sys.stdlib_module_names
+    )
+    if not names:
+        return []
+    lines = ["def kodeagent_probe():", "    missing = []"]
+    for name in names:
+        base = name.split(".")[0]
+        lines += [
+            f"    try:\n        import {name}\n    except ImportError:\n        missing.append({base!r})"
+        ]
+    lines += ["    return missing", "kodeagent_probe()"]
+    result = session.run("\n".join(lines))
+    session.reset()
+    if result.error is not None:
+        raise InterpreterError(f"could not check the authorized imports in the sandbox: {result.error}")
+    value = result.value
+    return [str(name) for name in dict.fromkeys(value)] if isinstance(value, list) else []
+
+
+def _refuse_missing(missing: list[str], where: str) -> None:
+    if missing:  # smolagents' LocalPythonExecutor says it so
+        raise InterpreterError(
+            f"Non-installed authorized modules{where}: {', '.join(missing)}. "
+            "Please install these modules or remove them from the authorized imports list."
+        )
+
+
+def _timeout_text(timeout: float, logs: str) -> str:
+    if logs and not logs.endswith("\n"):
+        logs += "\n"
+    return (
+        f"{logs}Executing code yielded an error:\nExecutionTimeoutError: Code execution exceeded the "
+        f"maximum execution time of {timeout:g} seconds and was stopped. The sandbox was restarted: "
+        "variables, functions and imports from earlier steps are lost (the agent's own inputs are "
+        "defined again). Make the code faster or split the work."
+    )
+
+
+_REFUSED_IMPORT = re.compile(r"import of '([\w.]+)' is not allowed")
+
+
 def _error_text(result: ExecutionResult, logs: str) -> str:
     """What the model reads for a failed step, laid out as smolagents' remote executors lay it out:
     the output first, then the error with its traceback."""
     error = result.error
     assert error is not None
     detail = error.traceback or str(error)
-    if error.type == POLICY_VIOLATION and error.message.startswith("import of "):
-        # CodeAgent recognises "Import of ... is not allowed" and tells the user to authorise the import.
-        detail = detail.replace("import of ", "Import of ", 1)
+    refused = _REFUSED_IMPORT.match(error.message) if error.type == POLICY_VIOLATION else None
+    if refused is not None:
+        # In smolagents' words, which CodeAgent recognises to tell the user to authorise the import.
+        said = f"{POLICY_VIOLATION}: {refused.group(0)}"
+        detail = detail.replace(said, f"{POLICY_VIOLATION}: Import of {refused.group(1)} is not allowed", 1)
     if logs and not logs.endswith("\n"):
         logs += "\n"
     return f"{logs}Executing code yielded an error:\n{detail}"

@@ -272,6 +272,8 @@ def plain_str(value: Any, what: str = "attribute name") -> str:
         return value
     if isinstance(value, str):
         return str.__str__(value)
+    if what == "attribute name":  # CPython's own words, as getattr(obj, 1) says them
+        raise TypeError(f"attribute name must be string, not '{type(value).__name__}'")
     raise TypeError(f"{what} must be a string, not {type(value).__name__}")
 
 
@@ -333,15 +335,9 @@ def make_transformer(allowed_dunders: frozenset[str], allowed_calls: frozenset[s
             if isinstance(node.func, ast.Name) and node.func.id in {"exec", "eval"}:
                 if node.func.id not in allowed_calls:
                     self.error(node, f"{node.func.id}() is not allowed")
-            needs_apply = any(isinstance(a, ast.Starred) for a in node.args) or any(
-                k.arg is None for k in node.keywords
-            )
-            node = self.node_contents_visit(node)
-            if needs_apply:
-                node.args.insert(0, node.func)
-                node.func = ast.Name("_apply_", ast.Load())
-                copy_locations(node.func, node.args[0])
-            return node
+            # `f(*args, **kwargs)` stays as written (RestrictedPython routes it through `_apply_`,
+            # a hook that would check nothing here): CPython's own errors then name `f`.
+            return self.node_contents_visit(node)
 
         def visit_Nonlocal(self, node: ast.Nonlocal) -> ast.AST:
             return self.node_contents_visit(node)
@@ -618,7 +614,7 @@ class Guard:
         def text(value: Any) -> str:
             if not isinstance(value, str):
                 raise TypeError(
-                    f"descriptor '{name}' requires a 'str' object but received a '{type(value).__name__}'"
+                    f"descriptor '{name}' for 'str' objects doesn't apply to a '{type(value).__name__}' object"
                 )
             return value
 
@@ -634,18 +630,16 @@ class Guard:
 
     def builtins(self, extra: dict[str, Any]) -> dict[str, Any]:
         """The `__builtins__` of the sandboxed code."""
-        from RestrictedPython.Guards import guarded_iter_unpack_sequence, guarded_unpack_sequence
-
         table: dict[str, Any] = {
             name: value
             for name, value in vars(builtins).items()
             if not name.startswith("_") and name not in self.banned
         }
         table.update(
-            getattr=self.getattr,
-            hasattr=self.hasattr,
-            setattr=self.setattr,
-            delattr=self.delattr,
+            getattr=_builtin("getattr", self.getattr, 2, 3),
+            hasattr=_builtin("hasattr", self.hasattr, 2, 2),
+            setattr=_builtin("setattr", self.setattr, 3, 3),
+            delattr=_builtin("delattr", self.delattr, 2, 2),
             __build_class__=builtins.__build_class__,
             __import__=self.guarded_import,
             __name__="__main__",
@@ -656,10 +650,11 @@ class Guard:
             "_getitem_": self.getitem,
             "_getiter_": iter,
             "_write_": self.write,
-            "_apply_": lambda function, *args, **kwargs: function(*args, **kwargs),
             "_inplacevar_": _inplace,
-            "_unpack_sequence_": guarded_unpack_sequence,
-            "_iter_unpack_sequence_": guarded_iter_unpack_sequence,
+            # `a, b = x` and `for a, b in xs` unpack as CPython does (and say what CPython says):
+            # RestrictedPython's hooks would only route the items through `_getiter_`, which is `iter`.
+            "_unpack_sequence_": _unpacked_as_is,
+            "_iter_unpack_sequence_": _unpacked_as_is,
         }
         table.update(guards)
         return table
@@ -671,13 +666,7 @@ class Guard:
         annotations`` and inherits it, so every annotation of the code became a string (which breaks
         `typing.NamedTuple`, `dataclasses.InitVar` and `get_type_hints`). Ours inherits nothing.
         """
-        try:
-            tree = ast.parse(source, filename, mode)
-        except SyntaxError as exc:
-            text = exc.text.strip() if exc.text else None
-            raise PolicyViolation(
-                f"Line {exc.lineno}: {type(exc).__name__}: {exc.msg} at statement: {text!r}"
-            ) from None
+        tree = ast.parse(source, filename, mode)  # a SyntaxError is the code's, as CPython raises it
         return self.compile_tree(tree, filename, mode)
 
     def compile_tree(self, tree: ast.AST, filename: str, mode: str = "exec") -> types.CodeType:
@@ -696,6 +685,30 @@ def _own_class(cls: type) -> bool:
         return False
     main = sys.modules.get("__main__")
     return getattr(main, cls.__name__, None) is not cls
+
+
+def _builtin(name: str, function: Callable[..., Any], least: int, most: int) -> Callable[..., Any]:
+    """`function` as the builtin `name` the code calls: named so, and refusing a wrong number of
+    arguments in CPython's words (`getattr expected at least 2 arguments, got 1`)."""
+
+    def call(*args: Any) -> Any:
+        if not least <= len(args) <= most:
+            if least == most:
+                expected = f"{least} arguments"
+            elif len(args) < least:
+                expected = f"at least {least} arguments"
+            else:
+                expected = f"at most {most} arguments"
+            raise TypeError(f"{name} expected {expected}, got {len(args)}")
+        return function(*args)
+
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = getattr(builtins, name).__doc__
+    return call
+
+
+def _unpacked_as_is(value: Any, spec: Any, getiter: Any) -> Any:
+    return value
 
 
 def _module_proxy(guard: Guard, module: types.ModuleType) -> Any:
@@ -746,6 +759,8 @@ class _GuardedFormatter(string.Formatter):
         import _string  # type: ignore[import-not-found]  # the parser str.format itself uses
 
         first, rest = _string.formatter_field_name_split(field_name)
+        if isinstance(first, int) and first >= len(args):  # what str.format itself says
+            raise IndexError(f"Replacement index {first} out of range for positional args tuple")
         obj = self.get_value(first, args, kwargs)
         for is_attribute, key in rest:
             obj = self.guard.getattr(obj, key) if is_attribute else self.guard.getitem(obj, key)

@@ -449,7 +449,8 @@ class Runner:
         self.reserve.take()
         self.python_guards = bool(policy.get("python_guards", True))
         trusted: dict[str, Any] = {name: self.make_tool(name) for name in message.get("tools", [])}
-        trusted["final_answer"] = self.final_answer
+        tool = trusted.get("final_answer")
+        trusted["final_answer"] = self.final_answer if tool is None else self.final_answer_through(tool)
         trusted["ToolError"] = ToolError
         trusted["PolicyViolation"] = self.guard_module.PolicyViolation
         self.trusted_names = trusted
@@ -526,6 +527,17 @@ class Runner:
             self.namespace.pop(name, None)
         self.builtins.update(self.trusted_names)
         self.namespace["__builtins__"] = self.builtins
+
+    def final_answer_through(self, tool: Any) -> Any:
+        """`final_answer` of a session with a tool of that name: the call, with whatever arguments
+        it has (smolagents' `FinalAnswerTool` may take several), runs that tool in the parent, and
+        what the tool returns is the final answer."""
+
+        def final_answer(*args: Any, **kwargs: Any) -> None:
+            self.final_answer(tool(*args, **kwargs))
+
+        final_answer.__name__ = final_answer.__qualname__ = "final_answer"
+        return final_answer
 
     def compile(self, source: str, filename: str, mode: str = "exec") -> Any:
         if self.python_guards:

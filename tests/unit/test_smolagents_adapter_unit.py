@@ -103,10 +103,12 @@ def test_error_text_puts_the_output_first_and_keeps_smolagents_import_hint():
     )
     text = _error_text(result, "partial output")
     assert text.startswith("partial output\nExecuting code yielded an error:\n")
-    assert "Import of 'os' is not allowed" in text  # what CodeAgent looks for to advise the user
+    # smolagents' own words, which CodeAgent looks for to advise the user
+    assert "PolicyViolation: Import of os is not allowed. Allowed imports: math" in text
     error = CodeExecutionError(text, result)
     assert isinstance(error, smolagents.local_python_executor.InterpreterError)
-    assert error.result is result
+    assert isinstance(error, smolagents.utils.AgentError)  # what its remote executors raise
+    assert error.result is result and error.message == text
 
 
 @pytest.mark.parametrize(

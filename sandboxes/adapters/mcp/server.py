@@ -290,7 +290,8 @@ class SandboxMcp:
         policy = self.config.policy
         imports = ", ".join(policy.allowed_imports) or "none"
         lines = [
-            "Run Python code in a sandbox session and return what it printed, its error and files it changed.",
+            "Run Python code in a sandbox session and return what it printed, its error, the value of its",
+            "last expression (as a notebook shows it) and the files it changed.",
             "Variables persist between calls of one session (pass the same session_id; without one, your",
             "default session is used). Call final_answer(value) to return a value.",
             f"Allowed imports: {imports}.",
