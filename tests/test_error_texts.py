@@ -69,7 +69,7 @@ async def test_a_guard_error_names_the_users_function_not_the_guards_internals()
     text = result.error.traceback
     assert "f() argument after ** must be a mapping, not list" in text
     assert "_kodeagent" not in text and "Guard" not in text and "<lambda>" not in text
-    assert passed.ok and passed.value == [[1, 2], {"k": 3}]
+    assert passed.ok and passed.value == ((1, 2), {"k": 3})
 
 
 async def test_getattr_with_too_many_arguments_is_refused_as_cpython_refuses_it():

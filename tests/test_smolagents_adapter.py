@@ -427,7 +427,7 @@ def test_installed_and_wildcard_imports_are_accepted_without_starting_a_sandbox(
 
 @pytest.mark.docker
 def test_a_module_missing_in_the_docker_image_is_refused_when_the_session_opens():
-    import backend_docker
+    from support import backend_docker
 
     require(backend_docker.unavailable(), "smolagents on docker")
     ex = KodeagentExecutor(
