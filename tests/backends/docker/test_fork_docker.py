@@ -183,7 +183,7 @@ async def test_a_fork_refused_by_the_runner_leaves_the_session_intact():
         assert isinstance(worker, DockerWorker)
 
         async def taken() -> ForkPlan:
-            return ForkPlan("/forks", "listen")  # exists already
+            return ForkPlan("/tmp", "listen")  # exists already (not /forks: the family's own volume)
 
         worker.prepare_fork = taken  # type: ignore[method-assign]
         with pytest.raises(ForkError, match="working directory"):
@@ -219,7 +219,9 @@ async def test_relays_end_with_their_sessions():
         assert (await again.run("print(x)")).stdout == "1\n"
         assert wait_for(lambda: relays(container) == 5)
         await child.close()
-        assert wait_for(lambda: relays(container) == 3), "the child's relay and spare end with it"
+        assert wait_for(lambda: relays(container) == 3), (
+            f"the child's relay and spare end with it: {relays(container)} left"
+        )
         assert (await grandchild.run("print(x)")).stdout == "1\n"
         await grandchild.close()
         await again.close()
