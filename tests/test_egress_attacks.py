@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from support.fake_internet import DNS, PRIVATE, PUBLIC, FakeInternet, fake_internet, unavailable
+from support.fake_internet import PRIVATE, PUBLIC, FakeInternet, fake_internet, gateway_through, unavailable
 from support.needs import require
 
 from sandboxes.egress import PROXY_PORT, service
@@ -29,19 +29,8 @@ HEAD_SECONDS = 1.0
 @pytest.fixture(scope="module")
 def internet() -> Iterator[FakeInternet]:
     require(unavailable(), "the fake internet")
-    with fake_internet() as net:
-        service.configure(
-            service.GatewaySettings(
-                netns=net.host_netns_path,
-                nameservers=((DNS, 53),),
-                extra_public=("203.0.113.0/24", "198.18.0.0/24"),
-                head_seconds=HEAD_SECONDS,
-            )
-        )
-        try:
-            yield net
-        finally:
-            service.configure(service.GatewaySettings())
+    with fake_internet() as net, gateway_through(net, head_seconds=HEAD_SECONDS):
+        yield net
 
 
 class Client:

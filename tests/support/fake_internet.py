@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SERVER = Path(__file__).with_name("fake_internet_server.py")
 PUBLIC, DENIED, PRIVATE, METADATA, DNS = (
@@ -126,3 +127,24 @@ def fake_internet() -> Iterator[FakeInternet]:
         for ns in (host_ns, net_ns):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
         shutil.rmtree(logs, ignore_errors=True)
+
+
+TEST_PUBLIC_RANGES = ("203.0.113.0/24", "198.18.0.0/24")
+"""The fake internet's ranges, declared public to the gateway for the tests only."""
+
+
+@contextmanager
+def gateway_through(net: FakeInternet, **settings: Any) -> Iterator[FakeInternet]:
+    """The egress gateway pointed at `net` (its outbound side and its resolver) while inside, with
+    any further `GatewaySettings` fields; the default settings again on leaving."""
+    from sandboxes.egress import service
+
+    service.configure(
+        service.GatewaySettings(
+            netns=net.host_netns_path, nameservers=((DNS, 53),), extra_public=TEST_PUBLIC_RANGES, **settings
+        )
+    )
+    try:
+        yield net
+    finally:
+        service.configure(service.GatewaySettings())

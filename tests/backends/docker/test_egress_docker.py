@@ -10,19 +10,18 @@ from collections.abc import Iterator
 import pytest
 from support import backend_docker
 from support.fake_internet import (
-    DNS,
     HOST_OWN,
     METADATA,
     PRIVATE,
     PUBLIC,
     FakeInternet,
     fake_internet,
+    gateway_through,
     unavailable,
 )
 from support.needs import require
 
 from sandboxes import Policy
-from sandboxes.egress import service
 from sandboxes.egress.policy import NetworkPolicy
 from sandboxes.errors import BackendUnavailable
 
@@ -45,18 +44,8 @@ def fetch(url):
 def internet() -> Iterator[FakeInternet]:
     require(unavailable(), "the fake internet")
     backend_docker.require()
-    with fake_internet() as net:
-        service.configure(
-            service.GatewaySettings(
-                netns=net.host_netns_path,
-                nameservers=((DNS, 53),),
-                extra_public=("203.0.113.0/24", "198.18.0.0/24"),
-            )
-        )
-        try:
-            yield net
-        finally:
-            service.configure(service.GatewaySettings())
+    with fake_internet() as net, gateway_through(net):
+        yield net
 
 
 POLICY = Policy(network=True, python_guards=False)

@@ -22,6 +22,7 @@ from support.fake_internet import (
     PUBLIC,
     FakeInternet,
     fake_internet,
+    gateway_through,
     unavailable,
 )
 from support.needs import require
@@ -62,18 +63,8 @@ def raw(request, address=("127.0.0.1", 3128)):
 def internet() -> Iterator[FakeInternet]:
     require(unavailable(), "the fake internet")
     require(None if namespaces_available() else "bubblewrap cannot make namespaces here", "network=True")
-    with fake_internet() as net:
-        service.configure(
-            service.GatewaySettings(
-                netns=net.host_netns_path,
-                nameservers=((DNS, 53),),
-                extra_public=("203.0.113.0/24", "198.18.0.0/24"),
-            )
-        )
-        try:
-            yield net
-        finally:
-            service.configure(service.GatewaySettings())
+    with fake_internet() as net, gateway_through(net):
+        yield net
 
 
 def policy(network: bool | NetworkPolicy = True) -> Policy:
