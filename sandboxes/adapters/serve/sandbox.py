@@ -1,0 +1,52 @@
+"""A served sandbox: one kodeagent executor (its session is the sandbox) and what E2B says about it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
+
+import anyio
+
+if TYPE_CHECKING:
+    from starlette.requests import Request
+
+    from ...executor import Executor
+
+ENVD_PORT = 49983
+"""E2B's in-sandbox daemon (files, processes), as the SDK addresses it."""
+INTERPRETER_PORT = 49999
+"""The code interpreter's Jupyter-backed server (`/execute`, `/contexts`)."""
+
+
+@dataclass
+class ServedSandbox:
+    """One sandbox the server holds for a tenant.
+
+    `executor` is open; its session is the sandbox, bounded at the OS layer. `busy` serialises what
+    runs through the session (the runner takes one request at a time). `touch()` records activity, so
+    an idle sandbox can be paused and its lifetime extended as E2B documents."""
+
+    sandbox_id: str
+    tenant: str
+    access_token: str
+    executor: Executor
+    template: str = "base"
+    home: PurePosixPath = PurePosixPath("/home/user")
+    metadata: dict[str, str] = field(default_factory=dict)
+    envs: dict[str, str] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+    last_active: float = field(default_factory=time.monotonic)
+    busy: anyio.Lock = field(default_factory=anyio.Lock)
+
+    def touch(self) -> None:
+        """Record that a request used this sandbox now."""
+        self.last_active = time.monotonic()
+
+
+Resolve = Callable[["Request"], Awaitable[ServedSandbox]]
+"""Finds the sandbox an in-sandbox request is for, or raises a `ServeError`: checks the
+`E2b-Sandbox-Id` header names a live sandbox of the caller's, that `X-Access-Token` is its token,
+resumes it if paused, and touches it. The control plane provides it; envd and the interpreter take it."""
