@@ -40,3 +40,15 @@ async def test_shown_and_saved_figures_come_back_as_png_artifacts():
         assert (await ex.run("plt.show()")).artifacts == []  # shown figures are closed, not saved twice
         for name in ("figure_1.png", "figure_2.png", "bars.png"):
             assert (await ex.download(name)).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+async def test_numpy_pandas_and_pil_values_cross_as_themselves():
+    """The values contract's numpy/pandas/PIL round trips, on the image that has them (the `py` image
+    the conformance suite uses does not)."""
+    from conformance.test_values import NUMPY_PANDAS_PIL_POLICY, check_numpy_pandas_pil_cross, keeper
+
+    got: list = []
+    async with backend_docker.make_executor(
+        image=IMAGE, policy=NUMPY_PANDAS_PIL_POLICY, timeout=60, tools={"keep": keeper(got)}
+    ) as ex:
+        await check_numpy_pandas_pil_cross(ex, got)
