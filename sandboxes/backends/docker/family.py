@@ -50,8 +50,23 @@ def drop_relay(plan: ForkPlan) -> None:
     """Close the relay of a fork given up (it then ends; the runner removed the directory itself)."""
     relay = plan.state.pop("relay", None)
     if relay is not None:
+        end_relay_stream(relay)
+
+
+def end_relay_stream(attach: Any) -> None:
+    """End a relay's attach stream now: the relay reads end-of-file and exits.
+
+    Closing the socket alone is not enough: the SDK's file object over it (`attach`) holds another
+    reference, so the descriptor stayed open until garbage collection found it, and a dropped spare
+    relay lived on past its session's close. A shutdown acts at once, whoever holds the descriptor."""
+    raw: socket.socket = getattr(attach, "_sock", attach)
+    try:
+        raw.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    for closing in (attach, raw):
         try:
-            getattr(relay, "_sock", relay).close()
+            closing.close()
         except OSError:
             pass
 
@@ -100,14 +115,12 @@ def start_exec_relay(container_id: str, user: str) -> Any:
 
 
 def close_relay(future: concurrent.futures.Future[Any]) -> None:
+    """Done-callback for a spare relay no longer wanted: end its stream once it has started."""
     try:
         attach = future.result()
     except Exception:
         return
-    try:
-        getattr(attach, "_sock", attach).close()
-    except OSError:
-        pass
+    end_relay_stream(attach)
 
 
 def run_helper(container_id: str, user: str, args: tuple[str, ...]) -> None:

@@ -183,7 +183,7 @@ async def test_a_fork_refused_by_the_runner_leaves_the_session_intact():
         assert isinstance(worker, DockerWorker)
 
         async def taken() -> ForkPlan:
-            return ForkPlan("/tmp", "listen")  # exists already (not /forks: the family's own volume)
+            return ForkPlan("/forks", "listen")  # exists already (the family's own fork volume)
 
         worker.prepare_fork = taken  # type: ignore[method-assign]
         with pytest.raises(ForkError, match="working directory"):
