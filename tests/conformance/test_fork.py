@@ -223,10 +223,7 @@ async def test_closing_the_parent_ends_its_processes_and_leaves_the_child(execut
     assert after.stdout == "2\n" and not after.state_lost
 
 
-@backends(
-    docker="a fork's runner killed by the container's memory cgroup is reported as WorkerCrashed, "
-    "with `oom` False (the container's own runner reports it)"
-)
+@backends()
 async def test_limits_apply_to_the_child(executor_factory: Any) -> None:
     policy = Policy(limits=Limits(memory_mb=512))
     async with executor_factory(timeout=20, policy=policy) as parent:

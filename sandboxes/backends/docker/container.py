@@ -26,7 +26,7 @@ from ...images import (
 from ...worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExit
 from .daemon import RESOURCES, client, connected, remove_container
 from .family import Family, close_relay, drop_relay, leave, leave_later, listen_answer, start_exec_relay
-from .probe import ContainerProbe, container_cgroup_dirs
+from .probe import ContainerProbe, container_cgroup_dirs, oom_kills
 from .settings import FORKS_DIR, SANDBOX_UID, WORKDIR, ContainerSettings
 from .stream import Demultiplexer, stream_line, stream_open
 
@@ -177,6 +177,14 @@ class DockerWorker(Worker):
         if self.runner_pid is None:
             self.runner_pid = pid
         plan.state["relay"] = await anyio.to_thread.run_sync(self._connect_relay, path, secret)
+        plan.state["memory_watch"] = await anyio.to_thread.run_sync(self._memory_watch)
+
+    def _memory_watch(self) -> tuple[str, int] | None:
+        """The container's memory cgroup and its OOM-kill count now (blocking): a fork's runner that
+        dies while the container lives was killed for memory if the count has grown since."""
+        dirs = self.cgroup_dirs()
+        count = oom_kills(dirs[1] if dirs else None)
+        return (dirs[1], count) if dirs and count is not None else None
 
     def _connect_relay(self, path: str, secret: str) -> Any:
         """A relay for this fork (the spare one started after the previous fork, if it is still there:
@@ -224,7 +232,13 @@ class DockerWorker(Worker):
             )
             self._finalizer.atexit = False
         child = ForkedDockerWorker(
-            self.container_id, plan.state.pop("relay"), self.user, self.family, pid, plan.workdir
+            self.container_id,
+            plan.state.pop("relay"),
+            self.user,
+            self.family,
+            pid,
+            plan.workdir,
+            memory_watch=plan.state.pop("memory_watch", None),
         )
         self._spare_soon()
         return child
@@ -372,9 +386,18 @@ class ForkedDockerWorker(DockerWorker):
     process group and tree and removes its working directory (``forkrelay.py end``)."""
 
     def __init__(
-        self, container_id: str, attach: Any, user: str, family: Family, pid: int, workdir: str
+        self,
+        container_id: str,
+        attach: Any,
+        user: str,
+        family: Family,
+        pid: int,
+        workdir: str,
+        *,
+        memory_watch: tuple[str, int] | None = None,
     ) -> None:
         self.container_id = container_id
+        self._memory_watch_at_fork = memory_watch
         self.user = user
         self.workdir = workdir
         self.runner_pid = pid
@@ -386,7 +409,7 @@ class ForkedDockerWorker(DockerWorker):
         self.channel = SocketLineReader(raw)
         self.demux = Demultiplexer()
         self._removed = False
-        self._cgroups = None
+        self._cgroups = False  # looked up if it forks in turn (`_memory_watch`)
         self._spare = None
         self.stats_peak = None
         self._finalizer = weakref.finalize(self, leave_later, family, self.member, user, raw, self._ending())
@@ -403,6 +426,16 @@ class ForkedDockerWorker(DockerWorker):
     def _ending(self) -> tuple[str, ...]:
         return ("end", str(self.runner_pid), self.workdir)
 
+    def _killed_for_memory(self) -> bool:
+        """Whether the container's memory cgroup OOM-killed a process since this fork was made (the
+        kernel's count, read on this host; False where it cannot be read). A sibling's OOM kill in
+        the same moment would count too: the family shares one limit."""
+        if self._memory_watch_at_fork is None:
+            return False
+        memory_dir, at_fork = self._memory_watch_at_fork
+        now = oom_kills(memory_dir)
+        return now is not None and now > at_fork
+
     def _exit_info(self) -> WorkerExit:
         stderr = self.demux.stderr_tail.decode(errors="replace").strip()
         suffix = f"; relay stderr: {stderr[-500:]}" if stderr else ""
@@ -414,6 +447,12 @@ class ForkedDockerWorker(DockerWorker):
             return WorkerExit(
                 detail=f"the family's container stopped (exit code {state.get('ExitCode')})" + suffix,
                 oom=bool(state.get("OOMKilled")),
+            )
+        if self._killed_for_memory():
+            return WorkerExit(
+                detail="killed for exceeding the container's memory limit (OOM; the limit is shared by "
+                "the sessions forked in it)" + suffix,
+                oom=True,
             )
         return WorkerExit(
             detail="the forked session's runner ended (killed, crashed, or killed for memory: the "

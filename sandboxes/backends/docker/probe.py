@@ -119,6 +119,19 @@ def _stats_cpu(container_id: str, worker: Measured | None = None) -> tuple[int, 
     )
 
 
+def oom_kills(memory_dir: str | None) -> int | None:
+    """How many processes the memory cgroup at `memory_dir` has had OOM-killed (cgroup v1's
+    ``memory.oom_control``, v2's ``memory.events``), or None where it cannot be read."""
+    if memory_dir is None:
+        return None
+    for name in ("memory.oom_control", "memory.events"):
+        for line in (read_text(os.path.join(memory_dir, name)) or "").splitlines():
+            key, _, count = line.partition(" ")
+            if key == "oom_kill" and count.strip().isdigit():
+                return int(count)
+    return None
+
+
 def find_cgroup_dirs(pid: int, root: str = CGROUP_ROOT) -> tuple[str, str] | None:
     """The cpuacct and memory cgroup v1 directories of host process `pid`, if this process can read them."""
     text = read_text(f"/proc/{pid}/cgroup")
