@@ -116,10 +116,7 @@ async def test_state_and_files_are_copied_then_independent_both_ways(executor_fa
     assert (uploaded[0].stdout, uploaded[1].stdout) == ("mine\n", "False\n")
 
 
-@backends(
-    dockershared="a fork of a fork in a shared container cannot make its working directory under /forks "
-    "(PermissionError): a shared session's fork and a snapshot's openings are refused"
-)
+@backends()
 async def test_a_fork_of_a_fork_lives_on_whichever_of_its_family_closes_first(executor_factory: Any) -> None:
     parent = await executor_factory(timeout=20, policy=POLICY).open()
     await parent.run("trail = ['parent']")
@@ -324,10 +321,7 @@ async def test_fork_is_refused_while_busy_closed_or_lost_and_the_parent_goes_on(
     assert on.stdout == "on\n"
 
 
-@backends(
-    dockershared="a fork of a fork in a shared container cannot make its working directory under /forks "
-    "(PermissionError): a shared session's fork and a snapshot's openings are refused"
-)
+@backends()
 async def test_snapshots_open_forks_and_close_with_their_executor(executor_factory: Any) -> None:
     parent = await executor_factory(timeout=20).open()
     try:

@@ -27,7 +27,7 @@ from ...worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExi
 from .daemon import RESOURCES, client, connected, remove_container
 from .family import Family, close_relay, drop_relay, leave, leave_later, listen_answer, start_exec_relay
 from .probe import ContainerProbe, container_cgroup_dirs, oom_kills
-from .settings import FORKS_DIR, SANDBOX_UID, WORKDIR, ContainerSettings
+from .settings import FORKS_DIR, SANDBOX_UID, SESSIONS_DIR, WORKDIR, ContainerSettings
 from .stream import Demultiplexer, stream_line, stream_open
 
 HANDOVER_TIMEOUT = 15.0
@@ -53,6 +53,7 @@ class DockerWorker(Worker):
         self.family: Family | None = None  # set at the first fork
         self.member = 0
         self._spare: concurrent.futures.Future[Any] | None = None  # a relay started for the next fork
+        self.forks_dir = FORKS_DIR
         self._attach = attach  # the SDK's socket object; holding it keeps the HTTP response alive
         raw = getattr(attach, "_sock", attach)
         self.sock: socket.socket = raw
@@ -170,7 +171,7 @@ class DockerWorker(Worker):
         if self._removed:
             raise ForkError("this session's container is being removed")
         # The runner makes it (as the session's user): a fresh name in the container's fork volume.
-        return ForkPlan(f"{FORKS_DIR}/{os.urandom(8).hex()}", "listen")
+        return ForkPlan(f"{self.forks_dir}/{os.urandom(12).hex()}", "listen")
 
     async def hand_over(self, plan: ForkPlan) -> None:
         path, secret, pid = listen_answer(plan)
@@ -395,9 +396,13 @@ class ForkedDockerWorker(DockerWorker):
         workdir: str,
         *,
         memory_watch: tuple[str, int] | None = None,
+        in_shared_container: bool = False,
     ) -> None:
         self.container_id = container_id
         self._memory_watch_at_fork = memory_watch
+        # A shared container's sessions make forks where their uid may (the fork volume is the
+        # container-per-session user's), and share its memory cgroup with strangers: no OOM count.
+        self.forks_dir = SESSIONS_DIR if in_shared_container else FORKS_DIR
         self.user = user
         self.workdir = workdir
         self.runner_pid = pid
@@ -409,7 +414,7 @@ class ForkedDockerWorker(DockerWorker):
         self.channel = SocketLineReader(raw)
         self.demux = Demultiplexer()
         self._removed = False
-        self._cgroups = False  # looked up if it forks in turn (`_memory_watch`)
+        self._cgroups = None if in_shared_container else False  # False: looked up if it forks in turn
         self._spare = None
         self.stats_peak = None
         self._finalizer = weakref.finalize(self, leave_later, family, self.member, user, raw, self._ending())

@@ -471,7 +471,13 @@ class SharedSessionWorker(Worker):
             self.family = Family(self.container_id, finish=self._family_ended)
             self.member = self.family.join()
         return ForkedDockerWorker(
-            self.container_id, plan.state.pop("relay"), self.user, self.family, pid, plan.workdir
+            self.container_id,
+            plan.state.pop("relay"),
+            self.user,
+            self.family,
+            pid,
+            plan.workdir,
+            in_shared_container=True,
         )
 
     async def abandon_fork(self, plan: ForkPlan) -> None:
