@@ -288,6 +288,19 @@ class NodeAgent:
     async def reset(self, session_id: str) -> NodeAnswer:
         return await self._call(session_id, "reset")
 
+    async def define(self, session_id: str, variables: dict[str, Any]) -> NodeAnswer:
+        """Variables for the session, in the codec's form: decoded here (a type whose library this
+        node lacks stays encoded, and encodes back the same) and sent in by the node's executor,
+        which checks them again."""
+        session = self.sessions.get(session_id)
+        if session is None or session.executor is None:
+            return _LOST
+        try:
+            await session.executor.send_variables(values.decode(variables))
+        except Exception as exc:
+            return _failure(exc)
+        return {"kind": "value", "value": None}
+
     async def upload(self, session_id: str, path: str, data: bytes) -> NodeAnswer:
         return await self._call(session_id, "upload", path, data)
 
