@@ -16,10 +16,6 @@ from typing import Any
 from .runtime import bounds, values
 from .runtime.guard import variable_name_problem
 
-_LIMITS = values.Limits(bytes=bounds.DEFINE_MESSAGE_LIMIT)
-"""Raw bytes past the message's bound are refused while encoding (the JSON is checked after)."""
-
-
 def encode_variables(variables: Mapping[str, Any], taken: Iterable[str] = ()) -> dict[str, Any]:
     """`variables` in the tagged form, ready for a `DefineRequest`. A name that is not an identifier,
     starts with ``_``, or is one of `taken` (the session's tools) or the runner's own is a
@@ -35,7 +31,7 @@ def encode_variables(variables: Mapping[str, Any], taken: Iterable[str] = ()) ->
         problem = variable_name_problem(name, taken)
         if problem is not None:
             raise ValueError(f"{problem}; send it under another name")
-        encoded[name] = values.encode(value, _LIMITS, path=name, crossing="enter the sandbox")
+        encoded[name] = values.encode(value, path=name, crossing="enter the sandbox")
     try:
         size = len(json.dumps(encoded, ensure_ascii=False).encode("utf-8", "surrogatepass"))
     except ValueError as exc:  # an int too long to write as text
