@@ -16,6 +16,7 @@ from typing import Any
 from .runtime import bounds, values
 from .runtime.guard import variable_name_problem
 
+
 def encode_variables(variables: Mapping[str, Any], taken: Iterable[str] = ()) -> dict[str, Any]:
     """`variables` in the tagged form, ready for a `DefineRequest`. A name that is not an identifier,
     starts with ``_``, or is one of `taken` (the session's tools) or the runner's own is a
