@@ -46,6 +46,9 @@ class MemoryReserve:
 
 
 def apply_limits(limits: Mapping[str, Any], extra_address_space: int = 0) -> None:
+    """Set each limit of `limits` (a `LimitsConfig`) as soft and hard limit at once, never above a
+    hard limit already set; the address space gets `extra_address_space` more (the reserve), and
+    core dumps are always off (a dump would write the code's memory outside its working directory)."""
     import resource
 
     memory = limits.get("memory_mb", 0) * 1024 * 1024

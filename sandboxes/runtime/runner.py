@@ -3,11 +3,12 @@
 It is started as ``python3 -I runner.py [--sys-path DIR]... [--uid N --gid N] [--subreaper]`` (or
 forked from `forkserver.py`, which calls `main` with the same flags) and talks to the parent over its
 original stdin (requests) and stdout (replies), one JSON object per line, each reply starting with
-the channel token (the parent refuses a line that does not, before parsing it). Before any user code runs it moves that channel to private descriptors and points
-fd 0 at /dev/null and fd 1/2 at pipes that a drain thread empties (head and tail kept, the middle
-counted), so everything the code (or a C extension, or a child process) writes is captured, writing
-never fails, and nothing it writes can reach the channel. ``--subreaper`` makes orphans of the code's
-processes children of the runner, so a kill finds all of them (`proctools.kill_process_tree`).
+the channel token (the parent refuses a line that does not, before parsing it). Before any user code
+runs it moves that channel to private descriptors and points fd 0 at /dev/null and fd 1/2 at pipes
+that a drain thread empties (head and tail kept, the middle counted), so everything the code (or a C
+extension, or a child process) writes is captured, writing never fails, and nothing it writes can
+reach the channel. ``--subreaper`` makes orphans of the code's processes children of the runner, so a
+kill finds all of them (`proctools.kill_process_tree`).
 
 Requests and replies::
 
@@ -93,11 +94,6 @@ if TYPE_CHECKING:
     from .channel import Channel
 else:
     Channel = channel.Channel  # the class itself: a trusted preload may wrap its methods
-ToolError, FinalAnswerSignal, tool_error_class = (
-    tools.ToolError,
-    tools.FinalAnswerSignal,
-    tools.tool_error_class,
-)
 Capture, Drain, Streamer = capture.Capture, capture.Drain, capture.Streamer
 preload, preimport = startup.preload, startup.preimport
 

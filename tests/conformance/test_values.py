@@ -290,7 +290,7 @@ async def test_a_forged_value_is_refused_and_the_session_goes_on(
         )
         final = await ex.run(
             FIND_RUNNER + forge + "runner.final, runner.has_final = forged, True\n"
-            "raise type(runner).__mro__[0].__init__.__globals__['FinalAnswerSignal']"
+            "raise type(runner).__mro__[0].__init__.__globals__['tools'].FinalAnswerSignal"
         )
         tool = await ex.run(
             FIND_RUNNER
