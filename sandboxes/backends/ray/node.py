@@ -295,8 +295,14 @@ class NodeAgent:
         session = self.sessions.get(session_id)
         if session is None or session.executor is None:
             return _LOST
+        if type(variables) is not dict:
+            return _failure(ValueError("the variables must be one JSON object of names to values"))
         try:
-            await session.executor.send_variables(values.decode(variables))
+            decoded = values.decode(variables)
+        except values.CodecError as exc:  # the runner's words for the same refusal
+            return _failure(ValueError(f"the variables could not be decoded: {exc}"))
+        try:
+            await session.executor.send_variables(decoded)
         except Exception as exc:
             return _failure(exc)
         return {"kind": "value", "value": None}
