@@ -13,7 +13,6 @@ the code), so it has none of ReAct's tool-call machinery.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, ClassVar, Unpack
@@ -192,12 +191,14 @@ class CodeActAgent(Agent):
             with open(path, "rb") as fh:
                 await executor.upload(os.path.basename(path), fh.read())
         if run.inputs:
-            code = "\n".join(f"{name} = {_jsonable_repr(value)}" for name, value in run.inputs.items())
-            result = await executor.run(code)
-            if not result.ok:
+            from sandboxes.errors import SandboxError
+
+            try:  # each keeps its type in the sandbox (the values codec)
+                await executor.send_variables(run.inputs)
+            except (TypeError, ValueError, SandboxError) as exc:
                 yield self._response(
                     "log",
-                    f"could not define inputs in the sandbox: {result.error}",
+                    f"could not define inputs in the sandbox: {exc}",
                     channel="sandbox",
                     metadata={"event": "inputs_failed"},
                 )
@@ -260,7 +261,3 @@ class CodeActAgent(Agent):
             with open(target, "wb") as fh:
                 fh.write(data)
             run.add_output_file(target)
-
-
-def _jsonable_repr(value: Any) -> str:  # kept small and separate: inputs are JSON, their repr is a literal
-    return repr(json.loads(json.dumps(value)))

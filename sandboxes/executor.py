@@ -40,6 +40,7 @@ from .errors import (
     FileTooLarge,
     ForkError,
     ProtocolError,
+    SandboxError,
     SandboxFileError,
 )
 from .events import (
@@ -74,6 +75,7 @@ from .session import (
 )
 from .toolbridge import ToolCalls, ToolFunction, checked_call, still_running
 from .usage import UsageProbe
+from .variables import encode_variables
 from .worker import Worker
 
 __all__ = [
@@ -676,6 +678,42 @@ class Executor(ABC):
                     await self._discard(session)
                     raise
             self._state_lost_pending = False
+
+    async def send_variables(self, variables: Mapping[str, Any]) -> None:
+        """Bind `variables` in the session, as if the code had assigned them, each value of its own
+        type: every type of the values codec (docs/values.md) crosses whole. All are bound or none.
+
+        Checked here before anything is sent: a name must be an identifier not starting with '_'
+        and not a tool's or the runner's (`final_answer`, `ToolError`, `PolicyViolation`), else
+        `ValueError`; a value the codec cannot carry is a `TypeError` naming its part and type;
+        more than 16 MiB of them is a `ValueError` (upload large data as a file). They live in the
+        session as the code's own variables do: `reset()` and a replaced session (`state_lost`)
+        forget them, and a stateless executor cannot keep them (`ValueError`)."""
+        if self.stateless:
+            raise ValueError(
+                "a stateless executor starts every run with a fresh namespace, so variables sent in "
+                "would be gone before the next run; define them in the code you run instead"
+            )
+        encoded = encode_variables(variables, self.tools)
+        self._check_usable()
+        if not encoded:
+            return
+        async with self._lock:
+            session, _ = await self._live_session()
+            try:
+                with anyio.fail_after(self.timeout + session.timeout_backstop):
+                    refused = await session.define(encoded)
+            except (TimeoutError, SessionLost, ProtocolError) as exc:
+                await self._discard(session)
+                raise SandboxError(
+                    f"the sandbox did not bind the variables ({exc or type(exc).__name__}) and was "
+                    "replaced; the next run starts a fresh session: send them again"
+                ) from exc
+            except BaseException:
+                await self._discard(session)
+                raise
+        if refused is not None:
+            raise ValueError(f"the sandbox bound none of the variables: {refused}")
 
     async def upload(self, path: str, data: bytes | str) -> None:
         """Write a file into the working directory (`path` is relative to it)."""

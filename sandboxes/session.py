@@ -55,6 +55,8 @@ from .models import Artifact, ExecutionError, ExecutionResult, ForkReport
 from .runtime import bounds, values
 from .runtime.protocol import (
     UNCARRIABLE_VALUE,
+    DefineReply,
+    DefineRequest,
     Fatal,
     ForkRequest,
     InitReply,
@@ -152,6 +154,12 @@ class Session(ABC):
     @abstractmethod
     async def reset(self) -> None:
         """Forget every variable of the session (the working directory's files stay)."""
+
+    @abstractmethod
+    async def define(self, variables: dict[str, Any]) -> str | None:
+        """Bind variables in the session, all or none: `variables` maps checked names to values in
+        the codec's tagged form (`runtime/values.py`), already bounded. None when they were bound;
+        else the sandbox's reason for binding none of them (the session is intact)."""
 
     @abstractmethod
     async def upload(self, path: str, data: bytes) -> None:
@@ -289,6 +297,11 @@ class RunnerSession(Session):
 
     async def reset(self) -> None:
         await self._exchange({"op": "reset"}, _no_tools)
+
+    async def define(self, variables: dict[str, Any]) -> str | None:
+        request: DefineRequest = {"op": "define", "variables": variables}
+        reply = cast(DefineReply, await self._exchange(request, _no_tools))
+        return None if reply["error"] is None else bounds.clipped(reply["error"], bounds.ERROR_MESSAGE_LIMIT)
 
     async def upload(self, path: str, data: bytes) -> None:
         try:
@@ -544,10 +557,17 @@ _ANSWERS: dict[str, type[Any]] = {
     "init": InitReply,
     "run": RunReply,
     "reset": Reply,
+    "define": DefineReply,
     "warmup": Reply,
 }
 """The reply each request is answered with (a fork's replies are checked by `RunnerSession.fork`)."""
-_DOING = {"init": "started", "run": "ran code", "reset": "reset", "warmup": "warmed up"}
+_DOING = {
+    "init": "started",
+    "run": "ran code",
+    "reset": "reset",
+    "define": "bound variables",
+    "warmup": "warmed up",
+}
 
 
 def _fork_count(message: dict[str, Any], key: str, limit: int = MAX_COUNT, minimum: int = 0) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, ExitStack
 from types import TracebackType
 from typing import Any, Self, Unpack
@@ -75,6 +75,10 @@ class SyncExecutor:
     def reset(self) -> None:
         """Forget the session's variables; see `Executor.reset`."""
         self._call(self.executor.reset)
+
+    def send_variables(self, variables: Mapping[str, Any]) -> None:
+        """Bind variables in the session, each of its own type; see `Executor.send_variables`."""
+        self._call(self.executor.send_variables, variables)
 
     def upload(self, path: str, data: bytes | str) -> None:
         """Write a file into the working directory; see `Executor.upload`."""

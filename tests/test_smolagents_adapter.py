@@ -8,6 +8,7 @@ stand-in received.
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import os
 import subprocess
@@ -235,14 +236,30 @@ def test_one_executor_shared_by_two_agents_is_refused_clearly():
             ex("inner()")
 
 
-def test_variables_cross_as_json_and_anything_else_is_refused(llm):
+def test_variables_keep_their_types_and_what_the_codec_cannot_carry_is_refused(llm):
     ex = KodeagentExecutor()
-    llm.add(step("print(sum(data), meta['k'])\nfinal_answer(len(data))"))
+    llm.add(
+        step(
+            "print(sum(data), meta['k'], type(meta['k']).__name__, sorted(tags), raw, day.year, keys[1])\n"
+            "final_answer(len(data))"
+        )
+    )
+    inputs = {
+        "data": [1, 2, 3],
+        "meta": {"k": (1, 2)},
+        "tags": {"b", "a"},
+        "raw": b"\x00",
+        "day": datetime.date(2024, 2, 29),
+        "keys": {1: "one"},
+    }
     with agent(llm, ex) as a:
-        assert a.run("Sum the data.", additional_args={"data": [1, 2, 3], "meta": {"k": (1, 2)}}) == 3
-        assert "Execution logs:\n6 [1, 2]\n" in a.memory.steps[-1].observations
+        assert a.run("Sum the data.", additional_args=inputs) == 3
+        assert (
+            "Execution logs:\n6 (1, 2) tuple ['a', 'b'] b'\\x00' 2024 one\n"
+            in a.memory.steps[-1].observations
+        )
         asked = len(llm.requests)
-        with pytest.raises(TypeError, match="variable 'handle'.*JSON"):
+        with pytest.raises(TypeError, match="handle: a object object cannot enter the sandbox"):
             a.run("Use the handle.", additional_args={"handle": object()})
     assert len(llm.requests) == asked  # refused before any step
 

@@ -37,7 +37,6 @@ imports this module.
 from __future__ import annotations
 
 import importlib.util
-import json
 import keyword
 import re
 import sys
@@ -62,15 +61,16 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from ..models import ExecutionResult
 from ..policy import Policy
+from ..runtime import values
+from ..runtime.guard import RUNNER_NAMES
 from ..runtime.protocol import POLICY_VIOLATION
 from ..sync import SyncExecutor, open_executor_sync
+from ..variables import encode_variables
 
 __all__ = ["CodeExecutionError", "CodeTimeoutError", "KodeagentExecutor"]
 
-RESERVED_NAMES = frozenset({"final_answer", "ToolError", "PolicyViolation"})
+RESERVED_NAMES = RUNNER_NAMES
 """Names the runner binds in every run: a tool or variable of that name would be replaced."""
-
-_VALUE_DEPTH_LIMIT = 500
 
 
 class CodeExecutionError(InterpreterError, AgentError):
@@ -186,17 +186,13 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
     def send_variables(self, variables: Mapping[str, Any]) -> None:
         """Define variables in the session (CodeAgent sends its `additional_args` this way).
 
-        They cross as JSON: str, numbers, bool, None, lists (tuples arrive as lists) and dicts with
-        string keys. Anything else is refused with a `TypeError` naming the variable."""
-        checked = {name: _json_copy(name, value) for name, value in dict(variables).items()}
-        for name in checked:
-            if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-                raise ValueError(f"variable name {name!r} is not a Python identifier")
-            if name.startswith("_") or name in RESERVED_NAMES or name in self._tools:
-                raise ValueError(
-                    f"a variable cannot be named {name!r}: names starting with '_', tool names and "
-                    f"{', '.join(sorted(RESERVED_NAMES))} are the sandbox's"
-                )
+        Each keeps its type: every type of the values codec crosses (tuples, sets, bytes, dates,
+        dicts with any keys, numpy arrays, DataFrames, images: docs/values.md). A value it cannot
+        carry is refused with a `TypeError` naming the variable's part and its type; a name that is
+        not an identifier, starts with '_' or is a tool's or the sandbox's, with a `ValueError`."""
+        encoded = encode_variables(variables, self._tools)
+        # Kept as the codec's copy of each value: what is sent again after a restart is what was sent.
+        checked = {name: values.decode(value) for name, value in encoded.items()}
         if not checked:
             return
         with self._exclusive("send_variables"):
@@ -302,13 +298,9 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
             session.close(wait=True)  # cleanup() promises the worker gone when it returns
 
     def _define(self, variables: Mapping[str, Any]) -> None:
-        """Bind `variables` in the session: one assignment of a literal each (JSON values only)."""
+        """Bind `variables` in the session, each of its own type (`Executor.send_variables`)."""
         assert self._session is not None
-        code = "".join(f"{name} = {value!r}\n" for name, value in variables.items())
-        result = self._session.run(code)
-        if result.error is not None:
-            names = ", ".join(variables)
-            raise ValueError(f"could not define the variables {names} in the sandbox: {result.error}")
+        self._session.send_variables(variables)
         self._variables_sent = True
 
     def _run_final_answer(self, *args: Any, **kwargs: Any) -> None:
@@ -331,39 +323,6 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
 
         call.__name__ = call.__qualname__ = name
         return call
-
-
-def _json_copy(name: str, value: Any) -> Any:
-    """`value` as plain JSON data (lists for tuples), or a `TypeError` naming the variable and the
-    part of it that is not JSON."""
-    stack: list[tuple[Any, str, int]] = [(value, name, 0)]
-    while stack:
-        item, where, depth = stack.pop()
-        if depth > _VALUE_DEPTH_LIMIT:
-            raise TypeError(f"variable {name!r} is nested more than {_VALUE_DEPTH_LIMIT} levels deep")
-        if item is None or isinstance(item, bool | int | str):
-            continue
-        if isinstance(item, float):
-            if item != item or item in (float("inf"), float("-inf")):
-                raise TypeError(f"variable {name!r}: {where} is {item!r}, which JSON cannot hold")
-        elif isinstance(item, list | tuple):
-            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in enumerate(item))
-        elif isinstance(item, dict):
-            for key, v in item.items():
-                if not isinstance(key, str):
-                    raise TypeError(
-                        f"variable {name!r}: {where} has the key {key!r}; JSON objects have string keys only"
-                    )
-                stack.append((v, f"{where}[{key!r}]", depth + 1))
-        else:
-            raise TypeError(
-                f"variable {name!r}: {where} is a {type(item).__name__}; variables cross into the sandbox "
-                "as JSON only (str, numbers, bool, None, lists, dicts with string keys)"
-            )
-    try:
-        return json.loads(json.dumps(value, ensure_ascii=False))
-    except ValueError as exc:  # an integer too long to convert to text
-        raise TypeError(f"variable {name!r} cannot cross into the sandbox as JSON: {exc}") from None
 
 
 def _missing_here(imports: Iterable[str]) -> list[str]:

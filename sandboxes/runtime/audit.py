@@ -20,7 +20,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import gc
-import importlib.util
 import os
 import symtable
 import sys
@@ -193,22 +192,9 @@ _GENERATED_NODES = (
 )
 
 
-def _guard_module() -> Any:
-    # The runner loads `guard.py` by path under a private name first (see `runner._load_sibling`):
-    # the frame-attribute denylist is defined there, once, for the attribute guard and for this hook.
-    name = "_kodeagent_guard"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, os.path.join(os.path.dirname(__file__), "guard.py")
-        )
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_FRAME_ATTRIBUTES: frozenset[str] = _guard_module().FRAME_ATTRIBUTES
+# The frame-attribute denylist is defined once, in `guard.py`, for the attribute guard and for this
+# hook: the copy of it the runner loaded (siblings.py, loaded by the entry point first).
+_FRAME_ATTRIBUTES: frozenset[str] = sys.modules["_kodeagent_siblings"].load("guard").FRAME_ATTRIBUTES
 """The attribute guard's `FRAME_ATTRIBUTES`: generated code reads none of them either."""
 
 

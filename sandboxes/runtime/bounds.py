@@ -28,6 +28,9 @@ ARTIFACT_COUNT_LIMIT = 100
 ARTIFACT_PATH_LIMIT = 240
 TOOL_MESSAGE_LIMIT = 16 * 1024 * 1024
 """Bytes of JSON one tool call may carry across the bridge, arguments or result."""
+DEFINE_MESSAGE_LIMIT = TOOL_MESSAGE_LIMIT
+"""Variables sent into a session cross in one message of at most this many bytes of JSON (as
+much as a tool's result): the parent refuses more before anything is sent."""
 
 _MARKER_ROOM = 60  # the longest marker text
 

@@ -1,7 +1,8 @@
 """What the code writes, captured and streamed (loaded by `runner.py`; stdlib only).
 
 `Capture` is one output stream (fd 1 or 2) behind a pipe, `Drain` the thread that empties the pipes
-while the code writes, `Streamer` the thread that sends a streamed run's output over the channel.
+while the code writes, `Streamer` the thread that sends a streamed run's output over the channel;
+`fresh_streams` and `flush_streams` keep `sys.stdout` and `sys.stderr` text streams on fd 1 and 2.
 Writing never blocks or fails for the code, and nothing the runner holds grows past its bounds.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import codecs
 import fcntl
-import importlib.util
+import io
 import os
 import select
 import sys
@@ -19,28 +20,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # for the type checker only: nothing is imported at run time
+    from .channel import Channel
     from .protocol import OutputMessage
-    from .runner import Channel
 
 PIPE_BYTES = 1 << 20
 READ_BYTES = 1 << 20
 
 
-def _bounds() -> Any:
-    # The runner loads `bounds.py` by path under a private name first (see `runner._load_sibling`).
-    name = "_kodeagent_bounds"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            name, os.path.join(os.path.dirname(__file__), "bounds.py")
-        )
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-bounds = _bounds()
+bounds = sys.modules["_kodeagent_siblings"].load("bounds")  # loaded by the entry point first
 omission_marker = bounds.omission_marker
 
 
@@ -272,3 +259,46 @@ class Streamer:
                 with self.cond:
                     self.sending = False
                     self.cond.notify_all()
+
+
+STREAMS: list[io.TextIOWrapper] = []
+"""The runner's own sys.stdout and sys.stderr (`fresh_streams`, from the runner's start), kept from
+run to run."""
+
+
+def _text_stream(fd: int) -> io.TextIOWrapper:
+    return io.TextIOWrapper(
+        open(fd, "wb", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+    )
+
+
+def _stream_intact(stream: Any, ours: io.TextIOWrapper) -> bool:
+    try:
+        return (
+            stream is ours
+            and not ours.closed
+            and ours.line_buffering
+            and ours.encoding == "utf-8"
+            and ours.errors == "backslashreplace"
+        )
+    except ValueError:  # detached from its buffer
+        return False
+
+
+def flush_streams() -> None:
+    flushed = True
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            flushed = False  # what it still holds must not reach the next run's output
+    # The code may have replaced, closed or reconfigured them (via an allowed module): then start
+    # clean next time; else keep them (making two text streams per run is a tenth of a warm run).
+    if flushed and _stream_intact(sys.stdout, STREAMS[0]) and _stream_intact(sys.stderr, STREAMS[1]):
+        return
+    fresh_streams()
+
+
+def fresh_streams() -> None:
+    STREAMS[:] = [_text_stream(1), _text_stream(2)]
+    sys.stdout, sys.stderr = STREAMS

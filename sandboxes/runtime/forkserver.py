@@ -29,17 +29,20 @@ import os
 import signal
 import socket
 import sys
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _load_runner() -> object:
-    spec = importlib.util.spec_from_file_location("_kodeagent_runner", os.path.join(HERE, "runner.py"))
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def _siblings() -> Any:
+    """`siblings.py`, the runtime's one loader; an entry point loads it by path itself."""
+    name = "_kodeagent_siblings"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "siblings.py"))
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
 def _become_runner(runner: object, channel_fd: int, request: dict, problem: str | None = None) -> None:
@@ -126,12 +129,13 @@ def main(argv: list[str]) -> None:
             private_network = True
         elif flag == "--preload":
             preloads.append(next(args))
-    runner = _load_runner()
+    siblings = _siblings()
+    runner = siblings.load("runner")
     for path in preloads:  # trusted code of the caller's (`HostExecutor(preload=...)`), never a session's
-        runner.preload(path)  # type: ignore[attr-defined]
-    runner.preimport()  # type: ignore[attr-defined]
+        runner.preload(path)
+    runner.preimport()
 
-    netns = runner._load_sibling("netns") if private_network else None  # type: ignore[attr-defined]
+    netns = siblings.load("netns") if private_network else None
     error = _probe(netns) if netns is not None else None
     if error is not None:
         netns = None  # the parent starts each session in a sandbox of its own instead

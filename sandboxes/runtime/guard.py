@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import keyword
 import operator
 import string
 import sys
@@ -251,6 +252,32 @@ def module_allowed(name: str, patterns: Iterable[str]) -> bool:
             if name == base or name.startswith(base + "."):
                 return True
     return False
+
+
+RUNNER_NAMES = frozenset({"final_answer", "ToolError", "PolicyViolation"})
+"""Names the runner binds in every run, beside the session's tools: a variable of one would vanish."""
+
+
+def variable_name_problem(name: Any, taken: Iterable[str] = ()) -> str | None:
+    """Why `name` cannot be a variable sent into a session, or None. A variable is a name the code
+    could bind itself that the runner does not rebind: an identifier, not a keyword, not starting
+    with ``_`` (the guard's hooks, dunders such as ``__builtins__``, private names), not one of
+    `RUNNER_NAMES` nor of `taken` (the session's tools)."""
+    if type(name) is not str or not name.isidentifier() or keyword.iskeyword(name):
+        return f"the variable name {plain_repr(name)} is not a Python identifier"
+    if name.startswith("_"):
+        return f"the variable name {name!r} starts with '_': such names are the sandbox's"
+    if name in RUNNER_NAMES or name in taken:
+        return f"the variable name {name!r} is taken by the sandbox (its tools, {', '.join(sorted(RUNNER_NAMES))})"
+    return None
+
+
+def plain_repr(value: Any) -> str:
+    """A short repr of a value that may be anything, read without running any of its own code."""
+    if type(value) in (str, int, float, bool) or value is None:
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return f"of type {type(value).__name__}"
 
 
 def _is_dunder(name: str) -> bool:

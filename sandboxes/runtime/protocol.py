@@ -111,6 +111,15 @@ class ResetRequest(TypedDict):
     op: Literal["reset"]
 
 
+class DefineRequest(TypedDict):
+    """Bind variables in the session (`Executor.send_variables`): each value in the codec's tagged
+    form (`values.py`), the whole message at most `bounds.DEFINE_MESSAGE_LIMIT` bytes of JSON.
+    Answered with a `DefineReply`; all are bound or none."""
+
+    op: Literal["define"]
+    variables: dict[str, Any]
+
+
 class ErrorDetail(TypedDict):
     """An error by type name and message (a tool's failure)."""
 
@@ -138,7 +147,7 @@ class ForkRequest(TypedDict):
     channel: Literal["fd", "listen"]
 
 
-Request = WarmupRequest | InitRequest | RunRequest | ResetRequest | ForkRequest
+Request = WarmupRequest | InitRequest | RunRequest | ResetRequest | DefineRequest | ForkRequest
 
 
 # ---------------------------------------------------------------------- replies (runner -> parent)
@@ -163,6 +172,12 @@ class Reply(TypedDict):
 
     op: Literal["reply"]
     token: NotRequired[str]
+
+
+class DefineReply(Reply):
+    """The answer to `define`: `error` says why nothing was bound (None: everything was)."""
+
+    error: str | None
 
 
 class InitReply(Reply):

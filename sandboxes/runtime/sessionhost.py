@@ -69,15 +69,17 @@ ENV = {"LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _load(name: str) -> Any:
+def _siblings() -> Any:
+    """`siblings.py`, the runtime's one loader; an entry point loads it by path itself."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"_kodeagent_{name}", os.path.join(HERE, f"{name}.py"))
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    name = "_kodeagent_siblings"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "siblings.py"))
+        assert spec is not None and spec.loader is not None
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -528,8 +530,9 @@ class Session:
 
 class Host:
     def __init__(self) -> None:
-        self.runner = _load("runner")
-        self.proctools = self.runner._load_sibling("proctools")
+        siblings = _siblings()
+        self.runner = siblings.load("runner")
+        self.proctools = siblings.load("proctools")
         self.runner.preimport()
         self.selector = selectors.DefaultSelector()
         self.selector.register(0, selectors.EVENT_READ, "parent")

@@ -18,8 +18,10 @@ from support.security_helpers import run_once
 
 from sandboxes import HostExecutor, Policy
 from sandboxes.runtime import bounds
-from sandboxes.runtime.runner import ToolError, tool_error_class
+from sandboxes.runtime.runner import tools  # the runtime's tool side, as the runner loaded it
 from sandboxes.toolbridge import exception_type_name
+
+ToolError, tool_error_class = tools.ToolError, tools.tool_error_class
 
 pytestmark = pytest.mark.anyio
 

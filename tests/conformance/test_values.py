@@ -185,6 +185,80 @@ async def test_in_json_a_result_takes_the_one_tagged_form(executor_factory: Any)
     assert decode(dumped["value"]) == (1, b"x", {2: None})
 
 
+# ---------------------------------------------------------------------- variables sent in
+
+SENT = {f"v_{name.replace(' ', '_').replace('-', '_')}": name for name in EXPECTED}
+"""A variable name for each row of `EXPECTED`."""
+
+SAME_INSIDE = (
+    "checks = [\n"
+    + "".join(
+        f"    ({row!r}, type({name}) is type(values[{row!r}]) and {name} == values[{row!r}]),\n"
+        for name, row in SENT.items()
+    )
+    + "]\n"
+    "nested = [row for row in values if not (type(sent[row]) is type(values[row]) and sent[row] == values[row])]\n"
+    "[row for row, same in checks if not same], nested"
+)
+"""Inside: the rows whose variable is not of its own type and equal to the value built there."""
+
+
+async def test_variables_sent_in_keep_their_types_on_every_backend(executor_factory: Any) -> None:
+    policy = Policy(allowed_imports=[*Policy().allowed_imports, "pathlib"])
+
+    class Handle:
+        pass
+
+    async with executor_factory(timeout=60, policy=policy) as ex:
+        await ex.send_variables({name: EXPECTED[row] for name, row in SENT.items()} | {"sent": EXPECTED})
+        inside = await ex.run(BUILD + SAME_INSIDE)
+        with pytest.raises(
+            TypeError, match=r"bad\['rows'\]\[1\]: a \S*Handle object cannot enter the sandbox"
+        ):
+            await ex.send_variables({"good": 1, "bad": {"rows": [1, Handle()]}})
+        unsent = await ex.run("good")
+        after = await ex.run("v_tuple")
+    assert inside.ok, inside.error
+    assert inside.value == ([], [])  # inside, each is of its own type and equal to the value built there
+    assert len(SENT) == len(EXPECTED)
+    assert unsent.error is not None and unsent.error.type == "NameError"  # refused whole, before sending
+    assert after.value == (1, "a", (2,)) and not after.state_lost
+
+
+async def test_numpy_pandas_and_pil_variables_arrive_as_such_where_the_code_may_import_them(
+    executor_factory: Any,
+) -> None:
+    np = pytest.importorskip("numpy")
+    pd = pytest.importorskip("pandas")
+    image_module = pytest.importorskip("PIL.Image")
+    allowed = Policy(
+        allowed_imports=[*Policy().allowed_imports, "numpy", "numpy.*", "pandas", "pandas.*", "PIL", "PIL.*"]
+    )
+    sent = {
+        "array": np.arange(6, dtype=np.int16).reshape(2, 3),
+        "scalar": np.int64(5),
+        "frame": pd.DataFrame({"a": [1, 2], "b": ["x", "y"]}),
+        "image": image_module.new("RGB", (4, 3), (1, 2, 3)),
+    }
+    async with executor_factory(timeout=60, policy=allowed) as ex:
+        probe = await ex.run("import numpy, pandas, PIL.Image")
+        if probe.error is not None:
+            pytest.skip(f"this backend's sandbox lacks numpy, pandas or PIL: {probe.error}")
+        await ex.send_variables(sent)
+        inside = await ex.run(
+            "import numpy as np, pandas as pd\nfrom PIL import Image\n"
+            "(type(array) is np.ndarray and array.dtype == np.int16 and array.tolist() == [[0, 1, 2], [3, 4, 5]],"
+            " type(scalar) is np.int64 and scalar == 5,"
+            " type(frame) is pd.DataFrame and frame.equals(pd.DataFrame({'a': [1, 2], 'b': ['x', 'y']})),"
+            " isinstance(image, Image.Image) and image.size == (4, 3) and image.getpixel((0, 0)) == (1, 2, 3))"
+        )
+    assert inside.value == (True, True, True, True), inside.error
+    async with executor_factory(timeout=60) as ex:  # numpy is not the code's to import: it stays encoded
+        await ex.send_variables({"array": sent["array"]})
+        kept = await ex.run("type(array).__name__, array.type")
+    assert kept.value == ("EncodedValue", "numpy.ndarray"), kept.error
+
+
 # ---------------------------------------------------------------------- a runner that forges values
 
 FIND_RUNNER = (
@@ -238,7 +312,7 @@ async def test_a_forged_value_is_refused_and_the_session_goes_on(
         )
         final = await ex.run(
             FIND_RUNNER + forge + "runner.final, runner.has_final = forged, True\n"
-            "raise type(runner).__mro__[0].__init__.__globals__['FinalAnswerSignal']"
+            "raise type(runner).__mro__[0].__init__.__globals__['tools'].FinalAnswerSignal"
         )
         tool = await ex.run(
             FIND_RUNNER
@@ -255,6 +329,58 @@ async def test_a_forged_value_is_refused_and_the_session_goes_on(
     assert tool.ok and "UncarriableValue" in tool.stdout and why in tool.stdout, tool
     assert called == []  # the tool never ran on arguments that did not decode
     assert after.value == 42 and not after.state_lost  # the same session: the wire itself was sound
+
+
+LIBRARIES = Policy(
+    allowed_imports=[*Policy().allowed_imports, "numpy", "numpy.*", "pandas", "pandas.*", "PIL", "PIL.*"]
+)
+"""A policy under which a define decodes arrays and images as such (so their bounds are checked)."""
+
+
+@pytest.mark.parametrize("attack", sorted(FORGED_VALUES))
+async def test_a_forged_define_is_refused_before_it_costs_memory(executor_factory: Any, attack: str) -> None:
+    forge, why = FORGED_VALUES[attack]
+    scope: dict[str, Any] = {}
+    exec(forge, scope)  # the forged form, made here: a define the parent's encoder never wrote
+    async with executor_factory(timeout=30, policy=LIBRARIES) as ex:
+        assert (await ex.run("x = 42")).ok
+        has_libraries = (await ex.run("import numpy, PIL.Image")).ok
+        refused = await ex.session.define({"fine": 1, "forged": scope["forged"]})
+        unbound = await ex.run("fine")
+        after = await ex.run("x")
+    if not has_libraries and refused is None:  # this sandbox lacks them: the value stayed encoded
+        assert why in ("needs 8,796,093,022,208 bytes", "200000x200000 pixels")
+    else:
+        assert refused is not None and why in refused, refused
+        assert unbound.error is not None and unbound.error.type == "NameError"  # all or none
+    assert after.value == 42 and not after.state_lost  # the same session, intact
+
+
+GUARDED_NAMES = (
+    "_getattr_",
+    "__builtins__",
+    "_print_",
+    "final_answer",
+    "ToolError",
+    "lookup",
+    "for",
+    "a b",
+    "",
+)
+
+
+async def test_a_define_binds_no_name_the_sandbox_guards_even_unchecked_by_the_parent(
+    executor_factory: Any,
+) -> None:
+    async with executor_factory(timeout=30, tools={"lookup": lambda: "looked up"}) as ex:
+        session = ex.session
+        refusals = {name: await session.define({"fine": 1, name: 0}) for name in GUARDED_NAMES}
+        not_a_mapping = await session.define(["fine"])  # type: ignore[arg-type]
+        intact = await ex.run("fine = 'x'.upper()\nfine, lookup(), callable(final_answer)")
+    for name, refused in refusals.items():
+        assert refused is not None and repr(name) in refused, (name, refused)
+    assert not_a_mapping is not None and "JSON object" in not_a_mapping
+    assert intact.value == ("X", "looked up", True), intact.error  # the guard's hooks and the tools are whole
 
 
 def test_import_sandboxes_imports_no_optional_library() -> None:

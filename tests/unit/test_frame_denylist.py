@@ -15,15 +15,13 @@ from sandboxes.runtime import RUNTIME_DIR
 
 
 def runtime_module(name: str) -> Any:
-    """A runtime module as the runner loads it: by path, under its private name."""
-    key = f"_kodeagent_{name}"
-    if key not in sys.modules:
-        spec = importlib.util.spec_from_file_location(key, RUNTIME_DIR / f"{name}.py")
+    """A runtime module as the runner loads it: by path, under its private name (`siblings.py`)."""
+    if "_kodeagent_siblings" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("_kodeagent_siblings", RUNTIME_DIR / "siblings.py")
         assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[key] = module
-        spec.loader.exec_module(module)
-    return sys.modules[key]
+        sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[spec.name])
+    return sys.modules["_kodeagent_siblings"].load(name)
 
 
 guard = runtime_module("guard")

@@ -4,14 +4,14 @@ maps imports and errors, and how the runner cuts a snippet before its last expre
 from __future__ import annotations
 
 import ast
-import datetime
 import importlib.util
+import threading
 
 import pytest
 from support.needs import in_ci
 
 from sandboxes import ExecutionError, ExecutionResult, Policy
-from sandboxes.runtime.runner import _split_last_expression
+from sandboxes.runtime.cells import split_last_expression
 
 if importlib.util.find_spec("smolagents") is None:  # CI installs the extra: there this is a failure
     reason = "the smolagents adapter needs its extra: pip install 'kodeagent[smolagents]'"
@@ -25,7 +25,6 @@ from sandboxes.adapters.smolagents import (  # noqa: E402
     CodeExecutionError,
     KodeagentExecutor,
     _error_text,
-    _json_copy,
 )
 
 
@@ -62,20 +61,30 @@ def test_bad_tool_names_are_refused_before_a_session_opens():
     assert ex.isolation == "not started"
 
 
-def test_variables_must_be_json_and_named_freely():
+def test_variables_the_codec_cannot_carry_are_refused_by_path_and_type_before_a_session():
     ex = KodeagentExecutor()
     for value, part in (
-        ({1, 2}, "a set"),
-        ({"when": datetime.date(2024, 1, 1)}, "data['when'] is a date"),
-        ([float("nan")], "data[0] is nan"),
-        ({1: "a"}, "the key 1"),
+        ({"when": threading.Lock()}, "data['when']: a _thread.lock object cannot enter the sandbox"),
+        ([1, print], "data[1]: a builtin_function_or_method object cannot enter the sandbox"),
     ):
-        with pytest.raises(TypeError, match="variable 'data'") as info:
+        with pytest.raises(TypeError) as info:
             ex.send_variables({"data": value})
         assert part in str(info.value)
-    for name in ("final_answer", "_hidden", "for", "PolicyViolation"):
+    for name in ("final_answer", "_hidden", "for", "PolicyViolation", "not a name"):
         with pytest.raises(ValueError, match=repr(name)):
             ex.send_variables({name: 1})
+    assert ex._variables == {}
+    assert ex.isolation == "not started"
+
+
+def test_variables_are_kept_as_the_codecs_copy_of_them():
+    ex = KodeagentExecutor()
+    original = {"k": (1, [2, {3: None}]), "s": {"é"}, "b": b"\x00"}
+    ex.send_variables({"v": original})
+    kept = ex._variables["v"]
+    assert kept == original and type(kept["k"]) is tuple and type(kept["s"]) is set
+    original["k"][1].append(3)
+    assert kept["k"][1] == [2, {3: None}]
     assert ex.isolation == "not started"
 
 
@@ -85,14 +94,6 @@ def test_a_tool_and_a_variable_cannot_share_a_name():
     with pytest.raises(ValueError, match="share the names lookup"):
         ex.send_tools({"lookup": print})
     assert ex.isolation == "not started"
-
-
-def test_json_copy_is_a_copy_with_lists_for_tuples():
-    original = {"k": (1, [2, {"x": None}]), "s": "é"}
-    copy = _json_copy("v", original)
-    assert copy == {"k": [1, [2, {"x": None}]], "s": "é"}
-    copy["k"][1].append(3)
-    assert original["k"][1] == [2, {"x": None}]
 
 
 def test_error_text_puts_the_output_first_and_keeps_smolagents_import_hint():
@@ -125,7 +126,7 @@ def test_error_text_puts_the_output_first_and_keeps_smolagents_import_hint():
 def test_the_last_expression_is_cut_off_in_place(source):
     tree = ast.parse(source)
     statements, last = tree.body[:-1], tree.body[-1].value  # type: ignore[attr-defined]
-    split = _split_last_expression(tree)
+    split = split_last_expression(tree)
     assert split is not None
     body, expression = split
     # The same nodes: each keeps its line and column, so tracebacks point at the code as written.
@@ -139,4 +140,4 @@ def test_the_last_expression_is_cut_off_in_place(source):
 
 @pytest.mark.parametrize("source", ["x = 1", "if x:\n    y", "", "for i in r:\n    i"])
 def test_code_not_ending_in_an_expression_is_not_cut(source):
-    assert _split_last_expression(ast.parse(source)) is None
+    assert split_last_expression(ast.parse(source)) is None

@@ -431,6 +431,13 @@ class RaySession(Session):
     async def reset(self) -> None:
         await self._node_call("reset")
 
+    async def define(self, variables: dict[str, Any]) -> str | None:
+        try:
+            await self._node_call("define", variables)
+        except (TypeError, ValueError) as exc:  # the node's executor (or its runner) refused them
+            return bounds.clipped(str(exc), bounds.ERROR_MESSAGE_LIMIT)
+        return None
+
     async def upload(self, path: str, data: bytes) -> None:
         await self._node_call("upload", path, data)
 

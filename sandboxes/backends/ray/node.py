@@ -288,6 +288,25 @@ class NodeAgent:
     async def reset(self, session_id: str) -> NodeAnswer:
         return await self._call(session_id, "reset")
 
+    async def define(self, session_id: str, variables: dict[str, Any]) -> NodeAnswer:
+        """Variables for the session, in the codec's form: decoded here (a type whose library this
+        node lacks stays encoded, and encodes back the same) and sent in by the node's executor,
+        which checks them again."""
+        session = self.sessions.get(session_id)
+        if session is None or session.executor is None:
+            return _LOST
+        if type(variables) is not dict:
+            return _failure(ValueError("the variables must be one JSON object of names to values"))
+        try:
+            decoded = values.decode(variables)
+        except values.CodecError as exc:  # the runner's words for the same refusal
+            return _failure(ValueError(f"the variables could not be decoded: {exc}"))
+        try:
+            await session.executor.send_variables(decoded)
+        except Exception as exc:
+            return _failure(exc)
+        return {"kind": "value", "value": None}
+
     async def upload(self, session_id: str, path: str, data: bytes) -> NodeAnswer:
         return await self._call(session_id, "upload", path, data)
 

@@ -1,0 +1,73 @@
+"""The runner's resource limits and the memory it keeps back for itself under them (loaded by
+`runner.py` as ``_kodeagent_limits``; stdlib only).
+
+The limits are rlimits the runner sets on itself at `init`, before any code runs, soft and hard
+alike (the code cannot raise them again); a limit of 0 leaves that rlimit as it is (Docker leaves
+memory and processes to the container's cgroup). Under a memory limit the runner adds a reserve of
+address space that only it uses (`MemoryReserve`), so a run that used up the limit still gets its
+reply.
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Mapping
+from typing import Any
+
+RESERVE_BYTES = 32 << 20
+"""Address space the runner keeps back for itself under a memory limit (added to the limit)."""
+
+
+class MemoryReserve:
+    """Address space the runner holds back from the code, so that it can still describe the run, collect
+    its output and send the reply after the code used up the memory limit (and kept what it took).
+
+    An anonymous mapping that is never touched: it counts against RLIMIT_AS but is never resident.
+    Released the moment the code's run ends, taken again after the reply once there is room.
+    """
+
+    def __init__(self, size: int, system: Any) -> None:
+        self.size = size
+        self.system = system
+        self.block: mmap.mmap | None = None
+
+    def take(self) -> None:
+        if self.size and self.block is None:
+            try:
+                with self.system.trusted():  # the audit hook refuses mmap to the code, not to us
+                    self.block = mmap.mmap(-1, self.size)
+            except (OSError, ValueError, MemoryError):
+                pass  # the code still holds the memory: tried again after the next request
+
+    def release(self) -> None:
+        block, self.block = self.block, None
+        if block is not None:
+            block.close()
+
+
+def apply_limits(limits: Mapping[str, Any], extra_address_space: int = 0) -> None:
+    """Set each limit of `limits` (a `LimitsConfig`) as soft and hard limit at once, never above a
+    hard limit already set; the address space gets `extra_address_space` more (the reserve), and
+    core dumps are always off (a dump would write the code's memory outside its working directory)."""
+    import resource
+
+    memory = limits.get("memory_mb", 0) * 1024 * 1024
+    wanted = {
+        "RLIMIT_AS": memory + extra_address_space if memory else 0,
+        "RLIMIT_CPU": limits.get("cpu_seconds", 0),
+        "RLIMIT_NPROC": limits.get("max_processes", 0),
+        "RLIMIT_FSIZE": limits.get("max_file_mb", 0) * 1024 * 1024,
+        "RLIMIT_NOFILE": limits.get("max_open_files", 0),
+        "RLIMIT_CORE": 0,
+    }
+    for name, value in wanted.items():
+        kind = getattr(resource, name, None)
+        if kind is None or (value == 0 and name != "RLIMIT_CORE"):
+            continue
+        soft, hard = resource.getrlimit(kind)
+        if hard != resource.RLIM_INFINITY:
+            value = min(value, hard)
+        try:
+            resource.setrlimit(kind, (value, value))
+        except (ValueError, OSError):
+            pass
