@@ -106,17 +106,14 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
 
 def write_refused(report: Any) -> None:
-    """One stderr line per connection the egress gateway refused, naming the rule (`--json` has
-    the whole report): the code's own error often says only "Forbidden" or "connection refused"."""
+    """A stderr line per connection the egress gateway refused, naming the rule (`--json` has the
+    whole report)."""
     if report is None:
         return
-    for connection in report.refused:
-        why = f": {connection.reason}" if connection.reason else ""
-        sys.stderr.write(
-            f"(network: {connection.host}:{connection.port} refused by {connection.rule}{why})\n"
-        )
+    for line in report.refusals(limit=100):
+        sys.stderr.write(line + "\n")
     if report.error:
-        sys.stderr.write(f"(network: {report.error})\n")
+        sys.stderr.write(f"[network: {report.error}]\n")
 
 
 # ---------------------------------------------------------------------- run

@@ -80,7 +80,7 @@ def test_exec_network_is_the_public_internet_only_and_says_why_on_stderr(service
     done = kodeagent("exec", "-", *SOCKET, "--network", stdin=code)
     assert done.returncode == cli.EXIT_OK, done.stderr
     assert "403 Forbidden" in done.stdout
-    assert f"(network: 127.0.0.1:{service.port} refused by loopback" in done.stderr
+    assert f"[network: 127.0.0.1:{service.port} refused by loopback" in done.stderr
     assert service.paths == []  # this machine's service never saw the request
 
 

@@ -333,10 +333,7 @@ def observation(output: RunOutput) -> str:
         more = len(output.artifacts) - 20 + output.artifacts_omitted
         parts.append(f"[files changed: {shown}{f' and {more} more' if more > 0 else ''}]\n")
     if output.network is not None:
-        parts.extend(
-            f"[network: {c.host}:{c.port} refused by {c.rule}{f' ({c.reason})' if c.reason else ''}]\n"
-            for c in output.network.refused[:20]
-        )
+        parts.extend(line + "\n" for line in output.network.refusals())
     if output.has_final_answer:
         value = output.final_answer
         parts.append(f"final answer: {value if isinstance(value, str) else values.shown(value)}\n")
