@@ -576,14 +576,14 @@ class Executor(ABC):
         async with self._lock:
             self._check_usable()
             session = self._current
-            link = session.egress if session is not None else None
-            if link is None and rules is not None and self.policy.network_policy is None:
+            on = session is not None and session.network_on
+            if not on and rules is not None and self.policy.network_policy is None:
                 raise ValueError(
                     "this executor was opened without network, so its session has no egress gateway; "
                     "open one with Policy(network=...) to change its rules later"
                 )
-            if link is not None:
-                await link.set_policy(rules)
+            if session is not None and on:
+                await session.set_network(rules)
             self.policy = new
 
     # ----------------------------------------------------------------- fork
