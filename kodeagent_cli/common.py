@@ -30,6 +30,8 @@ BENCHMARKS = {
     "agent": "CodeAct and ReAct on HumanEval-as-agent tasks and multi-tool tasks with a real model",
     "replies": "the agents' reply parser on a corpus of messy model replies: read, refused or misread",
     "soak": "open, run and close thousands of sessions in one process; report anything that grew",
+    "egress": "connection set-up and a 100 MB download through the egress gateway against direct, and "
+    "network-off against network-on session opens",
 }
 
 
