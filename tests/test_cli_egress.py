@@ -181,6 +181,19 @@ def test_doctor_names_the_egress_mechanism() -> None:
     assert "gateway" in egress["detail"] and "network namespace of its own" in egress["detail"]
 
 
+@pytest.mark.docker
+def test_doctor_names_the_docker_egress_mechanism() -> None:
+    from support import backend_docker
+
+    require(backend_docker.unavailable(), "doctor's docker line")
+    require(egress_problem(), "the egress gateway")
+    done = kodeagent("doctor", "--backend", "docker", "--json", timeout=300)
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    egress = checks["egress (docker)"]
+    assert egress["ok"], egress
+    assert "container's namespace" in egress["detail"] and "'none'" in egress["detail"]
+
+
 def test_doctor_says_how_to_fix_egress_when_the_gateway_cannot_be_built() -> None:
     """Without CAP_SYS_ADMIN no session gets a network namespace of its own, so no gateway can
     contain it: doctor says network=True is refused, and the fix; the host backend still runs."""
