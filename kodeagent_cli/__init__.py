@@ -33,6 +33,7 @@ from .common import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     CommandError,
+    add_network_arguments,
     add_policy_arguments,
 )
 from .doctor import cmd_doctor, doctor_checks
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE",
         help="extra module (pattern) the code may import, besides the defaults; repeatable",
     )
+    add_network_arguments(run)
     run.add_argument("--api-base", help="OpenAI-compatible endpoint (e.g. a local server; model openai/NAME)")
     run.add_argument("--api-key", help="the provider's API key (default: its environment variable)")
     run.add_argument(

@@ -17,6 +17,7 @@ from .common import (
     CommandError,
     backend_options,
     module_patterns,
+    network_setting,
     print_json,
     read_code,
     table,
@@ -33,11 +34,12 @@ def cmd_exec(args: argparse.Namespace) -> int:
 
     imports = module_patterns(args.allow_import)
     allowed = list(dict.fromkeys([*([] if args.only_imports else DEFAULT_ALLOWED_IMPORTS), *imports]))
+    network = network_setting(args)
     try:
         policy = Policy(
             allowed_imports=tuple(allowed),
             allow_builtins=tuple(module_patterns(args.allow_builtin)),
-            network=args.network,
+            network=network,
         )
     except ValueError as exc:
         raise CommandError(f"invalid policy: {exc}", EXIT_USAGE) from None
@@ -97,9 +99,21 @@ def cmd_exec(args: argparse.Namespace) -> int:
             sys.stderr.write(text if text.endswith("\n") else text + "\n")
         if result.state_lost and not result.timed_out:
             sys.stderr.write("(the sandbox worker was lost and replaced)\n")
+        write_refused(result.network)
     if result.timed_out:
         return EXIT_TIMEOUT
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def write_refused(report: Any) -> None:
+    """A stderr line per connection the egress gateway refused, naming the rule (`--json` has the
+    whole report)."""
+    if report is None:
+        return
+    for line in report.refusals(limit=100):
+        sys.stderr.write(line + "\n")
+    if report.error:
+        sys.stderr.write(f"[network: {report.error}]\n")
 
 
 # ---------------------------------------------------------------------- run
@@ -141,11 +155,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if args.agent == "codeact":
             imports = module_patterns(args.allow_import)
+            executor_options = backend_options(args.backend_option)
+            network = network_setting(args)
+            if network:
+                executor_options["policy"] = _network_policy(network, imports)
             agent: Any = CodeActAgent(
                 args.model,
                 backend=args.backend,
                 timeout=args.timeout,
-                executor_options=backend_options(args.backend_option),
+                executor_options=executor_options,
                 allowed_imports=None if not imports else _with_defaults(imports),
                 **common,
             )
@@ -175,6 +193,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(agent.usage_tracker.report(include_breakdown=False), file=sys.stderr)
     return EXIT_OK if final.get("successful") else EXIT_FAILED
+
+
+def _network_policy(network: Any, imports: list[str]) -> Any:
+    """The agent's default policy (its imports) with the network flags' setting."""
+    from sandboxes import DEFAULT_ALLOWED_IMPORTS, Policy
+
+    allowed = _with_defaults(imports) if imports else list(DEFAULT_ALLOWED_IMPORTS)
+    return Policy(allowed_imports=tuple(allowed), network=network)
 
 
 def _with_defaults(imports: list[str]) -> list[str]:

@@ -30,6 +30,8 @@ BENCHMARKS = {
     "agent": "CodeAct and ReAct on HumanEval-as-agent tasks and multi-tool tasks with a real model",
     "replies": "the agents' reply parser on a corpus of messy model replies: read, refused or misread",
     "soak": "open, run and close thousands of sessions in one process; report anything that grew",
+    "egress": "connection set-up and a 100 MB download through the egress gateway against direct, and "
+    "network-off against network-on session opens",
 }
 
 
@@ -75,12 +77,7 @@ def add_policy_arguments(parser: argparse.ArgumentParser, *, network_default: bo
         metavar="NAME",
         help="banned builtin to allow again, e.g. eval (repeatable)",
     )
-    parser.add_argument(
-        "--network",
-        action="store_true",
-        default=network_default,
-        help="allow sockets (still subject to the backend's isolation)",
-    )
+    add_network_arguments(parser, network_default=network_default)
     parser.add_argument(
         "-o",
         "--backend-option",
@@ -89,6 +86,61 @@ def add_policy_arguments(parser: argparse.ArgumentParser, *, network_default: bo
         metavar="KEY=VALUE",
         help="option of the backend, e.g. isolation=process or image=... (JSON values; repeatable)",
     )
+
+
+def add_network_arguments(parser: argparse.ArgumentParser, *, network_default: bool | None = False) -> None:
+    """`--network`, `--allow-egress`, `--deny-egress` (read them with `network_setting`)."""
+    parser.add_argument(
+        "--network",
+        action="store_true",
+        default=network_default,
+        help="network on: the public internet only, through the egress gateway (never this machine, "
+        "private ranges or the metadata address)",
+    )
+    parser.add_argument(
+        "--allow-egress",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="network on, and only to these: a domain, *.domain, an address or CIDR (a private one or "
+        "this machine only this way), each with an optional :PORT or :LOW-HIGH (comma-separated or repeated)",
+    )
+    parser.add_argument(
+        "--deny-egress",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT]",
+        help="network on, but never to these (same forms as --allow-egress; checked first)",
+    )
+
+
+def egress_rules(values: Sequence[str]) -> list[str]:
+    """`--allow-egress a.org,b.org:443 --allow-egress 10.0.0.5` -> ["a.org", "b.org:443", "10.0.0.5"]
+    (no rule contains a comma)."""
+    return module_patterns(values)
+
+
+def network_setting(args: argparse.Namespace) -> Any:
+    """What `--network`, `--allow-egress` and `--deny-egress` ask for, as `Policy.network` takes it:
+    False (none), True (the public internet only) or a `NetworkPolicy`. None when no flag was given
+    and `--network` is left to a settings file. A bad rule is a usage error naming it."""
+    allow, deny = egress_rules(args.allow_egress), egress_rules(args.deny_egress)
+    if not allow and not deny:
+        return args.network
+    from sandboxes import NetworkPolicy
+
+    try:
+        return NetworkPolicy(allow=allow, deny=deny)
+    except ValueError as exc:
+        raise CommandError(f"invalid egress rule: {_first_error(exc)}", EXIT_USAGE) from None
+
+
+def _first_error(exc: ValueError) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return str(first.get("msg", exc)).removeprefix("Value error, ")
+    return str(exc)
 
 
 def module_patterns(values: Sequence[str]) -> list[str]:

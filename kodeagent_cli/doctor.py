@@ -70,6 +70,44 @@ def _try_ray(start_local: bool) -> tuple[bool, str, str | None]:
     )
 
 
+EGRESS_MECHANISMS = {
+    "host": "egress gateway, its listener in each session's network namespace of its own (bubblewrap)",
+    "docker": "egress gateway, its listener in each container's namespace (Docker network 'none')",
+}
+"""How each backend that runs the gateway here contains a network-on session (docs/egress.md)."""
+
+
+def _egress_check(backend: str, cause: str | None = None) -> dict[str, Any]:
+    """Really open a ``network=True`` session and run code: the gateway attached when the result
+    carries a connection report. Otherwise the backend's refusal is the fix (it never falls back
+    to this machine's network), after `cause`'s fix when a check before this one found why."""
+    import anyio
+
+    from sandboxes import BackendUnavailable, Policy, open_executor
+    from sandboxes.backends import backend_name
+
+    async def go() -> Any:
+        with anyio.fail_after(DOCTOR_TIMEOUT):
+            async with open_executor(
+                backend_name(backend), timeout=30, policy=Policy(network=True)
+            ) as executor:
+                return await executor.run("pass")
+
+    name = f"egress ({backend})"
+    try:
+        result = anyio.run(go)
+    except BackendUnavailable as exc:  # EgressUnavailable: why, and what to do
+        return _check(name, False, f"network=True is refused here: {exc}", cause or str(exc))
+    except TimeoutError:
+        return _check(name, False, f"no answer within {DOCTOR_TIMEOUT:g} s")
+    except Exception as exc:  # noqa: BLE001 - doctor reports every failure instead of crashing
+        return _check(name, False, f"{type(exc).__name__}: {exc}")
+    if result.network is None or result.network.error:
+        detail = result.network.error if result.network is not None else "the run came back without a report"
+        return _check(name, False, f"network=True ran without its gateway's report: {detail}")
+    return _check(name, True, f"{EGRESS_MECHANISMS[backend]}; the public internet only by default")
+
+
 def _bubblewrap_check() -> dict[str, Any]:
     """Which bubblewrap the host backend runs (the system's, else the bundled one) and why; or why none."""
     from sandboxes.backends.host.process import bubblewrap
@@ -134,6 +172,8 @@ def doctor_checks(backends: Sequence[str] | None = None) -> list[dict[str, Any]]
             fix = f"for namespace isolation (no network, read-only system, own PIDs): {bwrap['fix']}"
         checks.append(_check("backend host", ok, detail, fix, essential=True))
         checks.append(bwrap)
+        if ok:
+            checks.append(_egress_check("host", None if bwrap["ok"] else bwrap["fix"]))
     if "docker" in selected:
         if not _have("docker"):
             checks.append(
@@ -145,7 +185,10 @@ def doctor_checks(backends: Sequence[str] | None = None) -> list[dict[str, Any]]
                 )
             )
         else:
-            checks.append(_docker_check())
+            docker = _docker_check()
+            checks.append(docker)
+            if docker["ok"]:
+                checks.append(_egress_check("docker"))
     if "e2b" in selected:
         if not _have("e2b"):
             checks.append(

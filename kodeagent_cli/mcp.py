@@ -1,7 +1,8 @@
 """`kodeagent mcp`: the sandbox as an MCP server, on stdio or streamable HTTP.
 
 Flags override the config file's settings (`--config`, JSON or TOML, the fields of
-`sandboxes.adapters.mcp.ServerConfig`); `--allow-import` adds to the file's (or the default) imports.
+`sandboxes.adapters.mcp.ServerConfig`); `--allow-import` adds to the file's (or the default) imports,
+`--allow-egress` and `--deny-egress` to its `policy.network` rules.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from .common import (
     CommandError,
     add_policy_arguments,
     backend_options,
+    egress_rules,
     module_patterns,
 )
 
@@ -117,8 +119,9 @@ def settings_from_flags(args: argparse.Namespace, base: dict[str, Any]) -> dict[
         policy["allowed_imports"] = list(dict.fromkeys([*current, *imports]))
     if args.allow_builtin:
         policy["allow_builtins"] = [*policy.get("allow_builtins", []), *module_patterns(args.allow_builtin)]
-    if args.network:
-        policy["network"] = True
+    network = merged_network(policy.get("network"), args)
+    if network is not None:
+        policy["network"] = network
     if args.limit:
         policy["limits"] = {**policy.get("limits", {}), **backend_options(args.limit)}
     if policy:
@@ -141,6 +144,18 @@ def settings_from_flags(args: argparse.Namespace, base: dict[str, Any]) -> dict[
     if http:
         settings["http"] = http
     return settings
+
+
+def merged_network(current: Any, args: argparse.Namespace) -> Any:
+    """The config file's `policy.network` with the flags on top: `--network` turns it on;
+    `--allow-egress` and `--deny-egress` add to its rule lists (and turn it on). None: unchanged."""
+    allow, deny = egress_rules(args.allow_egress), egress_rules(args.deny_egress)
+    if not allow and not deny:
+        return True if args.network and not current else None
+    rules = dict(current) if isinstance(current, dict) else {}
+    rules["allow"] = [*rules.get("allow", []), *allow]
+    rules["deny"] = [*rules.get("deny", []), *deny]
+    return rules
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:

@@ -571,21 +571,28 @@ class Executor(ABC):
 
         `network` is what `Policy.network` takes: a `NetworkPolicy`, True (the public internet only)
         or False (every connection refused from now on). A session opened without network has no
-        gateway to change: turning it on raises `ValueError` (open an executor with network on).
-        Sessions that replace this one (after a loss) start with the new rules."""
+        gateway to change: turning it on raises `ValueError` (open an executor with network on), as
+        does a live session whose network is not behind the gateway (e2b's). Sessions that replace
+        this one (after a loss) start with the new rules."""
         new = self.policy.model_copy(update={"network": network})
         rules = new.network_policy
         async with self._lock:
             self._check_usable()
             session = self._current
-            link = session.egress if session is not None else None
-            if link is None and rules is not None and self.policy.network_policy is None:
+            on = session is not None and session.network_on
+            if not on and rules is not None and self.policy.network_policy is None:
                 raise ValueError(
                     "this executor was opened without network, so its session has no egress gateway; "
                     "open one with Policy(network=...) to change its rules later"
                 )
-            if link is not None:
-                await link.set_policy(rules)
+            if session is not None and not on and self.policy.network_policy is not None:
+                raise ValueError(
+                    f"the {self.backend} backend cannot change a live session's network rules (its "
+                    "network is not behind this machine's egress gateway); close the executor and open "
+                    "one with the new Policy(network=...)"
+                )
+            if session is not None and on:
+                await session.set_network(rules)
             self.policy = new
 
     # ----------------------------------------------------------------- fork

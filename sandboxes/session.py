@@ -76,6 +76,7 @@ from .wire import check
 from .worker import ForkPlan, Worker, WorkerExited
 
 if TYPE_CHECKING:
+    from .egress.policy import NetworkPolicy
     from .egress.service import EgressLink
 
 HANDSHAKE_TIMEOUT = 30.0
@@ -119,6 +120,17 @@ class Session(ABC):
     egress: EgressLink | None = None
     """A network-on session's place in the egress gateway (its rules, its connection report); the
     backend sets it, the session's close and discard end it."""
+
+    @property
+    def network_on(self) -> bool:
+        """Whether the session has an egress gateway whose rules `set_network` changes."""
+        return self.egress is not None
+
+    async def set_network(self, rules: NetworkPolicy | None) -> None:
+        """New rules for the session's next connection (None: refuse every connection from now on)."""
+        if self.egress is not None:
+            await self.egress.set_policy(rules)
+
     timeout_backstop: float = 0.0
     """Seconds past the executor's timeout before it gives up on this session: 0 for a session whose
     sandbox the executor's timeout kills; more for one that forwards to an executor that enforces

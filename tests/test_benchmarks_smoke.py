@@ -378,3 +378,34 @@ def test_humaneval_harness_semantics_refuses_bare_process_isolation() -> None:
     with pytest.raises(BackendUnavailable, match="bubblewrap") as caught:
         humaneval.run(limit=1, concurrency=1, console=quiet(), backend_options={"isolation": "process"})
     assert "--semantics policy" in str(caught.value)
+
+
+def test_egress_bench_through_the_cli(tmp_path: Path) -> None:
+    from sandboxes.egress.service import unavailable
+
+    command = [sys.executable, "-m", "kodeagent_cli", "bench", "egress", "--connections", "3"]
+    command += [
+        "--download-mb",
+        "0.5",
+        "--downloads",
+        "1",
+        "--opens",
+        "1",
+        "--json",
+        "--output",
+        str(tmp_path / "e.json"),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    data = json.loads(done.stdout)
+    if unavailable() is not None:  # refused with the reason, not measured on this machine's network
+        assert done.returncode == 2 and data["unavailable"]["egress"] == unavailable()
+        return
+    assert done.returncode == 0, done.stderr
+    rows = {row["name"]: row for row in data["rows"]}
+    assert rows["set-up via gateway"]["n"] == 3 and rows["set-up via gateway"]["baseline"] == "set-up direct"
+    for kind in ("raised", "default"):
+        row = rows[f"download via gateway ({kind} limit)"]
+        assert row["baseline"] == "download direct" and row["mb_per_s_p50"] > 0
+    assert rows["open cold, network on"]["baseline"] == "open cold, network off"
+    assert rows["open from the pool, network off"]["n"] == 1
+    assert json.loads((tmp_path / "e.json").read_text())["benchmark"] == "egress"

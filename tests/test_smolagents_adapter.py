@@ -466,3 +466,36 @@ def test_a_syntax_error_shows_the_model_the_line_and_a_caret():
     text = str(info.value)
     assert text.startswith("Executing code yielded an error:\n")
     assert '    print("Missing parenthesis\n          ^\nSyntaxError: unterminated string literal' in text
+
+
+def test_network_rules_hold_and_the_model_reads_each_refusal(llm):
+    from support.loopback_http import GATEWAY_GET, LoopbackHttp
+
+    from sandboxes.backends.host.process import namespaces_available
+    from sandboxes.egress.service import unavailable
+
+    require(unavailable() or (None if namespaces_available() else "no namespaces here"), "the egress gateway")
+    with LoopbackHttp() as service, LoopbackHttp() as other:
+        ex = KodeagentExecutor(["socket"], network={"allow": [f"127.0.0.1:{service.port}"]})
+        fetch = (
+            GATEWAY_GET
+            + f"for port in ({service.port}, {other.port}):\n    print(gateway_get('127.0.0.1', port)[0])"
+        )
+        llm.add(step(fetch), step("final_answer('fetched')"))
+        with agent(llm, ex, imports=["socket"]) as a:
+            assert a.run("Fetch both pages.") == "fetched"
+        assert service.paths == ["/"] and other.paths == []  # the rule for one port opened only that one
+    shown = shown_after(llm, 1)
+    assert "HTTP/1.0 200 OK\nHTTP/1.1 403 Forbidden\n" in shown
+    assert f"[network: 127.0.0.1:{other.port} refused by loopback (" in shown  # why, in the model's logs
+
+
+def test_network_is_given_once():
+    from sandboxes import NetworkPolicy, Policy
+
+    with pytest.raises(ValueError, match="network once"):
+        KodeagentExecutor(policy=Policy(network=True), network=NetworkPolicy(allow=["pypi.org"]))
+    with pytest.raises(ValueError, match="not a rule"):
+        KodeagentExecutor(network={"allow": ["no such host!"]})
+    ex = KodeagentExecutor(network=True)
+    assert ex.policy.network_policy == NetworkPolicy()  # the public internet only, as Policy(network=True)

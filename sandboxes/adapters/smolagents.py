@@ -29,6 +29,9 @@ Why it is built this way:
   refused as smolagents' own executor refuses it: at construction on the host backend (the sandbox
   runs this interpreter), when the session opens on the others (the sandbox's Python is elsewhere).
 - A timeout raises smolagents' `ExecutionTimeoutError` (and a `CodeExecutionError`).
+- `network` means what `Policy.network` means (the public internet only through the egress gateway,
+  or a `NetworkPolicy`'s rules); a connection the gateway refused is named, with its rule, in the
+  step's logs, which the model reads (its own error often says only "Forbidden").
 
 Needs the `smolagents` extra (``pip install 'kodeagent[smolagents]'``); `import sandboxes` never
 imports this module.
@@ -59,6 +62,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "sandboxes.adapters.smolagents needs smolagents>=1.23: pip install 'kodeagent[smolagents]'"
     ) from exc
 
+from ..egress.policy import NetworkPolicy
 from ..models import ExecutionResult
 from ..policy import Policy
 from ..runtime import values
@@ -102,6 +106,9 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
         backend: ``"host"``, ``"docker"``, ``"e2b"`` or ``"ray"``.
         policy: everything else the code may do (files, network, limits, guards). Its
             `allowed_imports` come from `additional_authorized_imports` and must not be set.
+        network: `Policy.network` (the same meaning there and here), for a policy given without it:
+            True is the public internet only; a `NetworkPolicy` (or its fields as a dict, e.g.
+            ``{"allow": ["pypi.org", "*.pythonhosted.org"]}``) allows and denies by rule.
         timeout: wall-clock seconds a step may take, tool and managed-agent calls included.
         **options: the backend's other options (`env`, `workdir`, `output_limit`, `image`, ...).
 
@@ -115,6 +122,7 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
         *,
         backend: str = "host",
         policy: Policy | None = None,
+        network: bool | NetworkPolicy | Mapping[str, Any] | None = None,
         timeout: float = 30.0,
         **options: Any,
     ) -> None:
@@ -136,9 +144,12 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
             set(BASE_BUILTIN_MODULES) | set(additional_authorized_imports)
         )
         """What the code may import: the list CodeAgent announces to the model."""
-        self.policy = Policy.model_validate(
-            {**policy.model_dump(), "allowed_imports": self.authorized_imports}
-        )
+        settings: dict[str, Any] = {**policy.model_dump(), "allowed_imports": self.authorized_imports}
+        if network is not None:
+            if "network" in policy.model_fields_set:
+                raise ValueError("give the network once: as network= or as Policy.network, not both")
+            settings["network"] = network
+        self.policy = Policy.model_validate(settings)
         self.backend = backend
         self.timeout = timeout
         self.options = dict(options)
@@ -210,7 +221,7 @@ class KodeagentExecutor(PythonExecutor):  # smolagents has no type information: 
             self._final_output.clear()
             result = session.run(code_action)
             final_output = list(self._final_output)
-        logs = result.stdout + result.stderr
+        logs = result.stdout + result.stderr + _refusals(result)
         if result.state_lost:
             self._variables_sent = False  # the variables went with the state: send them again
             if result.error is None:
@@ -376,6 +387,15 @@ def _timeout_text(timeout: float, logs: str) -> str:
 
 
 _REFUSED_IMPORT = re.compile(r"import of '([\w.]+)' is not allowed")
+
+
+def _refusals(result: ExecutionResult) -> str:
+    """A line per connection the egress gateway refused in this step, naming its rule."""
+    lines = result.network.refusals() if result.network is not None else []
+    if not lines:
+        return ""
+    before = result.stdout + result.stderr
+    return ("\n" if before and not before.endswith("\n") else "") + "".join(line + "\n" for line in lines)
 
 
 def _error_text(result: ExecutionResult, logs: str) -> str:

@@ -89,3 +89,11 @@ class NetworkReport(BaseModel):
     @property
     def refused(self) -> list[Connection]:
         return [c for c in self.connections if not c.allowed]
+
+    def refusals(self, limit: int = 20) -> list[str]:
+        """One line per refused connection (at most `limit`), naming the rule: what a reader of text
+        only (a model, a terminal) is told, since the code's own error often says only "Forbidden"."""
+        return [
+            f"[network: {c.host}:{c.port} refused by {c.rule}{f' ({c.reason})' if c.reason else ''}]"
+            for c in self.refused[:limit]
+        ]

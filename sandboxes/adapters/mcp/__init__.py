@@ -17,7 +17,7 @@ import secrets
 import sys
 from typing import Literal
 
-from .config import McpConfigError, ServerConfig, TokenConfig, load_config, make_config
+from .config import McpConfigError, ServerConfig, TokenConfig, load_config, make_config, network_problem
 from .sessions import Session, SessionManager, SessionRefused
 
 TOKEN_VARIABLE = "KODEAGENT_MCP_TOKEN"
@@ -57,6 +57,9 @@ def serve(
         import mcp  # noqa: F401
     except ImportError:
         raise McpConfigError("the MCP server needs the mcp package: pip install 'kodeagent[mcp]'") from None
+    problem = network_problem(config)
+    if problem is not None:
+        raise McpConfigError(problem)
     generated = None
     if transport == "http":
         config, generated = with_tokens(config)

@@ -159,6 +159,23 @@ class ServerConfig(BaseModel):
         return self
 
 
+def network_problem(config: ServerConfig) -> str | None:
+    """Why the config's network cannot work on this machine (checked at start, so that the server
+    refuses to start rather than fail every run), or None. Only what this process decides: the
+    e2b and ray backends apply the policy elsewhere and refuse it at open."""
+    if config.policy.network_policy is None or config.backend not in ("host", "docker"):
+        return None
+    if config.backend == "host" and config.backend_options.get("isolation") == "process":
+        return (
+            "policy.network: the host backend's 'process' isolation shares this machine's network, so "
+            "it cannot hold an egress policy; drop isolation=process (the default picks 'namespaces')"
+        )
+    from ...egress.service import unavailable
+
+    problem = unavailable()
+    return None if problem is None else f"policy.network: {problem}"
+
+
 def load_config(path: str | pathlib.Path, **overrides: Any) -> ServerConfig:
     """Read a config file (``.json`` or ``.toml``); `overrides` (e.g. from flags) replace its top-level keys."""
     file = pathlib.Path(path)

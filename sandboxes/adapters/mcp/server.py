@@ -295,7 +295,7 @@ class SandboxMcp:
             "Variables persist between calls of one session (pass the same session_id; without one, your",
             "default session is used). Call final_answer(value) to return a value.",
             f"Allowed imports: {imports}.",
-            f"Network: {'allowed' if policy.network else 'none'}. Files: {policy.files}.",
+            f"Network: {_network_text(policy)}. Files: {policy.files}.",
             f"Timeout: {self.config.timeout:g} s by default, at most {self.config.max_timeout:g} s; "
             f"stdout and stderr are cut to {self.config.output_limit:,} characters each.",
         ]
@@ -305,6 +305,17 @@ class SandboxMcp:
                 doc = (function.__doc__ or "").strip().splitlines()
                 lines.append(f"- {name}(...)" + (f": {doc[0]}" if doc else ""))
         return "\n".join(lines)
+
+
+def _network_text(policy: Any) -> str:
+    """The network the code gets, as the model is told it (so it does not try what is refused)."""
+    rules = policy.network_policy
+    if rules is None:
+        return "none"
+    text = "through a proxy (HTTP_PROXY is set), to " + (
+        ", ".join(rules.allow[:20]) if rules.allow else "the public internet only"
+    )
+    return text + (f", never {', '.join(rules.deny[:20])}" if rules.deny else "")
 
 
 def observation(output: RunOutput) -> str:
@@ -321,6 +332,8 @@ def observation(output: RunOutput) -> str:
         shown = ", ".join(f"{a.path} ({a.size:,} bytes)" for a in output.artifacts[:20])
         more = len(output.artifacts) - 20 + output.artifacts_omitted
         parts.append(f"[files changed: {shown}{f' and {more} more' if more > 0 else ''}]\n")
+    if output.network is not None:
+        parts.extend(line + "\n" for line in output.network.refusals())
     if output.has_final_answer:
         value = output.final_answer
         parts.append(f"final answer: {value if isinstance(value, str) else values.shown(value)}\n")

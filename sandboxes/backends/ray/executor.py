@@ -46,6 +46,7 @@ from typing import Any, Literal, Self, TypeVar, cast
 import anyio
 from pydantic import BaseModel, ValidationError
 
+from ...egress.policy import NetworkPolicy
 from ...errors import ForkError, ProtocolError, WorkerStartError
 from ...events import OutputEvent
 from ...executor import COMMON_OPTIONS, DEFAULT_OUTPUT_LIMIT, KILL_TIMEOUT, Executor, ExecutorOptions
@@ -219,7 +220,8 @@ class RayExecutor(Executor):
                         session_id,
                         reservation.group.id.hex(),
                         self.node_backend,
-                        self.node_options,
+                        # the policy as it is now: `set_network` may have changed it since the start
+                        {**self.node_options, "policy": self.policy},
                         sorted(self.tools),
                     ),
                 )
@@ -248,6 +250,7 @@ class RayExecutor(Executor):
                 Placement(session_id, reservation, handle), answer["isolation"], self.placement_timeout
             )
             session.output_limit = self.output_limit
+            session.network = self.policy.network_policy is not None  # else the node refused the open
             return session
         raise AssertionError("unreachable")
 
@@ -259,6 +262,17 @@ class RaySession(Session):
     timeout_backstop = RUN_SLACK
     output_limit = DEFAULT_OUTPUT_LIMIT
     """The executor's: the node's result is bounded by it again here (`carry_values`)."""
+    network = False
+    """Opened with network on: its egress gateway is on its node, built by the node's executor."""
+
+    @property
+    def network_on(self) -> bool:
+        return self.network
+
+    async def set_network(self, rules: NetworkPolicy | None) -> None:
+        """The node's gateway takes the new rules (the node's executor keeps them for a session
+        that replaces this one there)."""
+        await self._node_call("set_network", None if rules is None else rules.model_dump(mode="json"))
 
     def __init__(self, placement: Placement, isolation: str, placement_timeout: float = FORK_WAIT) -> None:
         self.placement = placement

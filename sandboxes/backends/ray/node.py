@@ -4,7 +4,9 @@ Each session here is an ordinary executor of the node's own backend (`HostExecut
 `DockerExecutor`) living in this long-lived process, so the node's warm pools, its fork server and
 its Docker client serve every session placed on the node. The agent adds nothing to what a run means:
 the node-local executor checks the policy, talks to the runner, enforces the timeout next to the
-worker and builds the result; the agent only carries requests in and results out.
+worker and builds the result; the agent only carries requests in and results out. A network-on
+session's egress gateway is the node's too (the node is a host): the node's executor builds it, so
+the rules hold on the node that runs the code, and its connection report rides on the result.
 
 Tools cross the cluster: the node-local executor is given an async stub per tool name. When the code
 calls a tool the stub puts a ``tool`` event on the session's queue and waits; the parent receives the
@@ -51,6 +53,7 @@ RAISABLE = {
     name: getattr(errors, name)
     for name in (
         "BackendUnavailable",
+        "EgressUnavailable",
         "ExecutorBusy",
         "ExecutorClosed",
         "FileTooLarge",
@@ -324,6 +327,17 @@ class NodeAgent:
         except Exception as exc:
             return _failure(exc)
         return {"kind": "value", "value": value}
+
+    async def set_network(self, session_id: str, network: dict[str, Any] | None) -> NodeAnswer:
+        """New egress rules for the session's next connection (`NetworkPolicy` fields; None: every
+        connection refused), applied by this node's own gateway, which the node's executor built."""
+        from ...egress.policy import NetworkPolicy
+
+        try:
+            rules: NetworkPolicy | bool = False if network is None else NetworkPolicy.model_validate(network)
+        except ValueError as exc:
+            return _failure(exc)
+        return await self._call(session_id, "set_network", rules)
 
     async def close(self, session_id: str) -> None:
         """Close the session (kills its worker, returns it to nothing: workers are never handed on)."""

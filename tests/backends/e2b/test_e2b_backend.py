@@ -262,3 +262,14 @@ async def test_egress_is_closed_after_setup_unless_the_policy_allows_network(net
         assert {"10.0.0.0/8", "169.254.0.0/16", "127.0.0.0/8", "100.64.0.0/10"} <= set(settings["denyOut"])
     else:
         assert settings.get("denyOut") == ["0.0.0.0/0"]
+
+
+async def test_set_network_on_a_live_session_is_refused_not_ignored():
+    """E2B's network is E2B's, not behind this machine's gateway: a live change would not happen,
+    so it is refused rather than recorded as if it had."""
+    async with make_executor(timeout=10, policy=Policy(network=True)) as ex:
+        await ex.run("x = 1")
+        with pytest.raises(ValueError, match="cannot change a live session's network"):
+            await ex.set_network(False)
+        assert ex.policy.network is True  # unchanged
+        assert (await ex.run("print(x)")).stdout == "1\n"
