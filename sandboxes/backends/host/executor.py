@@ -34,7 +34,12 @@ from typing import Any, Literal, Unpack, cast
 import anyio
 
 from ...egress.policy import NetworkPolicy
-from ...egress.service import EgressUnavailable, attach_process_blocking, with_proxy_environment
+from ...egress.service import (
+    EgressUnavailable,
+    attach_process_blocking,
+    ca_bundle_path,
+    with_proxy_environment,
+)
 from ...errors import BackendUnavailable, ProtocolError, WorkerStartError
 from ...executor import Executor, ExecutorOptions
 from ...runtime.protocol import InitRequest
@@ -322,6 +327,7 @@ class HostExecutor(Executor):
         self.requested_isolation = isolation
         self.use_pool = pool and self.workdir is None
         self.preload = stage_preload(preload)
+        self._bundle_path: str | None = None
 
     def _isolation_level(self) -> str:
         if self.requested_isolation == "process":
@@ -345,15 +351,17 @@ class HostExecutor(Executor):
     def _runner_init(self) -> InitRequest:
         init = super()._runner_init()
         if self.policy.network_policy is not None:
-            init["env"] = with_proxy_environment(init["env"])
+            init["env"] = with_proxy_environment(init["env"], self._bundle_path)
         return init
 
     async def _new_session(self) -> Session:
-        session = await self._open_session()
         rules = self.policy.network_policy
+        # A session with secrets trusts a CA of its own: its bundle's name is in its environment.
+        self._bundle_path = ca_bundle_path() if rules is not None and rules.secrets else None
+        session = await self._open_session()
         if rules is not None:
             try:
-                await _attach_egress(session, rules)
+                await _attach_egress(session, rules, self._bundle_path)
             except BaseException:
                 await session.discard()
                 raise
@@ -390,7 +398,7 @@ class HostExecutor(Executor):
         return session
 
 
-async def _attach_egress(session: RunnerSession, rules: NetworkPolicy) -> None:
+async def _attach_egress(session: RunnerSession, rules: NetworkPolicy, bundle_path: str | None) -> None:
     """The egress gateway's listener into the runner's own network namespace (before any code ran)."""
     worker = session.worker
     assert isinstance(worker, HostWorker)
@@ -399,7 +407,7 @@ async def _attach_egress(session: RunnerSession, rules: NetworkPolicy) -> None:
         tree = worker.process_tree()
         if tree is None:
             raise EgressUnavailable("the session's runner process cannot be found for its egress gateway")
-        session.egress = attach_process_blocking(tree.pid, tree.alive, rules)
+        session.egress = attach_process_blocking(tree.pid, tree.alive, rules, bundle_path)
 
     await anyio.to_thread.run_sync(attach)
 
