@@ -51,6 +51,7 @@ ZONE = {
     "mixed.test": [PRIVATE, PUBLIC],
     "secret.test": [PUBLIC],
     "other.test": [PUBLIC],
+    "unverified.test": [PUBLIC],  # not in the HTTPS servers' certificate
 }
 
 
@@ -173,7 +174,10 @@ def _test_authority(logs: Path) -> Path:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(hours=1))
         .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name) for name in ZONE]), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(name) for name in ZONE if name != "unverified.test"]),
+            critical=False,
+        )
         .sign(ca_key, hashes.SHA256())
     )
     pem = serialization.Encoding.PEM
