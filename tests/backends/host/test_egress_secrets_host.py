@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -192,3 +193,17 @@ async def test_the_probe_finds_what_is_there(internet: FakeInternet) -> None:
     assert found["environ"] == ["own"] and found["files"] == [planting.stdout.strip()], found
     assert any(entry.endswith("/environ") for entry in found["proc"]), found  # type: ignore[union-attr]
     assert any(entry.startswith(f"{found['runner']}:") for entry in found["memory"]), found  # type: ignore[union-attr]
+
+
+async def test_requests_and_curl_trust_the_session_ca_and_carry_the_secret(
+    session: HostExecutor, internet: FakeInternet
+) -> None:
+    require(None if shutil.which("curl") else "curl is not installed (apt-get install curl)", "curl")
+    result = await session.run(
+        "import subprocess, requests\n"
+        "print(requests.get('https://secret.test/by-requests', timeout=20).text)\n"
+        "print(subprocess.run(['curl', '-sS', 'https://secret.test/by-curl'], capture_output=True, text=True).stdout)"
+    )
+    assert result.stdout.splitlines() == [f"hello from {PUBLIC} over tls"] * 2, result
+    for path in ("/by-requests", "/by-curl"):
+        assert ["Authorization", SECRET] in received(internet, path)
