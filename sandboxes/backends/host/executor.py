@@ -148,20 +148,26 @@ class HostPools:
         for worker in self.started.drain() + self.ready.drain():
             worker.kill_now()
 
-    def refill(self, key: PoolKey, ready_key: ReadyKey, hit: bool) -> None:
+    def refill(self, key: PoolKey, ready_key: ReadyKey, hit: bool, keep_ready: bool = True) -> None:
         """Top the pools up in the background spawner thread after an open; nobody waits for it.
 
         After an open that found an initialised worker the ready pool of its options is topped up to
         `POOL_SIZE`; after one that did not (new options, or the pool ran dry), to one worker only, so
-        options opened once cost one spare handshake, not a pool, and the started pool as before."""
-        evicted = self.ready.want(ready_key)
+        options opened once cost one spare handshake, not a pool, and the started pool as before.
+        `keep_ready=False`: options no other open will have (a session's own CA bundle in its
+        environment) get no ready worker, and evict no other options' ready workers."""
+        evicted = self.ready.want(ready_key) if keep_ready else []
         with self._lock:
             self._pending += 1
 
         def step() -> bool:
             """Make one worker the pools lack (the ready one first: the next open of these options is
             the likeliest to come); False once none is lacking, or when making it failed."""
-            if self.ready.wanted(ready_key) and self.ready.count(ready_key) < (POOL_SIZE if hit else 1):
+            if (
+                keep_ready
+                and self.ready.wanted(ready_key)
+                and self.ready.count(ready_key) < (POOL_SIZE if hit else 1)
+            ):
                 ready = _started_worker(key)
                 if ready is None:
                     return False
@@ -386,7 +392,8 @@ class HostExecutor(Executor):
             worker = await _spawn(key, None)
         else:
             _LIVE_WORKERS.add(worker)
-        refill = POOLS.deferred.add(functools.partial(POOLS.refill, key, ready_key, initialised))
+        unique = self._bundle_path is not None  # the init names this session's own CA bundle
+        refill = POOLS.deferred.add(functools.partial(POOLS.refill, key, ready_key, initialised, not unique))
         try:
             session = await self._runner_session(worker, init, release=_retire, initialised=initialised)
         except BaseException:

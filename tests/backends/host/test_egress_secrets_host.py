@@ -13,6 +13,7 @@ import shutil
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import anyio
 import pytest
 from support.egress_probe import key_needles, parse, probe_code
 from support.fake_internet import PUBLIC, FakeInternet, fake_internet, gateway_through, unavailable
@@ -207,3 +208,19 @@ async def test_requests_and_curl_trust_the_session_ca_and_carry_the_secret(
     assert result.stdout.splitlines() == [f"hello from {PUBLIC} over tls"] * 2, result
     for path in ("/by-requests", "/by-curl"):
         assert ["Authorization", SECRET] in received(internet, path)
+
+
+async def test_a_session_with_secrets_leaves_no_ready_worker_behind(internet: FakeInternet) -> None:
+    """Its init names its own CA bundle, so no other open could take a worker initialised with it."""
+    from sandboxes.backends.host.executor import POOLS
+
+    async with HostExecutor(policy=Policy(network=RULES, python_guards=False), timeout=60) as ex:
+        assert (await ex.run("print(1)")).stdout == "1\n"
+    for _ in range(600):
+        if not POOLS.refilling():
+            break
+        await anyio.sleep(0.05)
+    assert not POOLS.refilling()
+    with POOLS.ready.lock:
+        keys = [key for key in POOLS.ready._items]
+    assert not any("kodeagent-egress-ca-" in ready_key[1] for ready_key in keys), keys
