@@ -361,6 +361,9 @@ def test_a_secret_takes_a_port_and_refuses_a_second_entry_for_it() -> None:
     (secret,) = NetworkPolicy(secrets={"API.example.com:8443": {"A": "b"}}).secrets
     assert (secret.host, secret.port) == ("api.example.com", 8443)
     assert Secret(host="api.example.com", headers={"A": "b"}).port == 443
+    for host in ("a.example:8443", "*.example", "10.0.0.1", "a b"):
+        with pytest.raises(ValidationError):
+            Secret(host=host, port=443, headers={"A": "b"})
     with pytest.raises(ValidationError, match="two secrets"):
         NetworkPolicy(
             secrets=[

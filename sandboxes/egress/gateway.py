@@ -583,7 +583,7 @@ class Gateway:
             if sink.can_write_eof():
                 with contextlib.suppress(OSError):
                     sink.write_eof()
-            elif closing:  # TLS has no half-close: the code learns of the end by the close
+            elif closing:  # TLS has no half-close: the other end learns of the end by the close
                 sink.close()
 
         def sent(n: int) -> None:
@@ -592,7 +592,7 @@ class Gateway:
         def received(n: int) -> None:
             entry.received += n
 
-        up = asyncio.ensure_future(pump(reader, up_writer, sent))
+        up = asyncio.ensure_future(pump(reader, up_writer, sent, closing=True))
         down = asyncio.ensure_future(pump(up_reader, writer, received, closing=True))
         try:
             await _both(up, down)

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from .match import MAX_RULES, RuleError, decide, literal, parse_rule, parse_rules
+from .match import MAX_RULES, RuleError, decide, literal, normal_host, parse_rule, parse_rules
 
 MAX_SECRETS = 64
 MAX_SECRET_HEADERS = 32
@@ -74,9 +74,10 @@ class Secret(BaseModel):
     @field_validator("host")
     @classmethod
     def _name(cls, host: str) -> str:
-        if literal(host) is not None or not host:
-            raise ValueError("a secret's host is a domain name, not an address")
-        return host.lower().rstrip(".")
+        name = normal_host(host)
+        if name is None or literal(name) is not None:
+            raise ValueError(f"{host[:300]!r}: a secret's host is a domain name (its port apart)")
+        return name
 
     @field_validator("headers", mode="before")
     @classmethod
