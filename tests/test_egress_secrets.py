@@ -404,3 +404,16 @@ def _serve_once(server: ssl.SSLContext, sock: socket.socket) -> None:
         server.wrap_socket(sock, server_side=True).close()
     except (OSError, ssl.SSLError):
         pass
+
+
+def test_a_slow_intercepted_head_is_cut_off(
+    client: tuple[Client, EgressLink], internet: FakeInternet, authority: SessionAuthority
+) -> None:
+    conn, _ = client
+    before = len(internet.hits("net"))
+    raw, _ = conn.tunnel("secret.test:443")
+    with trusting(authority).wrap_socket(raw, server_hostname="secret.test") as tls:
+        tls.sendall(b"GET / HTTP/1.1\r\nHost: secret.test\r\n")  # and never the blank line
+        reply = read_all(tls)
+    assert status(reply) == "HTTP/1.1 408 Request Timeout", reply
+    assert len(internet.hits("net")) == before

@@ -16,7 +16,9 @@ internet), drops root for ``nobody`` with no new privileges and no core dumps, a
   rule's name, never a timeout.
 
 Nothing the code sends decides where the gateway connects but the destination it names, checked
-by `match.decide` on the address the gateway's own resolver returned.
+by `match.decide` on the address the gateway's own resolver returned. For a session's secret hosts
+(`intercept.py`) a tunnel is terminated: the upstream verified first, the code's TLS ended with the
+session CA's certificate, one request head rewritten with the secret's headers.
 """
 
 from __future__ import annotations
@@ -525,7 +527,11 @@ class Gateway:
             )
             writer.write(_http_answer(431, entry.rule, entry.reason))
             return
-        except (asyncio.IncompleteReadError, TimeoutError):
+        except TimeoutError:
+            entry.rule, entry.reason = "head-timeout", "the request head did not arrive in time"
+            writer.write(_http_answer(408, entry.rule, entry.reason))
+            return
+        except asyncio.IncompleteReadError:
             return
         try:
             method, target, version, headers = parse_head(head)
@@ -561,10 +567,7 @@ class Gateway:
         idle = state.limits.idle_seconds
 
         async def pump(
-            source: asyncio.StreamReader,
-            sink: asyncio.StreamWriter,
-            count: Callable[[int], None],
-            closing: bool = False,
+            source: asyncio.StreamReader, sink: asyncio.StreamWriter, count: Callable[[int], None]
         ) -> None:
             while True:
                 try:
@@ -583,7 +586,7 @@ class Gateway:
             if sink.can_write_eof():
                 with contextlib.suppress(OSError):
                     sink.write_eof()
-            elif closing:  # TLS has no half-close: the other end learns of the end by the close
+            else:  # TLS (an intercepted tunnel) has no half-close: the close tells the other end
                 sink.close()
 
         def sent(n: int) -> None:
@@ -592,8 +595,8 @@ class Gateway:
         def received(n: int) -> None:
             entry.received += n
 
-        up = asyncio.ensure_future(pump(reader, up_writer, sent, closing=True))
-        down = asyncio.ensure_future(pump(up_reader, writer, received, closing=True))
+        up = asyncio.ensure_future(pump(reader, up_writer, sent))
+        down = asyncio.ensure_future(pump(up_reader, writer, received))
         try:
             await _both(up, down)
         finally:
