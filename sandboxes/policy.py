@@ -109,7 +109,8 @@ class Policy(BaseModel):
             as their own harness would (`kodeagent bench humaneval`), not for agents.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Hidden inputs: a network policy's secrets must not appear in a validation error.
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     allowed_imports: tuple[str, ...] = DEFAULT_ALLOWED_IMPORTS
     allow_builtins: tuple[str, ...] = ()

@@ -7,9 +7,10 @@ SOCKS5 proxy on the same port. The gateway (a separate, unprivileged process on 
 names itself, checks the policy on the address it will actually connect to, connects from the
 host's namespace, and reports every connection. See docs/egress.md.
 
-The modules `match`, `dns` and `gateway` are standard library only: the gateway process runs them
-without importing the rest of `sandboxes` (or pydantic). `policy` (the models) and `service` (the
-parent's side: the process, the listeners) are for the parent.
+The modules `match`, `dns`, `intercept` and `gateway` are standard library only: the gateway process
+runs them without importing the rest of `sandboxes` (or pydantic). `policy` (the models), `service`
+(the parent's side: the process, the listeners) and `ca` (a session's certificate authority, for
+secrets at egress; `cryptography`, imported only when a session has secrets) are for the parent.
 """
 
 PROXY_PORT = 3128

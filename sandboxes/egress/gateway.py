@@ -16,7 +16,9 @@ internet), drops root for ``nobody`` with no new privileges and no core dumps, a
   rule's name, never a timeout.
 
 Nothing the code sends decides where the gateway connects but the destination it names, checked
-by `match.decide` on the address the gateway's own resolver returned.
+by `match.decide` on the address the gateway's own resolver returned. For a session's secret hosts
+(`intercept.py`) a tunnel is terminated: the upstream verified first, the code's TLS ended with the
+session CA's certificate, one request head rewritten with the secret's headers.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import os
 import re
 import resource
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import dns
+from .intercept import Intercept, host_matches, parse_secrets, rewrite_head, upstream_context
 from .match import IPAddress, IPNetwork, Rule, Verdict, decide, literal, normal_host, parse_rules
 
 CONTROL_MAX = 1 << 20
@@ -128,6 +132,7 @@ class Entry:
     sent: int = 0
     received: int = 0
     done: bool = False
+    secret: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -141,6 +146,7 @@ class Entry:
             "bytes_sent": self.sent,
             "bytes_received": self.received,
             "open": not self.done,
+            "secret": self.secret,
         }
 
 
@@ -152,6 +158,7 @@ class SessionState:
     limits: Limits
     off: bool
     bucket: Bucket
+    secrets: dict[tuple[str, int], Intercept] = field(default_factory=dict)
     server: asyncio.Server | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     entries: list[Entry] = field(default_factory=list)
@@ -181,9 +188,15 @@ class BadRequest(Exception):
 class Gateway:
     """Every session's listener and the rules they are checked against, in one event loop."""
 
-    def __init__(self, nameservers: list[tuple[str, int]] | None, extra_public: list[IPNetwork]) -> None:
+    def __init__(
+        self,
+        nameservers: list[tuple[str, int]] | None,
+        extra_public: list[IPNetwork],
+        upstream_tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.nameservers = nameservers
         self.extra_public = extra_public
+        self.upstream_tls = upstream_tls or upstream_context(None)
         self.sessions: dict[int, SessionState] = {}
         self.open_connections = 0
         self._local: frozenset[IPAddress] = frozenset()
@@ -200,9 +213,10 @@ class Gateway:
             if len(fds) != 1 or ident in self.sessions:
                 raise ValueError("attach takes one listening socket for a new id")
             allow, deny = self._rules(message)
+            secrets = parse_secrets(message.get("secrets", []))
             limits = Limits.from_json(message.get("limits"))
             new = SessionState(
-                ident, allow, deny, limits, message.get("off") is True, Bucket(limits.rate_bytes)
+                ident, allow, deny, limits, message.get("off") is True, Bucket(limits.rate_bytes), secrets
             )
             listener = socket.socket(fileno=fds.pop())
             listener.setblocking(False)
@@ -217,6 +231,7 @@ class Gateway:
         state = found
         if op == "policy":
             state.allow, state.deny = self._rules(message)
+            state.secrets = parse_secrets(message.get("secrets", []))
             state.off = message.get("off") is True
             return {"ok": True}
         if op == "report":
@@ -368,6 +383,16 @@ class Gateway:
             return
         entry = state.record(Entry(host, port, "connect" if method == "CONNECT" else "http"))
         try:
+            named = normal_host(host)
+            if method != "CONNECT" and any(named == secret_host for secret_host, _ in state.secrets):
+                entry.host = named or host
+                entry.rule = "secret-needs-https"
+                entry.reason = (
+                    f"{named} carries a secret, which the gateway adds over HTTPS only (to a server whose "
+                    "certificate it verified); plain HTTP would hand it to whoever answers: use https://"
+                )
+                writer.write(_http_answer(403, entry.rule, entry.reason))
+                return
             try:
                 up_reader, up_writer = await self.open_upstream(state, entry)
             except Refused as exc:
@@ -376,6 +401,18 @@ class Gateway:
                 return
             entry.allowed = True
             try:
+                intercept = state.secrets.get((entry.host, entry.port)) if method == "CONNECT" else None
+                if intercept is not None:
+                    await self._intercept(
+                        state,
+                        entry,
+                        intercept,
+                        (reader, writer),
+                        (up_reader, up_writer),
+                        b"HTTP/1.1 200 Connection established\r\n\r\n",
+                        lambda rule, reason: _http_answer(502, rule, reason),
+                    )
+                    return
                 if method == "CONNECT":
                     writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 else:
@@ -427,12 +464,94 @@ class Gateway:
                 return
             entry.allowed = True
             try:
+                intercept = state.secrets.get((entry.host, entry.port))
+                if intercept is not None:
+                    await self._intercept(
+                        state,
+                        entry,
+                        intercept,
+                        (reader, writer),
+                        (up_reader, up_writer),
+                        _socks_reply(0),
+                        lambda rule, reason: _socks_reply(1),
+                    )
+                    return
                 writer.write(_socks_reply(0))
                 await self._relay(state, entry, reader, writer, up_reader, up_writer)
             finally:
                 up_writer.close()
         finally:
             entry.done = True
+
+    async def _intercept(
+        self,
+        state: SessionState,
+        entry: Entry,
+        intercept: Intercept,
+        client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        established: bytes,
+        failed: Callable[[str, str], bytes],
+    ) -> None:
+        """A tunnel to a secret host: TLS to the upstream verified for the host first, then TLS with
+        the code (the session CA's certificate for the host), then one request head read (bounded),
+        checked and rewritten with the secret's headers; the rest is relayed as it is."""
+        reader, writer = client
+        up_reader, up_writer = upstream
+        seconds = state.limits.head_seconds
+        try:
+            await asyncio.wait_for(
+                up_writer.start_tls(self.upstream_tls, server_hostname=intercept.host),
+                state.limits.connect_seconds,
+            )
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            entry.allowed, entry.rule = False, "upstream-unverified"
+            entry.reason = f"TLS to {intercept.host} port {intercept.port} did not verify: {str(exc)[:300]}"
+            writer.write(failed(entry.rule, entry.reason))
+            return
+        writer.write(established)
+        try:
+            await asyncio.wait_for(
+                writer.start_tls(intercept.context, ssl_handshake_timeout=seconds), seconds
+            )
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError) as exc:
+            entry.rule = "tls-handshake"
+            entry.reason = f"the code's TLS handshake for {intercept.host} failed: {str(exc)[:300]}"
+            return
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), seconds)
+        except (asyncio.LimitOverrunError, ValueError):
+            entry.rule, entry.reason = (
+                "head-too-large",
+                f"the request head is over {state.limits.head_bytes} bytes",
+            )
+            writer.write(_http_answer(431, entry.rule, entry.reason))
+            return
+        except TimeoutError:
+            entry.rule, entry.reason = "head-timeout", "the request head did not arrive in time"
+            writer.write(_http_answer(408, entry.rule, entry.reason))
+            return
+        except asyncio.IncompleteReadError:
+            return
+        try:
+            method, target, version, headers = parse_head(head)
+            if method == "CONNECT" or not (target.startswith("/") or (target == "*" and method == "OPTIONS")):
+                raise BadRequest("send origin-form requests ('GET /path HTTP/1.1') to an intercepted host")
+        except BadRequest as exc:
+            entry.rule, entry.reason = "bad-request", str(exc)
+            writer.write(_http_answer(400, entry.rule, entry.reason))
+            return
+        if not host_matches(intercept, headers):
+            entry.rule = "host-mismatch"
+            entry.reason = (
+                f"the request's Host is not {intercept.authority}, the host this connection reached"
+            )
+            writer.write(_http_answer(421, entry.rule, entry.reason))
+            return
+        entry.secret = True
+        entry.sent += len(head)
+        up_writer.write(rewrite_head(intercept, method, target, version, headers))
+        await self._relay(state, entry, reader, writer, up_reader, up_writer)
 
     async def _relay(
         self,
@@ -467,6 +586,8 @@ class Gateway:
             if sink.can_write_eof():
                 with contextlib.suppress(OSError):
                     sink.write_eof()
+            else:  # TLS (an intercepted tunnel) has no half-close: the close tells the other end
+                sink.close()
 
         def sent(n: int) -> None:
             entry.sent += n
@@ -594,6 +715,7 @@ def _http_answer(status: int, rule: str, reason: str) -> bytes:
         400: "Bad Request",
         403: "Forbidden",
         408: "Request Timeout",
+        421: "Misdirected Request",
         431: "Request Header Fields Too Large",
         502: "Bad Gateway",
         503: "Service Unavailable",
@@ -722,11 +844,12 @@ def main(argv: list[str]) -> None:
     control = socket.socket(fileno=int(argv[1]))
     if settings.get("netns"):
         enter_netns(settings["netns"])
+    upstream_tls = upstream_context(settings.get("upstream_ca"))  # its files may be root's alone
     drop_privileges()
     servers = settings.get("nameservers")
     nameservers = None if servers is None else [(str(h), int(p)) for h, p in servers]
     extra = [ipaddress.ip_network(n) for n in settings.get("extra_public", [])]
-    gateway = Gateway(nameservers, extra)
+    gateway = Gateway(nameservers, extra, upstream_tls)
     control.sendall(json.dumps({"ok": True, "pid": os.getpid(), "uid": os.getuid()}).encode())
     asyncio.run(serve(control, gateway))
 

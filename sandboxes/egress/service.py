@@ -14,6 +14,7 @@ back to the host's network).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import itertools
 import json
@@ -25,7 +26,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from pydantic import ValidationError
@@ -33,6 +34,9 @@ from pydantic import ValidationError
 from ..errors import EgressUnavailable
 from . import PROXY_PORT, PROXY_URL
 from .policy import NetworkPolicy, NetworkReport
+
+if TYPE_CHECKING:
+    from .ca import SessionAuthority
 
 CLONE_NEWNET = 0x40000000
 CONTROL_TIMEOUT = 10.0
@@ -61,12 +65,15 @@ class GatewaySettings:
         instead of the system's resolver.
     extra_public: address ranges to treat as public (a test's "internet" addresses).
     head_seconds: how long a request head may take to arrive (default 10 s).
+    upstream_ca: a PEM file of the authorities the gateway verifies upstream servers with where it
+        adds secrets (default: this machine's); tests name the authority of their fake internet.
     """
 
     netns: str | None = None
     nameservers: tuple[tuple[str, int], ...] | None = None
     extra_public: tuple[str, ...] = field(default_factory=tuple)
     head_seconds: float | None = None
+    upstream_ca: str | None = None
 
 
 def proxy_environment() -> dict[str, str]:
@@ -79,6 +86,25 @@ def proxy_environment() -> dict[str, str]:
     env["ALL_PROXY"] = env["all_proxy"] = socks
     env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
     return env
+
+
+CA_VARIABLES = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+    "NODE_EXTRA_CA_CERTS",
+    "AWS_CA_BUNDLE",
+)
+"""Where common clients (OpenSSL and Python's ssl, requests, curl, pip, git, Node, boto) look for the
+authorities they trust: a session with secrets gets its bundle (this machine's + the session's CA)."""
+
+
+def ca_bundle_path() -> str:
+    """A new name for a session's CA bundle, in the session's own ``/tmp`` (a fork server's sessions
+    share one: the name is random, the file root's and read-only to them)."""
+    return f"/tmp/kodeagent-egress-ca-{os.urandom(16).hex()}.pem"
 
 
 def unavailable() -> str | None:
@@ -155,6 +181,7 @@ class _GatewayProcess:
             "netns": settings.netns,
             "nameservers": None if settings.nameservers is None else [list(s) for s in settings.nameservers],
             "extra_public": list(settings.extra_public),
+            "upstream_ca": settings.upstream_ca,
         }
         command = [
             sys.executable,
@@ -259,18 +286,46 @@ def _checked(reply: dict[str, Any], what: str) -> dict[str, Any]:
     return reply
 
 
+def _policy_message(policy: NetworkPolicy, authority: SessionAuthority | None) -> dict[str, Any]:
+    """`policy` as the gateway takes it, each secret with a leaf certificate of the session's CA."""
+    message = policy.gateway_message()
+    if policy.secrets:
+        if authority is None:
+            raise ValueError(
+                "this session was opened without secrets, so it trusts no authority of the gateway's and "
+                "a secret cannot be added to its HTTPS; open the executor with NetworkPolicy(secrets=...)"
+            )
+        for item in message["secrets"]:
+            item["certificate"] = authority.leaf(item["host"])
+    return message
+
+
 class EgressLink:
     """One session's place in the gateway: its rules, changed live, and its connection report."""
 
-    def __init__(self, process: _GatewayProcess, ident: int, policy: NetworkPolicy) -> None:
+    def __init__(
+        self,
+        process: _GatewayProcess,
+        ident: int,
+        policy: NetworkPolicy,
+        authority: SessionAuthority | None = None,
+        bundle: tuple[int, str] | None = None,
+    ) -> None:
         self._process = process
         self.ident = ident
         self.policy: NetworkPolicy | None = policy
+        self.authority = authority
+        self._bundle = bundle  # (the session's /tmp, held open; the bundle's name there)
         self.closed = False
 
     async def set_policy(self, policy: NetworkPolicy | None) -> None:
-        """New rules for the session's next connection (None: refuse every connection from now on)."""
-        message = {"op": "policy", "id": self.ident, **(policy or NetworkPolicy()).gateway_message()}
+        """New rules (and secrets) for the session's next connection (None: refuse every connection
+        from now on). `ValueError` for secrets on a session opened without any."""
+        message = {
+            "op": "policy",
+            "id": self.ident,
+            **_policy_message(policy or NetworkPolicy(), self.authority),
+        }
         message["off"] = policy is None
         _checked(await anyio.to_thread.run_sync(self._process.request, message), "change the rules")
         self.policy = policy
@@ -297,10 +352,25 @@ class EgressLink:
                 await anyio.to_thread.run_sync(self._process.request, {"op": "detach", "id": self.ident})
             except EgressUnavailable:
                 pass
+        if self._bundle is not None:
+            folder, name = self._bundle
+            self._bundle = None
+            try:
+                os.unlink(name, dir_fd=folder)
+            except OSError:
+                pass  # the session's /tmp went with its container or namespace
+            finally:
+                os.close(folder)
 
 
-def attach_blocking(netns: str, policy: NetworkPolicy) -> EgressLink:
-    """Give the session whose network namespace is `netns` its gateway (blocking)."""
+def attach_blocking(
+    netns: str,
+    policy: NetworkPolicy,
+    authority: SessionAuthority | None = None,
+    bundle: tuple[int, str] | None = None,
+) -> EgressLink:
+    """Give the session whose network namespace is `netns` its gateway (blocking); the link owns
+    `bundle` (the session's CA bundle, removed at close) from then on."""
     problem = unavailable()
     if problem is not None:
         raise EgressUnavailable(problem)
@@ -313,13 +383,13 @@ def attach_blocking(netns: str, policy: NetworkPolicy) -> EgressLink:
     listener = listener_in(netns)
     ident = next(_IDS)
     try:
-        message = {"op": "attach", "id": ident, **policy.gateway_message()}
+        message = {"op": "attach", "id": ident, **_policy_message(policy, authority)}
         if _SETTINGS.head_seconds is not None:
             message["limits"]["head_seconds"] = _SETTINGS.head_seconds
         _checked(process.request(message, [listener.fileno()]), "take the session")
     finally:
         listener.close()
-    return EgressLink(process, ident, policy)
+    return EgressLink(process, ident, policy, authority, bundle)
 
 
 async def attach(netns: str, policy: NetworkPolicy) -> EgressLink:
@@ -327,24 +397,71 @@ async def attach(netns: str, policy: NetworkPolicy) -> EgressLink:
     return await anyio.to_thread.run_sync(attach_blocking, netns, policy)
 
 
-def attach_process_blocking(pid: int, still_same: Callable[[], bool], policy: NetworkPolicy) -> EgressLink:
+def attach_process_blocking(
+    pid: int, still_same: Callable[[], bool], policy: NetworkPolicy, bundle_path: str | None = None
+) -> EgressLink:
     """Give the session whose runner is host process `pid` its gateway, in that process's network
-    namespace: the namespace is held open first, then `still_same()` proves the pid was not reused."""
+    namespace: the namespace is held open first, then `still_same()` proves the pid was not reused.
+
+    With `bundle_path` (where the session's CA variables point, `ca_bundle_path`), the session gets
+    a certificate authority of its own and its bundle there, in the process's own file system."""
     try:
         fd = os.open(namespace_of(pid), os.O_RDONLY | os.O_CLOEXEC)
+        root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise EgressUnavailable(f"the session's network namespace cannot be opened ({exc})") from exc
+    bundle: tuple[int, str] | None = None
     try:
         if not still_same():
             raise EgressUnavailable("the session's runner ended before its gateway was attached")
-        return attach_blocking(f"/proc/self/fd/{fd}", policy)
+        authority = None
+        if bundle_path is not None:
+            from .ca import SessionAuthority
+
+            authority = SessionAuthority()
+            bundle = _write_bundle(root, bundle_path, authority.bundle())
+        link = attach_blocking(f"/proc/self/fd/{fd}", policy, authority, bundle)
+        bundle = None
+        return link
     finally:
+        if bundle is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(bundle[1], dir_fd=bundle[0])
+            os.close(bundle[0])
+        os.close(root)
         os.close(fd)
 
 
-def with_proxy_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` with the proxy variables of a network-on session (they win over the caller's)."""
-    return {**env, **proxy_environment()}
+def _write_bundle(root: int, path: str, data: bytes) -> tuple[int, str]:
+    """Write the session's CA bundle at `path` below the session's root `root` (a new file, root's,
+    readable by all); the folder stays open for the removal at close."""
+    folder_path, _, name = path.strip("/").rpartition("/")
+    try:
+        folder = os.open(
+            folder_path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root
+        )
+    except OSError as exc:
+        raise EgressUnavailable(f"the session has no /{folder_path} for its CA bundle ({exc})") from exc
+    try:
+        out = os.open(
+            name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=folder
+        )
+        try:
+            os.fchmod(out, 0o644)
+            os.write(out, data)
+        finally:
+            os.close(out)
+    except OSError as exc:
+        os.close(folder)
+        raise EgressUnavailable(f"the session's CA bundle could not be written ({exc})") from exc
+    return folder, name
+
+
+def with_proxy_environment(env: Mapping[str, str], bundle_path: str | None = None) -> dict[str, str]:
+    """`env` with the proxy variables of a network-on session (they win over the caller's), and with
+    `bundle_path` the CA variables pointing at the session's bundle."""
+    extra = {name: bundle_path for name in CA_VARIABLES} if bundle_path is not None else {}
+    return {**env, **proxy_environment(), **extra}
 
 
 def stop() -> None:

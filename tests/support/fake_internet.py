@@ -11,6 +11,10 @@ Two network namespaces the test makes (root only) and joins with a veth pair:
   ``203.0.113.53`` (``rebind.test`` resolves to the private service, ``metadata.test`` to the
   metadata address, ``mixed.test`` to both the private service and the public server).
 
+The internet's servers also speak HTTPS on port 443 with a certificate for every name of the zone
+from a test authority (`FakeInternet.ca_file`; `gateway_through` makes the gateway verify with it),
+and log every header they received: where a secret arrived, and where it did not.
+
 ``203.0.113.0/24`` and ``198.18.0.0/24`` are declared public for the gateway (they are reserved
 ranges, so nothing real is ever reached), so ``198.18.0.1`` is a public address that is this
 machine's own. Every server appends what reached it to its log: the proof of what did not.
@@ -45,6 +49,9 @@ ZONE = {
     "rebind.test": [PRIVATE],
     "metadata.test": [METADATA],
     "mixed.test": [PRIVATE, PUBLIC],
+    "secret.test": [PUBLIC],
+    "other.test": [PUBLIC],
+    "unverified.test": [PUBLIC],  # not in the HTTPS servers' certificate
 }
 
 
@@ -62,6 +69,11 @@ class FakeInternet:
     host_ns: str
     net_ns: str
     logs: Path
+
+    @property
+    def ca_file(self) -> str:
+        """The test authority the HTTPS servers' certificate is from (PEM)."""
+        return str(self.logs / "ca.pem")
 
     @property
     def host_netns_path(self) -> str:
@@ -117,7 +129,8 @@ def fake_internet() -> Iterator[FakeInternet]:
         for address in (PUBLIC, DENIED, PRIVATE, METADATA, DNS):
             _ip("-n", net_ns, "addr", "add", f"{address}/32", "dev", "lo")
         _ip("-n", host_ns, "route", "add", "default", "via", "198.18.0.2")
-        servers.append(_server(net_ns, logs / "net.log", "--dns", DNS, json.dumps(ZONE)))
+        chain = _test_authority(logs)
+        servers.append(_server(net_ns, logs / "net.log", "--dns", DNS, json.dumps(ZONE), "--tls", str(chain)))
         servers.append(_server(host_ns, logs / "host.log"))
         yield FakeInternet(host_ns, net_ns, logs)
     finally:
@@ -127,6 +140,55 @@ def fake_internet() -> Iterator[FakeInternet]:
         for ns in (host_ns, net_ns):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)
         shutil.rmtree(logs, ignore_errors=True)
+
+
+def _test_authority(logs: Path) -> Path:
+    """A test CA (``ca.pem``) and a certificate from it for every name of the zone (``server.pem``,
+    chain and key): what the fake internet's HTTPS servers present."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake internet test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "public.test")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(name) for name in ZONE if name != "unverified.test"]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    (logs / "ca.pem").write_bytes(ca.public_bytes(pem))
+    chain = logs / "server.pem"
+    chain.write_bytes(
+        leaf.public_bytes(pem)
+        + ca.public_bytes(pem)
+        + key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return chain
 
 
 TEST_PUBLIC_RANGES = ("203.0.113.0/24", "198.18.0.0/24")
@@ -139,6 +201,7 @@ def gateway_through(net: FakeInternet, **settings: Any) -> Iterator[FakeInternet
     any further `GatewaySettings` fields; the default settings again on leaving."""
     from sandboxes.egress import service
 
+    settings.setdefault("upstream_ca", net.ca_file)
     service.configure(
         service.GatewaySettings(
             netns=net.host_netns_path, nameservers=((DNS, 53),), extra_public=TEST_PUBLIC_RANGES, **settings

@@ -1,10 +1,12 @@
 """The servers of the tests' fake internet, run inside a network namespace (`fake_internet.py`).
 
-``python fake_internet_server.py LOG [--dns ADDRESS ZONE_JSON]``: an HTTP server on port 80 of
-every address of the namespace, answering ``hello from ADDRESS`` (the address the request arrived
-at) and appending one JSON line per request to LOG (the proof, for tests, of what arrived where);
-with ``--dns``, a DNS server on ADDRESS:53 answering A queries from ZONE_JSON (name: [addresses]).
-Prints ``ready`` once both listen.
+``python fake_internet_server.py LOG [--dns ADDRESS ZONE_JSON] [--tls CHAIN_PEM]``: an HTTP server
+on port 80 of every address of the namespace, answering ``hello from ADDRESS`` (the address the
+request arrived at) and appending one JSON line per request to LOG (the proof, for tests, of what
+arrived where, with every header it received); with ``--dns``, a DNS server on ADDRESS:53 answering
+A queries from ZONE_JSON (name: [addresses]); with ``--tls``, the same over HTTPS on port 443 with
+the certificate chain and key in CHAIN_PEM (``/echo`` answers the request's headers: a server that
+echoes them). Prints ``ready`` once all listen.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import http.server
 import json
 import socket
 import socketserver
+import ssl
 import struct
 import sys
 import threading
@@ -21,12 +24,17 @@ import threading
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
         local = self.connection.getsockname()[0]
+        tls = isinstance(self.connection, ssl.SSLSocket)
+        headers = [[name, value] for name, value in self.headers.items()]
         with open(sys.argv[1], "a") as log:
-            log.write(json.dumps({"at": local, "path": self.path, "host": self.headers.get("Host")}) + "\n")
+            record = {"at": local, "path": self.path, "host": self.headers.get("Host"), "tls": tls}
+            log.write(json.dumps({**record, "headers": headers}) + "\n")
         size = 0
         if self.path.startswith("/bytes/"):
             size = int(self.path.rsplit("/", 1)[1])
-        body = f"hello from {local}".encode() if not size else b"x" * size
+        body = f"hello from {local}{' over tls' if tls else ''}".encode() if not size else b"x" * size
+        if self.path == "/echo":
+            body = json.dumps(headers).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -39,6 +47,19 @@ class Handler(http.server.BaseHTTPRequestHandler):
 class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+
+
+class TLSServer(Server):
+    context: ssl.SSLContext
+
+    def finish_request(self, request: socket.socket, client_address: object) -> None:
+        """The TLS handshake in the request's own thread, so a slow client holds up nobody else."""
+        request.settimeout(10)
+        try:
+            secure = self.context.wrap_socket(request, server_side=True)
+        except (OSError, ssl.SSLError):
+            return
+        self.RequestHandlerClass(secure, client_address, self)
 
 
 def dns_server(address: str, zone: dict[str, list[str]]) -> None:
@@ -69,8 +90,16 @@ def dns_server(address: str, zone: dict[str, list[str]]) -> None:
 
 def main() -> None:
     server = Server(("0.0.0.0", 80), Handler)
-    if len(sys.argv) > 2 and sys.argv[2] == "--dns":
-        dns_server(sys.argv[3], json.loads(sys.argv[4]))
+    options = sys.argv[2:]
+    if options[:1] == ["--dns"]:
+        dns_server(options[1], json.loads(options[2]))
+        options = options[3:]
+    if options[:1] == ["--tls"]:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(options[1])
+        secure = TLSServer(("0.0.0.0", 443), Handler)
+        secure.context = context
+        threading.Thread(target=secure.serve_forever, daemon=True).start()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print("ready", flush=True)
     sys.stdin.read()  # until the test closes our stdin

@@ -47,7 +47,13 @@ import anyio
 from pydantic import ValidationError
 
 from ...egress.policy import NetworkPolicy
-from ...egress.service import EgressLink, EgressUnavailable, attach_process_blocking, with_proxy_environment
+from ...egress.service import (
+    EgressLink,
+    EgressUnavailable,
+    attach_process_blocking,
+    ca_bundle_path,
+    with_proxy_environment,
+)
 from ...errors import BackendUnavailable
 from ...executor import COMMON_OPTIONS, Executor, ExecutorOptions
 from ...images import image_missing_message, stale_runner
@@ -204,10 +210,12 @@ class DockerExecutor(Executor):
         worker = take_pooled(self.settings) if self.pool_size else None
         if worker is None:
             worker = await anyio.to_thread.run_sync(start_container, self.settings)
-        session = await self._runner_session(worker, self._container_init(), _release)
+        # A session with secrets trusts a CA of its own: its bundle's name is in its environment.
+        bundle = ca_bundle_path() if rules is not None and rules.secrets else None
+        session = await self._runner_session(worker, self._container_init(bundle), _release)
         if rules is not None:
             try:
-                session.egress = await anyio.to_thread.run_sync(_attach_egress, worker, rules)
+                session.egress = await anyio.to_thread.run_sync(_attach_egress, worker, rules, bundle)
             except BaseException:
                 await session.discard()
                 raise
@@ -232,10 +240,10 @@ class DockerExecutor(Executor):
             refill_shared(self.settings, self.pool_size)
         return session
 
-    def _container_init(self) -> InitRequest:
+    def _container_init(self, bundle_path: str | None = None) -> InitRequest:
         init = self._runner_init()
         if self.policy.network_policy is not None:
-            init["env"] = with_proxy_environment(init["env"])
+            init["env"] = with_proxy_environment(init["env"], bundle_path)
         # 0: the runner leaves RLIMIT_NPROC and RLIMIT_AS alone; the container's PID and memory limits
         # apply instead (a cgroup counts memory in use, not address space that threads reserve).
         limits: LimitsConfig = {**init["policy"]["limits"], "max_processes": 0, "memory_mb": 0}
@@ -274,7 +282,7 @@ def _checked_settings(options: dict[str, Any]) -> ContainerSettings:
         raise ValueError(f"DockerExecutor got a bad container option: {problems}") from None
 
 
-def _attach_egress(worker: Worker, rules: NetworkPolicy) -> EgressLink:
+def _attach_egress(worker: Worker, rules: NetworkPolicy, bundle_path: str | None) -> EgressLink:
     """The egress gateway's listener into the container's network namespace (blocking): found through
     the container's init, whose pid the daemon names; the daemon is asked again once the namespace is
     held open, so a pid reused meanwhile is never taken for the container's."""
@@ -287,7 +295,7 @@ def _attach_egress(worker: Worker, rules: NetworkPolicy) -> EgressLink:
     first = pid()
     if not first:
         raise EgressUnavailable("the session's container is not running, so it cannot get its egress gateway")
-    return attach_process_blocking(first, lambda: pid() == first, rules)
+    return attach_process_blocking(first, lambda: pid() == first, rules, bundle_path)
 
 
 async def _release(worker: Worker) -> None:

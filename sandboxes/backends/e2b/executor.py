@@ -636,10 +636,11 @@ class E2BExecutor(Executor):
 
     async def _new_session(self) -> Session:
         rules = self.policy.network_policy
-        if rules is not None and (rules.allow or rules.deny):
+        if rules is not None and (rules.allow or rules.deny or rules.secrets):
             raise BackendUnavailable(
-                "the e2b backend does not map NetworkPolicy allow/deny rules onto E2B's network options "
-                "yet; use Policy(network=True) (the public internet only) there, or the host or docker backend"
+                "the e2b backend does not map NetworkPolicy allow/deny rules or secrets onto E2B's network "
+                "options yet; use Policy(network=True) (the public internet only) there, or the host or "
+                "docker backend"
             )
         try:
             asyncio.get_running_loop()

@@ -34,7 +34,12 @@ from typing import Any, Literal, Unpack, cast
 import anyio
 
 from ...egress.policy import NetworkPolicy
-from ...egress.service import EgressUnavailable, attach_process_blocking, with_proxy_environment
+from ...egress.service import (
+    EgressUnavailable,
+    attach_process_blocking,
+    ca_bundle_path,
+    with_proxy_environment,
+)
 from ...errors import BackendUnavailable, ProtocolError, WorkerStartError
 from ...executor import Executor, ExecutorOptions
 from ...runtime.protocol import InitRequest
@@ -143,20 +148,26 @@ class HostPools:
         for worker in self.started.drain() + self.ready.drain():
             worker.kill_now()
 
-    def refill(self, key: PoolKey, ready_key: ReadyKey, hit: bool) -> None:
+    def refill(self, key: PoolKey, ready_key: ReadyKey, hit: bool, keep_ready: bool = True) -> None:
         """Top the pools up in the background spawner thread after an open; nobody waits for it.
 
         After an open that found an initialised worker the ready pool of its options is topped up to
         `POOL_SIZE`; after one that did not (new options, or the pool ran dry), to one worker only, so
-        options opened once cost one spare handshake, not a pool, and the started pool as before."""
-        evicted = self.ready.want(ready_key)
+        options opened once cost one spare handshake, not a pool, and the started pool as before.
+        `keep_ready=False`: options no other open will have (a session's own CA bundle in its
+        environment) get no ready worker, and evict no other options' ready workers."""
+        evicted = self.ready.want(ready_key) if keep_ready else []
         with self._lock:
             self._pending += 1
 
         def step() -> bool:
             """Make one worker the pools lack (the ready one first: the next open of these options is
             the likeliest to come); False once none is lacking, or when making it failed."""
-            if self.ready.wanted(ready_key) and self.ready.count(ready_key) < (POOL_SIZE if hit else 1):
+            if (
+                keep_ready
+                and self.ready.wanted(ready_key)
+                and self.ready.count(ready_key) < (POOL_SIZE if hit else 1)
+            ):
                 ready = _started_worker(key)
                 if ready is None:
                     return False
@@ -322,6 +333,7 @@ class HostExecutor(Executor):
         self.requested_isolation = isolation
         self.use_pool = pool and self.workdir is None
         self.preload = stage_preload(preload)
+        self._bundle_path: str | None = None
 
     def _isolation_level(self) -> str:
         if self.requested_isolation == "process":
@@ -345,15 +357,17 @@ class HostExecutor(Executor):
     def _runner_init(self) -> InitRequest:
         init = super()._runner_init()
         if self.policy.network_policy is not None:
-            init["env"] = with_proxy_environment(init["env"])
+            init["env"] = with_proxy_environment(init["env"], self._bundle_path)
         return init
 
     async def _new_session(self) -> Session:
-        session = await self._open_session()
         rules = self.policy.network_policy
+        # A session with secrets trusts a CA of its own: its bundle's name is in its environment.
+        self._bundle_path = ca_bundle_path() if rules is not None and rules.secrets else None
+        session = await self._open_session()
         if rules is not None:
             try:
-                await _attach_egress(session, rules)
+                await _attach_egress(session, rules, self._bundle_path)
             except BaseException:
                 await session.discard()
                 raise
@@ -378,7 +392,8 @@ class HostExecutor(Executor):
             worker = await _spawn(key, None)
         else:
             _LIVE_WORKERS.add(worker)
-        refill = POOLS.deferred.add(functools.partial(POOLS.refill, key, ready_key, initialised))
+        unique = self._bundle_path is not None  # the init names this session's own CA bundle
+        refill = POOLS.deferred.add(functools.partial(POOLS.refill, key, ready_key, initialised, not unique))
         try:
             session = await self._runner_session(worker, init, release=_retire, initialised=initialised)
         except BaseException:
@@ -390,7 +405,7 @@ class HostExecutor(Executor):
         return session
 
 
-async def _attach_egress(session: RunnerSession, rules: NetworkPolicy) -> None:
+async def _attach_egress(session: RunnerSession, rules: NetworkPolicy, bundle_path: str | None) -> None:
     """The egress gateway's listener into the runner's own network namespace (before any code ran)."""
     worker = session.worker
     assert isinstance(worker, HostWorker)
@@ -399,7 +414,7 @@ async def _attach_egress(session: RunnerSession, rules: NetworkPolicy) -> None:
         tree = worker.process_tree()
         if tree is None:
             raise EgressUnavailable("the session's runner process cannot be found for its egress gateway")
-        session.egress = attach_process_blocking(tree.pid, tree.alive, rules)
+        session.egress = attach_process_blocking(tree.pid, tree.alive, rules, bundle_path)
 
     await anyio.to_thread.run_sync(attach)
 

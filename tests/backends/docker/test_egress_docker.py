@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 from support import backend_docker
+from support.egress_probe import key_needles, parse, probe_code
 from support.fake_internet import (
     HOST_OWN,
     METADATA,
@@ -89,3 +90,31 @@ async def test_shared_containers_refuse_network(internet: FakeInternet) -> None:
             policy=POLICY, timeout=30, pool=False, sessions_per_container=4
         ):
             pass
+
+
+SECRET = "Bearer docker-s3cret-93aa"
+SECRET_RULES = NetworkPolicy(secrets={"secret.test": {"Authorization": SECRET}})
+
+
+async def test_a_container_never_holds_its_egress_secret(internet: FakeInternet) -> None:
+    """The secret arrives at the server; the container's environment, files, /proc (the runner's
+    memory too) and the traffic its code sees hold none of it; the CA bundle is the container's."""
+    policy = Policy(network=SECRET_RULES, python_guards=False)
+    async with backend_docker.make_executor(policy=policy, timeout=120, pool=False) as ex:
+        await ex.run(FETCH)
+        fetched = await ex.run("print(json.dumps(fetch('https://secret.test/from-docker')))")
+        assert json.loads(fetched.stdout) == [200, f"hello from {PUBLIC} over tls"], fetched
+        hit = next(h for h in reversed(internet.hits_at(PUBLIC)) if h["path"] == "/from-docker")
+        assert ["Authorization", SECRET] in hit["headers"]
+        assert fetched.network is not None and [c.secret for c in fetched.network.connections] == [True]
+        authority = ex.session.egress.authority  # type: ignore[attr-defined]
+        found = parse((await ex.run(probe_code([SECRET, *key_needles(authority._key)]))).stdout)
+        assert "error" not in found, found
+        assert [found[k] for k in ("environ", "proc", "memory", "files")] == [[], [], [], []], found
+        assert found["runner"] in found["memory_scanned"]  # type: ignore[operator]
+        bundle = await ex.run(
+            "import os, ssl; print(os.environ['SSL_CERT_FILE'] == ssl.get_default_verify_paths().cafile)"
+        )
+        assert bundle.stdout == "True\n", bundle
+        for shown in (repr(fetched), fetched.model_dump_json(), repr(ex.policy)):
+            assert SECRET not in shown
