@@ -33,8 +33,8 @@ import tempfile
 import threading
 import time
 import tomllib
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,8 @@ class Attack:
     effect: str
     code: str
     timeout: float = DEFAULT_TIMEOUT
+    policy: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """`Policy` fields for the attack's session; empty is the default `Policy()`."""
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,10 @@ class Benign:
     name: str
     code: str
     expected: str
+    policy: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
 
-EFFECTS = ("write", "read", "env", "network", "forge", "survive")
+EFFECTS = ("write", "read", "env", "network", "forge", "survive", "reach")
 CONTROLLED = ("write", "read", "env", "network")
 """Effects whose attacks can be shown to work outside a sandbox (the others need the sandbox's API)."""
 
@@ -87,11 +90,32 @@ def load_corpus(directory: Path = CORPUS) -> tuple[list[Attack], list[Benign]]:
                     entry["effect"],
                     entry["code"],
                     float(entry.get("timeout", DEFAULT_TIMEOUT)),
+                    _policy_fields(path, entry),
                 )
             )
         for entry in data.get("benign", []):
-            benign.append(Benign(entry["name"], entry["code"], entry["expected"]))
+            benign.append(
+                Benign(entry["name"], entry["code"], entry["expected"], _policy_fields(path, entry))
+            )
     return attacks, benign
+
+
+def _policy_fields(path: Path, entry: dict[str, Any]) -> dict[str, Any]:
+    """An entry's `policy` table, checked against `Policy` now so that a typo fails the load, not a run."""
+    from sandboxes import Policy
+
+    fields = entry.get("policy", {})
+    try:
+        Policy(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{path.name}: {entry.get('name')!r} has a bad policy: {exc}") from exc
+    return dict(fields)
+
+
+def make_policy(fields: Mapping[str, Any]) -> Any:
+    from sandboxes import Policy
+
+    return Policy(**fields)
 
 
 # ---------------------------------------------------------------------- the things attacks aim at
@@ -135,6 +159,7 @@ class Targets:
         self.directory.chmod(0o777)  # writable by anyone: only the sandbox may stop a write
         self.file_token = secrets.token_hex(16)
         self.env_token = secrets.token_hex(16)
+        self.reach_token = secrets.token_hex(16)
         self.secret_file = self.directory / "secret.txt"
         self.secret_file.write_text(self.file_token + "\n")
         self.secret_file.chmod(0o644)
@@ -166,10 +191,12 @@ class Targets:
             .replace("@SECRET_FILE@", str(self.secret_file))
             .replace("@PORT@", str(self.listener.port))
             .replace("@VICTIM_PID@", str(self.victim.pid))
+            .replace("@REACHED@", f"({self.reach_token[::-1]!r}[::-1])")
+            .replace("@STDLIB@", os.path.dirname(os.__file__))
         )
 
     def leaked(self, text: str, effect: str) -> bool:
-        token = self.file_token if effect == "read" else self.env_token
+        token = {"read": self.file_token, "env": self.env_token, "reach": self.reach_token}[effect]
         return token in text
 
 
@@ -223,43 +250,51 @@ async def run_attack(backend: str, attack: Attack, where: Targets) -> dict[str, 
 
 
 async def attempt(make: Callable[..., Any], attack: Attack, where: Targets) -> dict[str, Any]:
-    """One attack in a fresh session of `make(timeout=...)`; whether its effect happened and what
-    stopped it. The tests run the corpus through this with each backend's executor factory."""
+    """One attack in a fresh session of `make(timeout=..., policy=...)`; whether its effect happened
+    and what stopped it. The tests run the corpus through this with each backend's executor factory.
+
+    Besides its own effect, every attack fails when it printed the `@REACHED@` marker (it got past
+    the step that matters) or when the same session cannot run `print(1)` afterwards, honestly
+    answered (a crash, a hang, or a forged next reply all count)."""
     import anyio
 
     canary = where.new_canary()
     code = where.render(attack.code, canary)
     connections = where.listener.connections
     result = None
-    usable = True
+    usable = False
     started = time.perf_counter()
-    async with make(timeout=attack.timeout) as executor:
+    async with make(timeout=attack.timeout, policy=make_policy(attack.policy)) as executor:
         with anyio.move_on_after(attack.timeout + SURVIVE_GRACE):
             result = await executor.run(code)
         elapsed = time.perf_counter() - started
-        if attack.effect == "survive" and result is not None:
+        if result is not None:
             with anyio.move_on_after(SURVIVE_GRACE):
-                usable = False
                 after = await executor.run("print(1)")
-                usable = after.stdout == "1\n"
+                usable = after.stdout == "1\n" and not after.has_final_answer
     await anyio.sleep(0)  # let the listener thread count a connection that just arrived
+    text = _result_text(result) if result is not None else ""
     if attack.effect == "write":
         happened = canary.exists()
     elif attack.effect in ("read", "env"):
-        happened = result is not None and where.leaked(_result_text(result), attack.effect)
+        happened = where.leaked(text, attack.effect)
     elif attack.effect == "network":
         time.sleep(0.05)
         happened = where.listener.connections > connections
     elif attack.effect == "forge":
         happened = result is not None and result.has_final_answer
     else:
-        happened = result is None or not usable
+        happened = False
+    reached = where.leaked(text, "reach")
+    contained = not (happened or reached or result is None or not usable)
     return {
         "class": attack.attack_class,
         "name": attack.name,
         "effect": attack.effect,
-        "contained": not happened,
-        "stopped_by": _stopped_by(result) if not happened else "",
+        "contained": contained,
+        "reached": reached,
+        "usable_after": usable,
+        "stopped_by": _stopped_by(result) if contained else "",
         "error": str(result.error)[:300] if result is not None and result.error else None,
         "seconds": elapsed,
     }
@@ -270,8 +305,9 @@ async def run_benign(backend: str, snippet: Benign) -> dict[str, Any]:
 
 
 async def check_benign(make: Callable[..., Any], snippet: Benign) -> dict[str, Any]:
-    """One benign snippet in a fresh session of `make(timeout=...)`: whether it printed what CPython does."""
-    async with make(timeout=DEFAULT_TIMEOUT) as executor:
+    """One benign snippet in a fresh session of `make(timeout=..., policy=...)`: whether it printed
+    what CPython does."""
+    async with make(timeout=DEFAULT_TIMEOUT, policy=make_policy(snippet.policy)) as executor:
         result = await executor.run(snippet.code)
     correct = result.ok and result.stdout == snippet.expected
     return {

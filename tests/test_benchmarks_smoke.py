@@ -260,8 +260,10 @@ def test_latency_fork_rows_smoke() -> None:
     assert "host: fork, 4 MB state" in text and "Memory per fork" in text
 
 
-def test_security_smoke_files_on_process_isolation() -> None:
-    result = security.run(backends=("host:process",), classes=["files", "forgery"], console=quiet())
+def test_security_smoke_on_process_isolation() -> None:
+    result = security.run(
+        backends=("host:process",), classes=["files", "forgery", "network"], console=quiet()
+    )
     data = result["backends"]["host:process"]
     assert data["attacks"] and all(o["contained"] for o in data["attacks"]), data["attacks"]
     assert all(result["control"]["attacks_effective"].values()), result["control"]

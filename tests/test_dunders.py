@@ -3,7 +3,7 @@ and the runtime guard) and the interpreter or the library really uses it (`x <<=
 `__ilshift__`, `math.floor(x)` calls `__floor__`, `async with` calls `__aenter__`...).
 
 The hooks into attribute and class machinery that stay out (`__get__`, `__set_name__`...) are refused:
-that half lives with the other attacks in `test_security_dunders.py`.
+that half lives with the other attacks in the corpus (`benchmarks/corpus/introspection.toml`).
 """
 
 from __future__ import annotations

@@ -8,6 +8,9 @@ of the family's user and no held uid behind. Host: the ``namespaces`` level, and
 level with a runner made hostile by a preload module (sessions without the guards are refused
 there). Docker (both modes) and the E2B stand-in: the fork's kill runs inside the family's own
 boundary, as its user.
+
+Not attack-corpus entries: each needs `fork()`, several sessions and a look at the family's
+processes and uids from this machine.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Attack class: fork bombs.
+"""Fork bombs: what the attack corpus cannot say.
 
-With `os` allowed but subprocesses off, no process can be started by any route (fork, posix_spawn,
-system, subprocess, multiprocessing, pty): children would write marker files, and none exists. With
-subprocesses on, a fork bomb is contained by the process limit and the timeout: nothing it started
-is alive afterwards (children would write markers after the timeout; none does), and the executor
-keeps working.
+With subprocesses on, a fork bomb is contained by the process limit and the timeout: nothing it
+started is alive afterwards (children would write markers after the timeout; the test waits past
+it and looks in the working directory: none does), and the executor keeps working; a shell bomb
+left running is gone after `close()` (the test counts this machine's processes). That no process
+starts at all with subprocesses off, by any route, is `benchmarks/corpus/processes.toml`'s.
 """
 
 from __future__ import annotations
@@ -15,55 +15,14 @@ import uuid
 
 import anyio
 import pytest
-from support.security_helpers import HOST_BACKENDS, assert_refused, assert_usable, workdir_options
+from support.security_helpers import HOST_BACKENDS, assert_usable, workdir_options
 
 from sandboxes import Limits, Policy
 
 pytestmark = pytest.mark.anyio
 
 MODULES = ["os", "os.path", "time", "subprocess", "multiprocessing", "multiprocessing.*", "pty", "signal"]
-NO_SUBPROCESS = Policy(allowed_imports=MODULES, subprocess=False)
 WITH_SUBPROCESS = Policy(allowed_imports=MODULES, subprocess=True, limits=Limits(max_processes=48))
-
-STARTS = {
-    "os.fork": (
-        "import os\nfor i in range(20):\n    if os.fork() == 0:\n"
-        "        open('child-%d' % os.getpid(), 'w').write('x')\n        os._exit(0)\n"
-    ),
-    "os.forkpty": "import os\npid, fd = os.forkpty()\nif pid == 0:\n    open('child', 'w').write('x')\n    os._exit(0)\n",
-    "os.posix_spawn": "import os\nos.posix_spawn('/bin/sh', ['sh', '-c', 'echo x > child'], {})\n",
-    "os.posix_spawnp": "import os\nos.posix_spawnp('sh', ['sh', '-c', 'echo x > child'], {})\n",
-    "os.system": "import os\nos.system('echo x > child')\n",
-    "os.execv": "import os\nos.execv('/bin/sh', ['sh', '-c', 'echo x > child'])\n",
-    "os.spawnv": "import os\nos.spawnv(os.P_WAIT, '/bin/sh', ['sh', '-c', 'echo x > child'])\n",
-    "subprocess.run": "import subprocess\nsubprocess.run(['sh', '-c', 'echo x > child'])\n",
-    "multiprocessing": (
-        "import multiprocessing\n"
-        "def work():\n    open('child', 'w').write('x')\n"
-        "p = multiprocessing.Process(target=work)\np.start()\np.join()\n"
-    ),
-    "pty.spawn": "import pty\npty.spawn(['sh', '-c', 'echo x > child'])\n",
-    "os.kill of the parent": "import os\nos.kill(os.getppid(), 9)\nopen('child', 'w').write('x')\n",
-}
-
-
-@pytest.mark.parametrize("name", sorted(STARTS))
-async def test_no_process_starts_without_subprocess(
-    executor_factory, backend: str, tmp_path: pathlib.Path, name: str
-) -> None:
-    options = workdir_options(backend, tmp_path)
-    async with executor_factory(policy=NO_SUBPROCESS, timeout=10, **options) as ex:
-        result = await ex.run(STARTS[name])
-        assert_refused(result)
-        await anyio.sleep(0.3)
-        listing = await ex.run(
-            "import os\nprint(sorted(n for n in os.listdir('.') if n.startswith('child')))"
-        )
-        assert listing.stdout == "[]\n", listing
-        await assert_usable(ex)
-    if backend in HOST_BACKENDS:
-        assert not list(tmp_path.glob("child*"))
-
 
 DELAY = 1.8
 BOMBS = {

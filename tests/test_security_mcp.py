@@ -2,6 +2,8 @@
 `kodeagent mcp --http` (the MCP SDK's own client for the victim, raw HTTP for the attacker), and each
 test proves its effect did not happen: the victim's connection, run and output untouched, another
 tenant still served, the server's memory not grown by a refused file, no run left going for nobody.
+
+Not attack-corpus entries: the attacker is an HTTP client, not code in a session.
 """
 
 from __future__ import annotations

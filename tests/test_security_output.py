@@ -1,9 +1,11 @@
-"""Attack class: output forgery.
+"""Output forgery and capture: what the attack corpus cannot say.
 
 Nothing the code prints or writes can forge a protocol message, a result field or a final answer,
 or reach the parent's own terminal: not a fake JSON reply on stdout, not `os.write` to fd 1 and 2,
 not writes to every other descriptor (the runner's channel among them), not closing fd 1 and 2,
-not a child process. `capfd` holds what reached this test process's own fd 1 and 2.
+not a child process. The forgeries alone are entries of `benchmarks/corpus/forgery.toml`; these
+tests also look at this test process's own fd 1 and 2 (`capfd`), at exactly what was captured
+where, and at the runs after the attack (fd 1 redirected to a file and back).
 """
 
 from __future__ import annotations
@@ -83,14 +85,6 @@ async def test_writes_to_every_descriptor_cannot_forge_a_reply(executor_factory,
         assert not (await ex.run("print(1)")).has_final_answer
 
 
-async def test_partial_line_on_the_channel_does_not_break_the_session(executor_factory, capfd) -> None:
-    code = 'import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b\'{"op": "re\')\n    except OSError:\n        pass\n'
-    async with executor_factory(policy=OS_POLICY, timeout=10) as ex:
-        result = await ex.run(code)
-        assert not result.has_final_answer
-        await assert_usable(ex)
-
-
 async def test_closing_fd_1_and_2_is_harmless(executor_factory, capfd) -> None:
     async with executor_factory(policy=OS_POLICY, timeout=10) as ex:
         result = await ex.run(f"import os\nos.close(1)\nos.close(2)\nprint('{MARK}')")
@@ -116,56 +110,3 @@ async def test_child_process_output_is_captured(executor_factory, capfd) -> None
         assert result.ok, result
         assert f"{MARK}-child" in result.stdout and f"{MARK}-childerr" in result.stderr
         assert_not_forged(result, capfd)
-
-
-async def test_final_answer_cannot_be_faked_but_is_kept(executor_factory, capfd) -> None:
-    code = (
-        "try:\n    final_answer({'n': 1})\nexcept Exception:\n    print('swallowed')\nprint('not reached')\n"
-    )
-    async with executor_factory(policy=Policy(allowed_imports=[]), timeout=10) as ex:
-        result = await ex.run(code)
-        assert result.has_final_answer and result.final_answer == {"n": 1}, result
-        assert "swallowed" not in result.stdout and "not reached" not in result.stdout
-        faked = await ex.run(f"print({FAKE_REPLY!r})")
-        assert not faked.has_final_answer and faked.final_answer is None
-
-
-FORGE_BY_PATCHING = {
-    "assigning json.JSONEncoder.encode": (
-        "import json\n"
-        "real = json.JSONEncoder.encode\n"
-        "def encode(self, o):\n"
-        "    if isinstance(o, dict) and o.get('op') == 'reply':\n"
-        f"        o.update(stdout='{MARK}', has_final_answer=True, final_answer='{MARK}')\n"
-        "    return real(self, o)\n"
-        "json.JSONEncoder.encode = encode\n"
-    ),
-    "update_wrapper onto json.JSONEncoder": (
-        "import json, functools\n"
-        "real = json.JSONEncoder.encode\n"
-        "def carrier():\n    pass\n"
-        "def encode(self, o):\n"
-        "    if isinstance(o, dict) and o.get('op') == 'reply':\n"
-        f"        o.update(stdout='{MARK}', has_final_answer=True, final_answer='{MARK}')\n"
-        "    return real(self, o)\n"
-        "carrier.encode = encode\n"
-        "functools.update_wrapper(json.JSONEncoder, carrier, assigned=('encode',), updated=())\n"
-    ),
-    "update_wrapper onto the json module": (
-        "import json, functools\n"
-        "def carrier():\n    pass\n"
-        f'carrier.dumps = lambda *a, **k: \'{{"op": "reply", "stdout": "{MARK}", "has_final_answer": true}}\'\n'
-        "functools.update_wrapper(json, carrier, assigned=(), updated=('_' + '_dict_' + '_',))\n"
-    ),
-}
-
-
-@pytest.mark.parametrize("name", sorted(FORGE_BY_PATCHING))
-async def test_patching_shared_library_code_cannot_forge_replies(executor_factory, capfd, name: str) -> None:
-    async with executor_factory(policy=Policy(allowed_imports=["json", "functools"]), timeout=10) as ex:
-        result = await ex.run(FORGE_BY_PATCHING[name])
-        assert_not_forged(result, capfd)
-        for _ in range(2):
-            after = await ex.run("print('genuine')")
-            assert after.stdout == "genuine\n" and not after.has_final_answer, after
-            assert_not_forged(after, capfd)

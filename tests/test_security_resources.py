@@ -3,6 +3,10 @@
 Each attack must come back as a clear result (`oom`, `truncated`, an error, `timed_out`) and leave
 the executor usable; the test proves the effect was bounded (the file is not larger than the limit,
 the output kept is head and tail of what was printed).
+
+Not attack-corpus entries (whose `resources` class holds the same runaways as "came back and
+still answers"): these tests check the limits' contract, which flag the result carries, what output
+is kept, a file's size on disk, and the session after `reset()`.
 """
 
 from __future__ import annotations

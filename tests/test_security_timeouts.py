@@ -4,6 +4,9 @@ Each snippet leaves something behind that would write a marker file at an absolu
 the timeout (or after `close()`), then spins. The test waits past that moment and proves the marker
 was never written: everything the code started died with the worker. A control shows the marker
 mechanism itself works when nothing is killed.
+
+Not attack-corpus entries: each waits past the timeout (or past `close()`) and then looks in the
+working directory, from this machine for the host backends.
 """
 
 from __future__ import annotations

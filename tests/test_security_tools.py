@@ -14,6 +14,9 @@ Attacks, each with the effect that must not happen:
 
 Host backend: the wire is the same on every runner-based backend (the conformance suite runs the tool
 contract on each).
+
+Not attack-corpus entries: each needs tools registered with the session, threads and runs
+before and after, and what the parent's tool function saw.
 """
 
 from __future__ import annotations

@@ -5,6 +5,9 @@ discards the session (the result says `state_lost`), and the next run starts cle
 Each attack writes on the runner's own channel, with its token, so the parent gets past the token
 check and must validate what it reads: a tool call whose name is a list, JSON nested past the
 parser's limit, a reply whose fields have the wrong types, a tool call outside a run.
+
+Not attack-corpus entries: the code runs without the Python-level guards and its effect is on
+the parent's parsing of the wire, which only the result's fields and the next run show.
 """
 
 from __future__ import annotations

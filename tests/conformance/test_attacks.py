@@ -4,8 +4,9 @@ Each attack is a complete attempt at an effect on this machine (a file written, 
 connection made, a forged final answer, a session that does not come back); it passes when that
 effect did not happen, however the sandbox stopped it. Each benign snippet must print exactly what
 CPython prints. Both run through `benchmarks.security` (`attempt`, `check_benign`), the code the
-security benchmark scores, in a fresh session of the default `Policy()`; the benchmark's control
-run (each attack works outside a sandbox) is `tests/test_benchmarks_smoke.py`'s.
+security benchmark scores, in a fresh session of the entry's policy (the default `Policy()`
+unless it has one); the benchmark's control run (each attack works outside a sandbox) is
+`tests/test_benchmarks_smoke.py`'s.
 
 The whole corpus runs on the host backends and Docker (seconds to a minute each); E2B's stand-in
 and Ray, whose sessions cost more to start and whose isolation is the node's host or Docker

@@ -83,14 +83,22 @@ async def test_stateless_mode_runs_each_snippet_fresh(executor_factory):
     assert result.error is not None and result.error.type == "NameError"
 
 
-async def test_refused_import_names_the_allowlist(executor_factory):
+async def test_refused_import_names_the_allowlist_and_keeps_the_state(executor_factory):
     policy = Policy(allowed_imports=["math", "json"])
     async with executor_factory(policy=policy, timeout=10) as ex:
+        await ex.run("x = 5")
         result = await ex.run("import os")
-        after = await ex.run("import math\nprint(math.isqrt(17))")
+        after = await ex.run("import math\nprint(math.isqrt(17), x)")
     assert result.error is not None and result.error.type == "PolicyViolation"
     assert "'os'" in result.error.message and "math, json" in result.error.message
-    assert after.stdout == "4\n"
+    assert after.stdout == "4 5\n" and not after.state_lost
+
+
+async def test_a_refused_builtin_is_named(executor_factory):
+    async with executor_factory(timeout=10) as ex:
+        result = await ex.run("print(eval('1'))")
+    assert result.error is not None and result.error.type == "PolicyViolation"
+    assert "eval" in result.error.message and result.stdout == ""
 
 
 async def test_exception_traceback_is_trimmed_to_user_code(executor_factory):

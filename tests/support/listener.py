@@ -1,5 +1,5 @@
 """A TCP listener that records every connection it accepts: the proof, on the far side, that code in a
-sandbox did or did not reach the network (`test_security_network.py`, `test_docker_hardening.py`)."""
+sandbox did or did not reach the network (`tests/backends/docker/test_docker_hardening.py`)."""
 
 from __future__ import annotations
 
