@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,15 @@ class Served:
     keys: dict[str, str]
     app: ServeApp
     server: Any
+    loop: asyncio.AbstractEventLoop
+
+    def call(self, function: Callable[[], Awaitable[Any]], timeout: float = 60) -> Any:
+        """Await `function()` on the server's own event loop (where its executors live)."""
+
+        async def run() -> Any:
+            return await function()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
 
     def sdk_options(self, tenant: str = "alice") -> dict[str, str]:
         """What `Sandbox.create(**...)` / `Sandbox.connect(id, **...)` take to reach this server."""
@@ -48,8 +58,17 @@ def serving(**settings: Any) -> Iterator[Served]:
     config: ServeConfig = make_config(settings)
     app = create_app(config)
     sock = bind(config.host, 0)
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan" and not loops:
+            loops.append(asyncio.get_running_loop())
+        await app(scope, receive, send)
+
     server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3)
+        uvicorn.Config(
+            recording, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3
+        )
     )
     server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -61,7 +80,7 @@ def serving(**settings: Any) -> Iterator[Served]:
         time.sleep(0.01)
     keys = {k.name: k.token for k in config.keys}
     try:
-        yield Served(url_of(sock), next(iter(keys.values())), keys, app, server)
+        yield Served(url_of(sock), next(iter(keys.values())), keys, app, server, loops[0])
     finally:
         server.should_exit = True
         thread.join(30)

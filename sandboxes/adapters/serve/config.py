@@ -66,6 +66,12 @@ class ServeConfig(BaseModel):
     run_timeout: float = Field(
         3600.0, gt=0, le=86_400, description="The server's own cap on one run inside a sandbox, seconds."
     )
+    idle_pause: float = Field(
+        600.0,
+        ge=0,
+        description="A sandbox with no request for this long is paused (no CPU, memory kept) until its next "
+        "request; 0: never.",
+    )
     python_guards: bool = False
     internet: bool = True
     shutdown_grace: float = Field(3.0, ge=0, le=60)

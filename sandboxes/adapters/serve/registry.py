@@ -15,13 +15,14 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
 from ...egress.policy import NetworkPolicy
 from ...policy import Policy
+from . import pause as pausing
 from .config import ServeConfig
 from .errors import BadRequest, SandboxNotFound, ServeError, TooMany
 from .sandbox import INTERPRETER_PORT, ServedSandbox
@@ -63,12 +64,18 @@ class Spec:
 
 @dataclass(eq=False)
 class Held:
-    """A sandbox and what the control plane keeps about it."""
+    """A sandbox and what the control plane keeps about it. `active` counts its requests in flight
+    (never paused while one runs); `changing` serialises pausing and resuming it."""
 
     sandbox: ServedSandbox
     spec: Spec
     end_at: float  # wall clock (E2B reports `endAt`)
     state: Literal["running", "paused"] = "running"
+    active: int = 0
+    changing: anyio.Lock = field(default_factory=anyio.Lock)
+
+    def idle(self) -> bool:
+        return self.state == "running" and self.active == 0 and not self.sandbox.busy.locked()
 
     @property
     def sandbox_id(self) -> str:
@@ -101,6 +108,8 @@ class Registry:
         self._group: anyio.abc.TaskGroup | None = None
         self._closed = False
         self.killed_on_timeout = 0
+        self.paused_on_timeout = 0
+        self.paused_idle = 0
 
     def _open_executor(self, spec: Spec) -> Executor:
         from ...backends import open_executor
@@ -151,22 +160,45 @@ class Registry:
 
     async def _expire_forever(self) -> None:
         while True:
-            now = time.time()
-            soonest = min((h.end_at for h in self._held.values()), default=now + 60)
-            with anyio.move_on_after(max(0.0, min(soonest - now, 60.0))):
+            with anyio.move_on_after(self._next_due()):
                 await self._wake.wait()
             self._wake = anyio.Event()
             await self.expire()
 
+    def _next_due(self) -> float:
+        """Seconds until a running sandbox reaches its end or its idle limit (at most a minute)."""
+        now, clock = time.time(), time.monotonic()
+        due = [h.end_at - now for h in self._held.values() if h.state == "running"]
+        if self.config.idle_pause:
+            due += [
+                h.sandbox.last_active + self.config.idle_pause - clock
+                for h in self._held.values()
+                if h.idle()
+            ]
+        return max(0.0, min([60.0, *due]))
+
     async def expire(self) -> list[str]:
-        """End the sandboxes whose lifetime is over; return their ids."""
-        now = time.time()
-        due = [h for h in self._held.values() if h.end_at <= now]
-        for entry in due:
+        """End (or, with on_timeout pause, pause) the running sandboxes whose lifetime is over, and
+        pause the ones idle past `idle_pause`; return the ids of those that ended."""
+        now, clock = time.time(), time.monotonic()
+        ended = []
+        for entry in [h for h in self._held.values() if h.state == "running" and h.end_at <= now]:
+            if entry.spec.on_timeout == "pause":
+                logger.info("sandbox %s of %s reached its timeout: paused", entry.sandbox_id, entry.tenant)
+                if await self._pause(entry, quiet=True):
+                    self.paused_on_timeout += 1
+                continue
             logger.info("sandbox %s of %s reached its timeout: killed", entry.sandbox_id, entry.tenant)
             self.killed_on_timeout += 1
+            ended.append(entry.sandbox_id)
             await self._drop(entry)
-        return [h.sandbox_id for h in due]
+        if self.config.idle_pause:
+            limit = clock - self.config.idle_pause
+            for entry in [h for h in self._held.values() if h.idle() and h.sandbox.last_active <= limit]:
+                logger.info("sandbox %s of %s idle: paused", entry.sandbox_id, entry.tenant)
+                if await self._pause(entry, quiet=True):
+                    self.paused_idle += 1
+        return ended
 
     def _rearm(self) -> None:
         self._wake.set()
@@ -260,15 +292,52 @@ class Registry:
         self._rearm()
         return entry
 
-    def connect(self, tenant: str, sandbox_id: str, timeout: Any) -> Held:
-        """The sandbox, its lifetime extended to `timeout` from now if that is later (never shortened)."""
+    async def connect(self, tenant: str, sandbox_id: str, timeout: Any) -> tuple[Held, bool]:
+        """The sandbox (resumed if it was paused: then True second), its lifetime extended to
+        `timeout` from now if that is later (a running one's is never shortened)."""
         entry = self.get(tenant, sandbox_id)
-        if timeout is not None:
-            seconds = self.check_timeout(timeout)
+        seconds = None if timeout is None else self.check_timeout(timeout)
+        resumed = await self.resume(entry, seconds)
+        if seconds is not None and not resumed:
             entry.end_at = max(entry.end_at, time.time() + seconds)
             self._rearm()
         entry.sandbox.touch()
-        return entry
+        return entry, resumed
+
+    async def pause(self, tenant: str, sandbox_id: str) -> bool:
+        """Pause the tenant's sandbox; False when it already was."""
+        return await self._pause(self.get(tenant, sandbox_id))
+
+    async def _pause(self, entry: Held, *, quiet: bool = False) -> bool:
+        async with entry.changing:
+            if entry.state == "paused" or self._held.get(entry.sandbox_id) is not entry:
+                return False
+            if quiet and not entry.idle():  # a request arrived meanwhile: it keeps running
+                return False
+            try:
+                await pausing.freeze(entry.sandbox.executor)
+            except ServeError:
+                if quiet:
+                    logger.warning("could not pause sandbox %s", entry.sandbox_id, exc_info=True)
+                    return False
+                raise
+            entry.state = "paused"
+            return True
+
+    async def resume(self, entry: Held, timeout: int | None = None) -> bool:
+        """Continue a paused sandbox; its lifetime restarts (`timeout`, else its create's) unless it
+        has longer left. False when it was running."""
+        async with entry.changing:
+            if entry.state != "paused":
+                return False
+            await pausing.thaw(entry.sandbox.executor)
+            entry.state = "running"
+            entry.end_at = max(
+                entry.end_at, time.time() + (entry.spec.timeout if timeout is None else timeout)
+            )
+            entry.sandbox.touch()
+            self._rearm()
+            return True
 
     async def _drop(self, entry: Held) -> None:
         if self._held.get(entry.sandbox_id) is not entry:
@@ -296,12 +365,28 @@ class Registry:
         return entry
 
     async def resolve(self, request: Request) -> ServedSandbox:
-        """The `Resolve` the in-sandbox apps take: the request's sandbox, authenticated, touched."""
+        """The `Resolve` the in-sandbox apps take: the request's sandbox, authenticated, resumed if
+        paused, touched."""
         port_text = request.headers.get(SANDBOX_PORT_HEADER, "")
         port = int(port_text) if port_text.isdigit() else 0
         entry = self.authenticate(request.headers, port, request.url.path)
+        await self.resume(entry)
         entry.sandbox.touch()
         return entry.sandbox
+
+    @asynccontextmanager
+    async def using(self, entry: Held) -> AsyncIterator[None]:
+        """An in-sandbox request in flight: the sandbox resumed first if paused, not paused while it
+        runs, and touched at both ends (its idle time counts from the end)."""
+        entry.active += 1
+        entry.sandbox.touch()
+        try:
+            await self.resume(entry)
+            yield
+        finally:
+            entry.active -= 1
+            entry.sandbox.touch()
+            self._rearm()
 
     @asynccontextmanager
     async def in_flight(self, tenant: str) -> AsyncIterator[None]:
