@@ -185,3 +185,27 @@ def test_an_oversized_upload_is_refused_before_it_is_read(serve_with: Any) -> No
     sandbox = Sandbox.create(**served.sdk_options())
     with pytest.raises(SandboxException, match="at most 65,536 bytes"):
         sandbox.files.write("/home/user/big", b"x" * (1024 * 1024))
+
+
+def test_files_outlive_a_replaced_session_and_go_with_the_sandbox(served: Served) -> None:
+    import os
+
+    sandbox = Sandbox.create(**served.sdk_options())
+    held = served.app.registry.get("alice", sandbox.sandbox_id)
+    executor = held.sandbox.executor
+    assert held.home is not None and os.path.isdir(held.home)
+
+    async def lose_the_session() -> Any:
+        await executor.run("open('notes.txt', 'w').write('kept'); x = 1")
+        executor.timeout = 0.5
+        lost = await executor.run("while True: pass")
+        executor.timeout = 60
+        after = await executor.run("import os; print(open('notes.txt').read(), 'x' in globals(), os.getcwd())")
+        return lost, after
+
+    lost, after = served.call(lose_the_session)
+    assert lost.timed_out
+    assert after.stdout.split()[:2] == ["kept", "False"]  # a new session (variables gone), the same files
+    assert os.path.realpath(after.stdout.split()[2]) == os.path.realpath(held.home)
+    sandbox.kill()
+    assert not os.path.exists(held.home)

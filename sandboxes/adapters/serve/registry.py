@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import secrets
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -73,6 +76,7 @@ class Held:
     state: Literal["running", "paused"] = "running"
     active: int = 0
     changing: anyio.Lock = field(default_factory=anyio.Lock)
+    home: str | None = None  # the registry's directory for its files, removed with it
 
     def idle(self) -> bool:
         return self.state == "running" and self.active == 0 and not self.sandbox.busy.locked()
@@ -86,7 +90,8 @@ class Held:
         return self.sandbox.tenant
 
 
-ExecutorFactory = Callable[[Spec], "Executor"]
+ExecutorFactory = Callable[[Spec, "str | None"], "Executor"]
+"""Makes a sandbox's unopened executor from its spec and its home directory (None: the backend's own)."""
 
 
 def new_sandbox_id() -> str:
@@ -107,11 +112,12 @@ class Registry:
         self._wake = anyio.Event()
         self._group: anyio.abc.TaskGroup | None = None
         self._closed = False
+        self._homes: str | None = None
         self.killed_on_timeout = 0
         self.paused_on_timeout = 0
         self.paused_idle = 0
 
-    def _open_executor(self, spec: Spec) -> Executor:
+    def _open_executor(self, spec: Spec, home: str | None) -> Executor:
         from ...backends import open_executor
 
         policy = Policy(
@@ -127,6 +133,8 @@ class Registry:
             "env": spec.envs,
             **self.config.backend_options,
         }
+        if home is not None:
+            options["workdir"] = home
         if self.config.backend == "host":
             # Plain Python needs the namespaces boundary (the bare process level refuses it).
             options.setdefault("isolation", "namespaces")
@@ -135,6 +143,11 @@ class Registry:
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Registry:
+        if self.config.durable_home:
+            # Under TMPDIR: the watchdog's scratch directory when there is one, so a killed server's
+            # homes go with it. Traversable, not listable: each home is its sandbox user's alone.
+            self._homes = tempfile.mkdtemp(prefix="kodeagent-serve-homes-")
+            os.chmod(self._homes, 0o711)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._group.start_soon(self._expire_forever)
@@ -156,6 +169,7 @@ class Registry:
                     group.start_soon(_close_quietly, entry)
         if held:
             logger.warning("closed %d sandbox(es) at shutdown", len(held))
+        _remove(self._homes)
         return len(held)
 
     async def _expire_forever(self) -> None:
@@ -205,6 +219,15 @@ class Registry:
 
     # ------------------------------------------------------------------ control plane
 
+    def _make_home(self, sandbox_id: str) -> str | None:
+        """The sandbox's own directory (its /home/user), which outlives a replaced session, as the
+        disk of an E2B sandbox outlives its processes."""
+        if self._homes is None:
+            return None
+        home = os.path.join(self._homes, sandbox_id)
+        os.mkdir(home, 0o700)
+        return home
+
     def count(self, tenant: str | None = None) -> int:
         """Live sandboxes (and ones being created) of `tenant`, or of everyone."""
         if tenant is None:
@@ -236,12 +259,16 @@ class Registry:
                 "try again later"
             )
         self._reserved[tenant] = self._reserved.get(tenant, 0) + 1
+        sandbox_id = new_sandbox_id()
+        home = None
         try:
-            executor = self._factory(spec)
+            home = self._make_home(sandbox_id)
+            executor = self._factory(spec, home)
             await executor.open()
-        except ServeError:
-            raise
         except Exception as exc:
+            _remove(home)
+            if isinstance(exc, ServeError):
+                raise
             logger.warning("could not start a sandbox for %s: %s", tenant, exc)
             raise ServeError(f"could not start a sandbox: {exc}", status=500) from None
         finally:
@@ -249,7 +276,7 @@ class Registry:
             if not self._reserved[tenant]:
                 del self._reserved[tenant]
         sandbox = ServedSandbox(
-            sandbox_id=new_sandbox_id(),
+            sandbox_id=sandbox_id,
             tenant=tenant,
             access_token=secrets.token_urlsafe(32),
             executor=executor,
@@ -257,9 +284,9 @@ class Registry:
             metadata=dict(spec.metadata),
             envs=dict(spec.envs),
         )
-        entry = Held(sandbox=sandbox, spec=spec, end_at=time.time() + spec.timeout)
+        entry = Held(sandbox=sandbox, spec=spec, end_at=time.time() + spec.timeout, home=home)
         if self._closed:  # shut down while this one was starting
-            await executor.close()
+            await _close_quietly(entry)
             raise ServeError("the server is shutting down; no new sandboxes", status=503)
         self._held[sandbox.sandbox_id] = entry
         self._rearm()
@@ -411,6 +438,12 @@ async def _close_quietly(entry: Held) -> None:
             await entry.sandbox.executor.close()
         except Exception:  # one sandbox failing to close must not keep the others open
             logger.warning("closing sandbox %s failed", entry.sandbox_id, exc_info=True)
+        await anyio.to_thread.run_sync(_remove, entry.home)
+
+
+def _remove(directory: str | None) -> None:
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _tokenless(path: str) -> bool:
