@@ -195,3 +195,34 @@ def test_bad_settings_and_a_busy_port_are_refused_before_serving(tmp_path: pathl
         assert busy.returncode == 3 and "cannot serve" in busy.stderr
     finally:
         server.stop()
+
+
+def test_after_a_restart_a_reconnecting_client_is_told_its_sandbox_ended() -> None:
+    from e2b.exceptions import NotFoundException, SandboxNotRunningException
+
+    server = ServeProcess(env={**ENV, "KODEAGENT_SERVE_KEY": KEY})
+    try:
+        sandbox = Sandbox.create(**server.options())
+    finally:
+        assert server.stop() == 0
+    again = ServeProcess(env={**ENV, "KODEAGENT_SERVE_KEY": KEY})
+    try:
+        with pytest.raises(NotFoundException):  # the SDK words a control-plane 404 itself
+            Sandbox.connect(sandbox.sandbox_id, **again.options())
+        said = httpx.get(f"{again.url}/sandboxes/{sandbox.sandbox_id}", headers={"X-API-KEY": KEY})
+        assert said.status_code == 404 and "sandboxes end with the server" in said.json()["message"]
+        # The old sandbox object, still holding its token, now reaches the new server: told the same.
+        old = Sandbox(
+            sandbox_id=sandbox.sandbox_id,
+            sandbox_domain=None,
+            envd_version=sandbox._envd_version,
+            envd_access_token=sandbox._envd_access_token,
+            traffic_access_token=None,
+            connection_config=sandbox.connection_config.__class__(
+                extra_sandbox_headers=sandbox.connection_config.sandbox_headers, **again.options()
+            ),
+        )
+        with pytest.raises(SandboxNotRunningException, match="sandboxes end with the server"):
+            old.files.read("/home/user/x")
+    finally:
+        again.stop()

@@ -200,7 +200,9 @@ def test_files_outlive_a_replaced_session_and_go_with_the_sandbox(served: Served
         executor.timeout = 0.5
         lost = await executor.run("while True: pass")
         executor.timeout = 60
-        after = await executor.run("import os; print(open('notes.txt').read(), 'x' in globals(), os.getcwd())")
+        after = await executor.run(
+            "import os; print(open('notes.txt').read(), 'x' in globals(), os.getcwd())"
+        )
         return lost, after
 
     lost, after = served.call(lose_the_session)

@@ -9,6 +9,7 @@ sandbox by nothing.
 
 from __future__ import annotations
 
+import datetime
 import hmac
 import logging
 import os
@@ -113,6 +114,7 @@ class Registry:
         self._group: anyio.abc.TaskGroup | None = None
         self._closed = False
         self._homes: str | None = None
+        self.started = time.time()
         self.killed_on_timeout = 0
         self.paused_on_timeout = 0
         self.paused_idle = 0
@@ -219,6 +221,11 @@ class Registry:
 
     # ------------------------------------------------------------------ control plane
 
+    def _earlier_run(self) -> str:
+        """What a client reconnecting after a restart is told: its sandboxes ended with the old server."""
+        started = datetime.datetime.fromtimestamp(self.started, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return f"of a run of this server before its start at {started} UTC: sandboxes end with the server"
+
     def _make_home(self, sandbox_id: str) -> str | None:
         """The sandbox's own directory (its /home/user), which outlives a replaced session, as the
         disk of an E2B sandbox outlives its processes."""
@@ -299,7 +306,7 @@ class Registry:
         if entry is None or entry.tenant != tenant:
             raise SandboxNotFound(
                 f"sandbox {_short(sandbox_id)} doesn't exist or you don't have access to it (it may have "
-                "been killed or reached its timeout)"
+                f"been killed, reached its timeout, or {self._earlier_run()})"
             )
         return entry
 
@@ -387,7 +394,8 @@ class Registry:
         matches = hmac.compare_digest((given or "").encode("utf-8", "replace"), expected.encode())
         if entry is None or not matches:
             raise SandboxGone(
-                f"The sandbox was not found: {_short(sandbox_id)} is not a live sandbox of this token"
+                f"The sandbox was not found: {_short(sandbox_id)} is not a live sandbox of this token "
+                f"(killed, timed out, or {self._earlier_run()})"
             )
         return entry
 

@@ -9,6 +9,7 @@ SIGKILL leaves that to the watchdog (see `sandboxes.adapters.mcp.watchdog`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -16,12 +17,19 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..web import bind, is_loopback, url_of
 from .config import ServeConfig
+from .errors import ServeError
 from .keys import KEY_VARIABLE, with_keys
+
+if TYPE_CHECKING:
+    from .app import ServeApp
 
 logger = logging.getLogger("sandboxes.adapters.serve")
 
@@ -128,3 +136,51 @@ def _server(config: Any) -> Any:
             return contextlib.nullcontext()
 
     return Server(config)
+
+
+@dataclass
+class Background:
+    """A server running in a thread of this process (`in_thread`): its URL, app and event loop."""
+
+    url: str
+    app: ServeApp
+    loop: asyncio.AbstractEventLoop
+
+
+@contextlib.contextmanager
+def in_thread(config: ServeConfig, *, startup_limit: float = 60) -> Iterator[Background]:
+    """Serve `config` (which must name its keys) on loopback from a thread of this process until the
+    block ends; then every sandbox is closed. For `kodeagent doctor`, the bench and tests."""
+    import uvicorn
+
+    from .app import create_app
+
+    app = create_app(config)
+    sock = bind(config.host, config.port)
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def recording(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan" and not loops:
+            loops.append(asyncio.get_running_loop())
+        await app(scope, receive, send)
+
+    server = _server(
+        uvicorn.Config(
+            recording, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3
+        )
+    )
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="kodeagent-serve"
+    )
+    thread.start()
+    deadline = time.monotonic() + startup_limit
+    try:
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise ServeError("the server did not start (see its log on stderr)")
+            time.sleep(0.005)
+        yield Background(url_of(sock), app, loops[0])
+    finally:
+        server.should_exit = True
+        thread.join(60)
+        sock.close()
