@@ -96,7 +96,7 @@ ExecutorFactory = Callable[[Spec, "str | None"], "Executor"]
 
 
 def new_sandbox_id() -> str:
-    """20 random lowercase characters, as E2B's ids look; 100 bits, so an id cannot be guessed."""
+    """20 random lowercase hex digits, as long as E2B's ids; 80 bits, so an id cannot be guessed."""
     return secrets.token_hex(10)
 
 
