@@ -43,10 +43,7 @@ class ServedSandbox:
     commands: dict[int, Any] = field(default_factory=dict)
     """Commands running now, by the pid the server gave them (envd's process service keeps them)."""
     contexts: dict[str, Any] = field(default_factory=dict)
-    """The interpreter's contexts besides the default one, by id."""
-    state_lost: bool = False
-    """The session was replaced under a request other than `/execute` (a file operation, a command):
-    the next `/execute` reports the lost state, which the executor told only that request."""
+    """The interpreter's contexts, by id (the interpreter keeps them)."""
 
     def touch(self) -> None:
         """Record that a request used this sandbox now."""

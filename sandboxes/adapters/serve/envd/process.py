@@ -119,7 +119,6 @@ async def _events(
                     elif isinstance(event, ResultEvent):
                         result = event.result
         if result is None:  # signalled: the run was cancelled, the command killed with the session
-            sandbox.state_lost = True
             yield envelope({"event": {"end": {"exitCode": -1, "exited": True, "status": "signal: killed"}}})
             yield end_of_stream()
             return
@@ -130,7 +129,6 @@ async def _events(
 
 def _end(sandbox: ServedSandbox, result: ExecutionResult) -> bytes:
     if result.timed_out:
-        sandbox.state_lost = True
         return end_of_stream(
             RpcError(
                 "deadline_exceeded",
@@ -139,7 +137,7 @@ def _end(sandbox: ServedSandbox, result: ExecutionResult) -> bytes:
             )
         )
     try:
-        reply = session.answer(sandbox, result)
+        reply = session.answer(result)
     except RpcError as exc:
         return end_of_stream(exc)
     if not isinstance(reply, dict) or not isinstance(reply.get("spawned"), bool):

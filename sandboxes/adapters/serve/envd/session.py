@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
@@ -15,10 +14,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ....events import EventStream
 from ....models import ExecutionResult
 from ..connect import RpcError
+from ..insession import helper_code, source
 from ..paths import MAX_PATH_CHARS, to_sandbox
 from ..sandbox import ServedSandbox
 
-_SOURCE = Path(__file__).with_name("insandbox.py").read_text(encoding="utf-8")
+_SOURCE = source(Path(__file__).with_name("insandbox.py"))
 _TEXT = 1024
 
 
@@ -72,18 +72,12 @@ _CODES = frozenset(
 
 
 def _code(request: dict[str, Any]) -> str:
-    """Code that runs the helper in a namespace of its own (the session's variables are untouched) and
-    ends with its answer, which comes back as the run's last-expression value."""
-    return (
-        "(lambda __kodeagent_envd: (__import__('builtins').exec("
-        f"{_SOURCE!r}, __kodeagent_envd), __kodeagent_envd['main'](__import__('json').loads("
-        f"{json.dumps(request)!r})))[1])({{}})"
-    )
+    return helper_code(_SOURCE, request)
 
 
 async def call(sandbox: ServedSandbox, request: dict[str, Any]) -> Any:
     """Run one helper operation in the session and return its answer, or raise its `RpcError`."""
-    return answer(sandbox, await sandbox.executor.run(_code(request)))
+    return answer(await sandbox.executor.run(_code(request)))
 
 
 @contextlib.asynccontextmanager
@@ -93,10 +87,8 @@ async def stream(sandbox: ServedSandbox, request: dict[str, Any]) -> AsyncIterat
         yield events
 
 
-def answer(sandbox: ServedSandbox, result: ExecutionResult) -> Any:
+def answer(result: ExecutionResult) -> Any:
     """The helper's answer in `result`, validated, or its `RpcError`."""
-    if result.state_lost:
-        sandbox.state_lost = True
     if result.timed_out or result.error is not None:
         what = "timed out" if result.timed_out else f"failed ({result.error.type})"  # type: ignore[union-attr]
         raise RpcError("unavailable", f"the sandbox's operation {what}; try again")
