@@ -1,0 +1,146 @@
+"""The control plane through the unmodified `e2b` SDK, pointed at a real `kodeagent serve` on
+loopback: create, get_info, list, set_timeout, connect, kill, lifetimes, and the exceptions the SDK
+raises for what the server refuses (wrong key, unknown sandbox, another tenant's sandbox, caps)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+import pytest
+from support.served import Served
+
+e2b = pytest.importorskip("e2b")
+from e2b import Sandbox  # noqa: E402
+from e2b.exceptions import (  # noqa: E402
+    AuthenticationException,
+    NotFoundException,
+    RateLimitException,
+    SandboxException,
+)
+
+from sandboxes.executor import Executor, ExecutorState  # noqa: E402
+
+pytestmark = pytest.mark.e2b
+
+
+def closed(executor: Executor) -> bool:
+    return executor.state is ExecutorState.CLOSED
+
+
+def wait_until(predicate: Any, limit: float = 20.0) -> bool:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return bool(predicate())
+
+
+def test_create_get_list_kill(served: Served) -> None:
+    sandbox = Sandbox.create(timeout=120, metadata={"job": "7"}, envs={"A": "1"}, **served.sdk_options())
+    info = sandbox.get_info()
+    assert info.sandbox_id == sandbox.sandbox_id
+    assert info.metadata == {"job": "7"}
+    assert info.allow_internet_access is False  # this server's internet is off, and so the default
+    assert 115 <= (info.end_at - info.started_at).total_seconds() <= 121
+    listed = Sandbox.list(**served.sdk_options()).next_items()
+    assert [s.sandbox_id for s in listed] == [sandbox.sandbox_id]
+    assert Sandbox.list(**served.sdk_options("bob")).next_items() == []
+    held = served.app.registry.get("alice", sandbox.sandbox_id)
+    assert held.sandbox.envs == {"A": "1"}
+    assert sandbox.kill() is True
+    assert closed(held.sandbox.executor)  # its session is gone, not just forgotten
+    assert Sandbox.kill(sandbox.sandbox_id, **served.sdk_options()) is False
+    assert Sandbox.list(**served.sdk_options()).next_items() == []
+
+
+def test_list_filters_by_metadata_and_pages(served: Served) -> None:
+    made = [Sandbox.create(metadata={"n": str(i % 2)}, **served.sdk_options()) for i in range(3)]
+    from e2b import SandboxQuery
+
+    odd = Sandbox.list(query=SandboxQuery(metadata={"n": "1"}), **served.sdk_options()).next_items()
+    assert [s.sandbox_id for s in odd] == [made[1].sandbox_id]
+    pages = Sandbox.list(limit=2, **served.sdk_options())
+    seen = pages.next_items()
+    assert len(seen) == 2 and pages.has_next
+    seen += pages.next_items()
+    assert not pages.has_next
+    assert sorted(s.sandbox_id for s in seen) == sorted(s.sandbox_id for s in made)
+
+
+def test_set_timeout_and_connect_move_the_end(served: Served) -> None:
+    sandbox = Sandbox.create(timeout=60, **served.sdk_options())
+    sandbox.set_timeout(600)
+    later = sandbox.get_info().end_at
+    assert (later - sandbox.get_info().started_at).total_seconds() > 590
+    sandbox.set_timeout(30)  # E2B: set_timeout may shorten too
+    shorter = sandbox.get_info().end_at
+    assert shorter < later
+    again = Sandbox.connect(sandbox.sandbox_id, timeout=10, **served.sdk_options())  # never shortens
+    assert again.sandbox_id == sandbox.sandbox_id
+    assert sandbox.get_info().end_at == shorter
+    Sandbox.connect(sandbox.sandbox_id, timeout=900, **served.sdk_options())
+    assert sandbox.get_info().end_at > later
+    with pytest.raises(SandboxException, match="max_timeout"):
+        sandbox.set_timeout(10**9)
+
+
+def test_a_sandbox_is_killed_at_its_timeout(served: Served) -> None:
+    sandbox = Sandbox.create(timeout=1, **served.sdk_options())
+    executor = served.app.registry.get("alice", sandbox.sandbox_id).sandbox.executor
+    assert wait_until(lambda: not Sandbox.list(**served.sdk_options()).next_items())
+    assert closed(executor)
+    with pytest.raises(NotFoundException):
+        sandbox.get_info()
+    assert served.app.registry.killed_on_timeout == 1
+
+
+def test_set_timeout_zero_ends_it_now(served: Served) -> None:
+    sandbox = Sandbox.create(timeout=300, **served.sdk_options())
+    sandbox.set_timeout(0)
+    assert wait_until(lambda: served.app.registry.count() == 0)
+
+
+def test_the_sdk_raises_its_own_exceptions(serve_with: Any) -> None:
+    served = serve_with(max_sandboxes_per_key=1)
+    with pytest.raises(AuthenticationException):
+        Sandbox.create(api_url=served.url, sandbox_url=served.url, api_key="e2b_" + "0" * 40)
+    mine = Sandbox.create(**served.sdk_options())
+    with pytest.raises(RateLimitException):
+        Sandbox.create(**served.sdk_options())
+    for tenant, sandbox_id in (("bob", mine.sandbox_id), ("alice", "0" * 20)):
+        with pytest.raises(NotFoundException):
+            Sandbox.get_info(sandbox_id, **served.sdk_options(tenant))
+        with pytest.raises(NotFoundException):
+            Sandbox.connect(sandbox_id, **served.sdk_options(tenant))
+        with pytest.raises(NotFoundException):
+            Sandbox.set_timeout(sandbox_id, 10, **served.sdk_options(tenant))
+        assert Sandbox.kill(sandbox_id, **served.sdk_options(tenant)) is False
+    assert mine.get_info().sandbox_id == mine.sandbox_id  # bob's attempts left it alone
+    with pytest.raises(SandboxException, match="max_timeout"):
+        Sandbox.create(timeout=10**9, **served.sdk_options("bob"))
+    with pytest.raises(SandboxException, match="internet"):
+        Sandbox.create(allow_internet_access=True, **served.sdk_options("bob"))
+
+
+def test_connect_hands_out_the_same_token(served: Served) -> None:
+    sandbox = Sandbox.create(**served.sdk_options())
+    again = Sandbox.connect(sandbox.sandbox_id, **served.sdk_options())
+    assert again._envd_access_token == sandbox._envd_access_token
+
+
+def test_every_sandbox_is_closed_at_shutdown(serve_with: Any) -> None:
+    from support.served import serving
+
+    with serving() as served:
+        made = [Sandbox.create(**served.sdk_options(t)) for t in ("alice", "bob")]
+        executors = [
+            served.app.registry.get(t, s.sandbox_id).sandbox.executor
+            for t, s in zip(("alice", "bob"), made, strict=True)
+        ]
+        assert not any(closed(e) for e in executors)
+    assert all(closed(e) for e in executors)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(served.url + "/v2/sandboxes", headers={"X-API-KEY": served.key})
