@@ -44,8 +44,9 @@ from . import session
 
 STREAMING = frozenset({"Start", "Connect"})
 _PIDS = itertools.count(1000)
-_MARGIN = 0.02
-"""Seconds the helper's deadline keeps short of the client's, for the stream's last frames."""
+_MARGIN = 0.05
+"""Seconds the helper's deadline keeps short of the client's, so the command's end reaches the client
+before the client's own deadline closes the stream (which would cancel the run and lose the state)."""
 
 
 class _Config(BaseModel):
@@ -67,6 +68,7 @@ class Running:
 
 
 async def stream(request: Request, method: str, resolve: Resolve, caps: InsideLimits) -> Response:
+    arrived = time.monotonic()
     try:
         sandbox = await resolve(request)
         if not request.headers.get("content-type", "").startswith(STREAM_CONTENT_TYPE):
@@ -96,13 +98,14 @@ async def stream(request: Request, method: str, resolve: Resolve, caps: InsideLi
         }
     except ServeError as exc:
         return Response(end_of_stream(RpcError.of(exc)), media_type=STREAM_CONTENT_TYPE)
-    return StreamingResponse(_events(sandbox, config, helper, deadline), media_type=STREAM_CONTENT_TYPE)
+    return StreamingResponse(
+        _events(sandbox, config, helper, deadline, arrived), media_type=STREAM_CONTENT_TYPE
+    )
 
 
 async def _events(
-    sandbox: ServedSandbox, config: _Config, helper: dict[str, Any], deadline: float | None
+    sandbox: ServedSandbox, config: _Config, helper: dict[str, Any], deadline: float | None, started: float
 ) -> AsyncIterator[bytes]:
-    started = time.monotonic()
     pid = next(_PIDS)
     running = Running(config=config.model_dump(exclude_none=True))
     sandbox.commands[pid] = running
