@@ -266,3 +266,34 @@ def test_command_and_cell_do_not_corrupt_each_other(sandbox: Sandbox) -> None:
     thread.join(30)
     assert outputs["command"] == "".join(f"c{i}\n" for i in range(1, 51))
     assert "".join(outputs["cell"]) == "".join(f"p{i}\n" for i in range(50))
+
+
+def test_a_background_command_does_not_hold_the_session(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("sleep 30", background=True)
+    # Were the command holding the session, this cell would wait 30 s and the SDK would time out.
+    assert sandbox.run_code("'free'", timeout=10).text == "'free'"
+    assert sandbox.files.write("/home/user/also.txt", "free").path == "/home/user/also.txt"
+    handle.kill()
+
+
+def test_stdin_reaches_the_command(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("cat; echo done", background=True, stdin=True)
+    sandbox.commands.send_stdin(handle.pid, "hello\n")
+    sandbox.commands.close_stdin(handle.pid)
+    result = handle.wait()
+    assert result.stdout == "hello\ndone\n" and result.exit_code == 0
+    without = sandbox.commands.run("sleep 5", background=True)
+    with pytest.raises(SandboxException):
+        sandbox.commands.send_stdin(without.pid, "x")
+    without.kill()
+
+
+def test_connect_reattaches_to_a_running_command(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("sleep 0.5; echo late; exit 5", background=True)
+    handle.disconnect()  # leaving the stream leaves the command running
+    again = sandbox.commands.connect(handle.pid)
+    with pytest.raises(CommandExitException) as ended:
+        again.wait()
+    assert ended.value.exit_code == 5 and "late" in ended.value.stdout
+    with pytest.raises(SandboxException):
+        sandbox.commands.connect(handle.pid)  # it ended: no such command any more

@@ -12,6 +12,7 @@ interpreter), so the parent trusts nothing it answers: it validates every field 
 
 from __future__ import annotations
 
+import base64
 import grp
 import os
 import pwd
@@ -19,6 +20,9 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
+import threading
+import types
 from typing import Any
 
 
@@ -166,34 +170,157 @@ def _remove(request: dict[str, Any]) -> Any:
     return None
 
 
-def _run(request: dict[str, Any]) -> Any:
-    """Run a command to its end with the session's stdout/stderr (so its output streams as the run's),
-    killing its whole process group at `timeout` seconds; answers its exit code, or None at the timeout."""
+_COMMANDS = "__kodeagent_commands__"
+_WINDOW = 1024 * 1024
+"""Bytes of each stream a command keeps for readers that have not read them yet; older ones are dropped."""
+
+
+class _Buffer:
+    """One stream of a command: what it wrote, as a window of at most `_WINDOW` bytes and its offset."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.start = 0  # the offset of data[0] in the whole stream
+
+    def append(self, chunk: bytes) -> None:
+        self.data += chunk
+        if len(self.data) > _WINDOW:
+            cut = len(self.data) - _WINDOW
+            del self.data[:cut]
+            self.start += cut
+
+    def read(self, offset: int, limit: int) -> tuple[bytes, int]:
+        offset = max(offset, self.start)
+        chunk = bytes(self.data[offset - self.start : offset - self.start + limit])
+        return chunk, offset + len(chunk)
+
+    def end(self) -> int:
+        return self.start + len(self.data)
+
+
+def _commands() -> dict[int, Any]:
+    module = sys.modules.get(_COMMANDS)
+    if module is None:
+        module = types.ModuleType(_COMMANDS)
+        module.table = {}  # type: ignore[attr-defined]
+        sys.modules[_COMMANDS] = module
+    table: dict[int, Any] = module.table
+    return table
+
+
+def _pump(stream: Any, buffer: _Buffer, changed: threading.Condition) -> None:
+    while True:
+        chunk = os.read(stream.fileno(), 65536)
+        with changed:
+            if chunk:
+                buffer.append(chunk)
+            changed.notify_all()
+        if not chunk:
+            return
+
+
+def _spawn(request: dict[str, Any]) -> Any:
+    """Start a command detached from the run: its output pumped into buffers by threads of the session,
+    so it outlives this run and neither it nor a cell sees the other's output."""
     cwd = _locate(request["cwd"], follow=True)
     env = {**os.environ, **request["envs"]}
     try:
         child = subprocess.Popen(
-            request["argv"], cwd=cwd, env=env, stdin=subprocess.DEVNULL, start_new_session=True
+            request["argv"],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if request["stdin"] else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
         )
     except OSError as exc:
         return {"spawned": False, "message": f"{type(exc).__name__}: {exc.strerror or exc}"}
+    changed = threading.Condition()
+    pumps: list[threading.Thread] = []
+    entry = {"child": child, "stdout": _Buffer(), "stderr": _Buffer(), "changed": changed, "pumps": pumps}
+    for name in ("stdout", "stderr"):
+        pump = threading.Thread(target=_pump, args=(getattr(child, name), entry[name], changed), daemon=True)
+        pump.start()
+        pumps.append(pump)
+    _commands()[int(request["pid"])] = entry
+    return {"spawned": True}
+
+
+def _entry_of(request: dict[str, Any]) -> Any:
+    entry = _commands().get(int(request["pid"]))
+    if entry is None:
+        raise _Missing(f"no command with pid {request['pid']} in this sandbox")
+    return entry
+
+
+def _poll(request: dict[str, Any]) -> Any:
+    """What a command wrote past the reader's offsets, waiting up to `wait` seconds for something new,
+    and its exit code once it ended and its output was all read."""
+    entry = _entry_of(request)
+    child, changed, limit = entry["child"], entry["changed"], int(request["limit"])
+    offsets = {"stdout": int(request["stdout"]), "stderr": int(request["stderr"])}
+
+    def news() -> bool:
+        done = child.poll() is not None and not any(p.is_alive() for p in entry["pumps"])
+        return done or any(entry[n].end() > offsets[n] for n in offsets)
+
+    with changed:
+        changed.wait_for(news, timeout=float(request["wait"]))
+        answer: dict[str, Any] = {}
+        for name in offsets:
+            answer[name], answer[name + "_offset"] = entry[name].read(offsets[name], limit)
+        drained = all(entry[n].end() == answer[n + "_offset"] for n in offsets)
+    finished = child.poll() is not None and not any(p.is_alive() for p in entry["pumps"])
+    answer["exit_code"] = child.returncode if finished and drained else None
+    return answer
+
+
+def _signal(request: dict[str, Any]) -> Any:
+    entry = _entry_of(request)
     try:
-        code = child.wait(timeout=request["timeout"])
-    except subprocess.TimeoutExpired:
-        code = None
-    except BaseException:  # the run is cancelled (the client left): the command goes with it
-        os.killpg(child.pid, signal.SIGKILL)
-        raise
-    try:
-        os.killpg(child.pid, signal.SIGKILL)  # what it left running in its group ends with it
+        os.killpg(entry["child"].pid, int(request["signal"]))
     except ProcessLookupError:
         pass
-    if code is None:
-        child.wait()
-    return {"spawned": True, "exit_code": code}
+    return None
 
 
-_OPERATIONS = {"stat": _stat, "list": _list, "mkdir": _mkdir, "move": _move, "remove": _remove, "run": _run}
+def _stdin(request: dict[str, Any]) -> Any:
+    stdin = _entry_of(request)["child"].stdin
+    if stdin is None:
+        raise _Refused("the command was started without stdin")
+    if request.get("close"):
+        stdin.close()
+    else:
+        stdin.write(base64.b64decode(request["data"]))
+        stdin.flush()
+    return None
+
+
+def _forget(request: dict[str, Any]) -> Any:
+    entry = _commands().pop(int(request["pid"]), None)
+    if entry is not None and entry["child"].poll() is None:
+        os.killpg(entry["child"].pid, signal.SIGKILL)
+    return None
+
+
+def _running(request: dict[str, Any]) -> Any:
+    return [pid for pid, entry in _commands().items() if entry["child"].poll() is None]
+
+
+_OPERATIONS = {
+    "stat": _stat,
+    "list": _list,
+    "mkdir": _mkdir,
+    "move": _move,
+    "remove": _remove,
+    "spawn": _spawn,
+    "poll": _poll,
+    "signal": _signal,
+    "stdin": _stdin,
+    "forget": _forget,
+    "running": _running,
+}
 
 
 def main(request: dict[str, Any]) -> dict[str, Any]:
@@ -203,6 +330,8 @@ def main(request: dict[str, Any]) -> dict[str, Any]:
         return {"error": exc.code, "message": str(exc)}
     except OverflowError:
         return {"error": "resource_exhausted", "message": f"more than {request.get('cap')} entries"}
+    except BrokenPipeError:
+        return {"error": "failed_precondition", "message": "the command closed its stdin (or ended)"}
     except PermissionError as exc:
         return {"error": "permission_denied", "message": f"{exc.strerror}: {request.get('path', '')!r}"}
     except FileExistsError:

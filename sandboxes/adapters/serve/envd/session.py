@@ -67,7 +67,15 @@ def _timestamp(seconds: float) -> str:
 
 
 _CODES = frozenset(
-    {"invalid_argument", "not_found", "already_exists", "permission_denied", "resource_exhausted", "internal"}
+    {
+        "invalid_argument",
+        "not_found",
+        "already_exists",
+        "permission_denied",
+        "resource_exhausted",
+        "internal",
+        "failed_precondition",
+    }
 )
 
 
