@@ -144,3 +144,70 @@ def test_every_sandbox_is_closed_at_shutdown(serve_with: Any) -> None:
     assert all(closed(e) for e in executors)
     with pytest.raises(httpx.ConnectError):
         httpx.get(served.url + "/v2/sandboxes", headers={"X-API-KEY": served.key})
+
+
+def _forged(served: Served, sandbox_id: str, token: str, tenant: str) -> Sandbox:
+    """An SDK sandbox object for `sandbox_id` carrying `token`: what a client forging headers builds."""
+    from e2b.connection_config import ConnectionConfig
+    from packaging.version import Version
+
+    headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49983", "X-Access-Token": token}
+    config = ConnectionConfig(extra_sandbox_headers=headers, **served.sdk_options(tenant))
+    return Sandbox(
+        sandbox_id=sandbox_id,
+        sandbox_domain=None,
+        envd_version=Version("0.5.7"),
+        envd_access_token=token,
+        traffic_access_token=None,
+        connection_config=config,
+    )
+
+
+def test_another_tenants_id_with_its_own_token_is_not_running_to_the_sdk(served: Served) -> None:
+    from e2b.exceptions import SandboxNotRunningException
+
+    alice = Sandbox.create(**served.sdk_options("alice"))
+    bob = Sandbox.create(**served.sdk_options("bob"))
+    forged = _forged(served, alice.sandbox_id, bob._envd_access_token or "", "bob")
+    with pytest.raises(SandboxNotRunningException, match="was not found"):
+        forged.files.read("/home/user/secret")
+    with pytest.raises(SandboxException, match="was not found"):
+        forged.commands.run("id")
+    alice.kill()
+    dead = _forged(served, alice.sandbox_id, alice._envd_access_token or "", "alice")
+    with pytest.raises(SandboxNotRunningException):
+        dead.files.write("/home/user/x", "y")  # the killed sandbox's own token opens nothing
+    assert served.app.registry.count("bob") == 1
+
+
+def test_an_oversized_upload_is_refused_before_it_is_read(serve_with: Any) -> None:
+    served = serve_with(max_request_bytes=64 * 1024)
+    sandbox = Sandbox.create(**served.sdk_options())
+    with pytest.raises(SandboxException, match="at most 65,536 bytes"):
+        sandbox.files.write("/home/user/big", b"x" * (1024 * 1024))
+
+
+def test_files_outlive_a_replaced_session_and_go_with_the_sandbox(served: Served) -> None:
+    import os
+
+    sandbox = Sandbox.create(**served.sdk_options())
+    held = served.app.registry.get("alice", sandbox.sandbox_id)
+    executor = held.sandbox.executor
+    assert held.home is not None and os.path.isdir(held.home)
+
+    async def lose_the_session() -> Any:
+        await executor.run("open('notes.txt', 'w').write('kept'); x = 1")
+        executor.timeout = 0.5
+        lost = await executor.run("while True: pass")
+        executor.timeout = 60
+        after = await executor.run(
+            "import os; print(open('notes.txt').read(), 'x' in globals(), os.getcwd())"
+        )
+        return lost, after
+
+    lost, after = served.call(lose_the_session)
+    assert lost.timed_out
+    assert after.stdout.split()[:2] == ["kept", "False"]  # a new session (variables gone), the same files
+    assert os.path.realpath(after.stdout.split()[2]) == os.path.realpath(held.home)
+    sandbox.kill()
+    assert not os.path.exists(held.home)

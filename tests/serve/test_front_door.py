@@ -354,7 +354,8 @@ def test_control_plane_bodies_that_are_not_what_the_sdk_sends_get_400(
         b'{"templateID": "base", "envVars": {"A B": "x"}}',
         b'{"templateID": "base", "envVars": {"A": 1}}',
         b'{"templateID": "base", "mcp": {"x": {}}}',
-        b'{"templateID": "base", "autoPause": true}',
+        b'{"templateID": "base", "autoPause": "yes"}',
+        b'{"templateID": "base", "autoResume": {"enabled": false}}',
         b'{"templateID": "base", "network": {"allowOut": ["1.1.1.1"]}}',
         b'{"templateID": "base", "network": {"dnsServers": ["1.1.1.1"]}}',
         b'{"templateID": "base", "allow_internet_access": true}',  # this server has internet off

@@ -3,18 +3,15 @@
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
-
-from sandboxes.adapters.serve.app import ServeApp, create_app
+from sandboxes.adapters.serve.app import ServeApp
 from sandboxes.adapters.serve.config import ServeConfig, make_config
-from sandboxes.adapters.web import bind, url_of
+from sandboxes.adapters.serve.server import in_thread
 
 KEYS = {"alice": "e2b_" + "a1" * 20, "bob": "e2b_" + "b2" * 20}
 """Two tenants' API keys."""
@@ -28,7 +25,15 @@ class Served:
     key: str
     keys: dict[str, str]
     app: ServeApp
-    server: Any
+    loop: asyncio.AbstractEventLoop
+
+    def call(self, function: Callable[[], Awaitable[Any]], timeout: float = 60) -> Any:
+        """Await `function()` on the server's own event loop (where its executors live)."""
+
+        async def run() -> Any:
+            return await function()
+
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(timeout)
 
     def sdk_options(self, tenant: str = "alice") -> dict[str, str]:
         """What `Sandbox.create(**...)` / `Sandbox.connect(id, **...)` take to reach this server."""
@@ -46,23 +51,6 @@ def serving(**settings: Any) -> Iterator[Served]:
     settings.setdefault("internet", False)
     settings.setdefault("port", 0)
     config: ServeConfig = make_config(settings)
-    app = create_app(config)
-    sock = bind(config.host, 0)
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, timeout_graceful_shutdown=3)
-    )
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the served app did not start")
-        time.sleep(0.01)
     keys = {k.name: k.token for k in config.keys}
-    try:
-        yield Served(url_of(sock), next(iter(keys.values())), keys, app, server)
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    with in_thread(config) as running:
+        yield Served(running.url, next(iter(keys.values())), keys, running.app, running.loop)

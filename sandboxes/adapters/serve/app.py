@@ -178,7 +178,7 @@ class ServeApp:
             return
         entry = self.registry.authenticate(headers, port, str(scope.get("path", "")))
         bounded = _bounded(scope, receive, headers, self.config.max_request_bytes)
-        async with self.registry.in_flight(entry.tenant):
+        async with self.registry.in_flight(entry.tenant), self.registry.using(entry):
             await _guarded(app, scope, bounded, send)
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:

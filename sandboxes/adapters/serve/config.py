@@ -66,6 +66,18 @@ class ServeConfig(BaseModel):
     run_timeout: float = Field(
         3600.0, gt=0, le=86_400, description="The server's own cap on one run inside a sandbox, seconds."
     )
+    idle_pause: float = Field(
+        600.0,
+        ge=0,
+        description="A sandbox with no request for this long is paused (no CPU, memory kept) until its next "
+        "request; 0: never.",
+    )
+    durable_home: bool = Field(
+        True,
+        description="Each sandbox's files live in a directory of the server's that outlives a replaced "
+        "session (a run lost to a timeout or a dropped client), as an E2B sandbox's disk does; it costs "
+        "the warm pool (a cold worker per create). False: faster creates, files lost with the session.",
+    )
     python_guards: bool = False
     internet: bool = True
     shutdown_grace: float = Field(3.0, ge=0, le=60)

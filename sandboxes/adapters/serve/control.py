@@ -37,7 +37,6 @@ UNSUPPORTED = {
     "mcp": "MCP servers inside the sandbox",
     "iam": "workload identity tokens",
     "volumeMounts": "volume mounts",
-    "autoResume": "auto-resume",
 }
 
 
@@ -141,6 +140,8 @@ class ControlPlane:
             Route("/sandboxes/{sandbox_id}/connect", self.connect, methods=["POST"]),
             Route("/v2/sandboxes/{sandbox_id}/connect", self.connect, methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/network", self.set_network, methods=["PUT"]),
+            Route("/sandboxes/{sandbox_id}/pause", self.pause, methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/resume", self.resume, methods=["POST"]),
         ]
         app = Starlette(routes=routes)
         app.add_exception_handler(ServeError, _serve_error)  # type: ignore[arg-type]
@@ -157,10 +158,10 @@ class ControlPlane:
         for name, what in UNSUPPORTED.items():
             if body.get(name) not in (None, [], {}):
                 raise BadRequest(f"{what} ({name}) are not supported by this server; leave {name} out")
-        if asked.auto_pause:
+        resume = body.get("autoResume")
+        if resume is not None and (not isinstance(resume, dict) or resume.get("enabled", True) is not True):
             raise BadRequest(
-                "autoPause (on_timeout='pause') is not supported by this server yet: a sandbox is killed "
-                "at its timeout; extend it with set_timeout"
+                "autoResume: a paused sandbox here always resumes on its next request; leave autoResume out"
             )
         if asked.env_vars:
             bad = [k for k in asked.env_vars if not ENV_NAME.match(k)]
@@ -177,6 +178,7 @@ class ControlPlane:
             envs=asked.env_vars or {},
             network=network,
             allow_internet_access=network is not False,
+            on_timeout="pause" if asked.auto_pause else "kill",
         )
         entry = await self.registry.create(_tenant(request), spec)
         return JSONResponse(sandbox_json(entry), status_code=201)
@@ -230,10 +232,25 @@ class ControlPlane:
 
     async def connect(self, request: Request) -> Response:
         body = await _json_body(request)
-        entry = self.registry.connect(
+        entry, resumed = await self.registry.connect(
             _tenant(request), request.path_params["sandbox_id"], body.get("timeout")
         )
-        return JSONResponse(sandbox_json(entry), status_code=200)
+        return JSONResponse(sandbox_json(entry), status_code=201 if resumed else 200)
+
+    async def pause(self, request: Request) -> Response:
+        await _json_body(request)
+        if not await self.registry.pause(_tenant(request), request.path_params["sandbox_id"]):
+            return error_json(409, "the sandbox is already paused")
+        return Response(status_code=204)
+
+    async def resume(self, request: Request) -> Response:
+        body = await _json_body(request)
+        entry = self.registry.get(_tenant(request), request.path_params["sandbox_id"])
+        timeout = body.get("timeout")
+        seconds = None if timeout is None else self.registry.check_timeout(timeout)
+        if not await self.registry.resume(entry, seconds):
+            return error_json(409, "the sandbox is already running")
+        return JSONResponse(sandbox_json(entry), status_code=201)
 
     async def set_network(self, request: Request) -> Response:
         body = await _json_body(request)

@@ -9,19 +9,24 @@ sandbox by nothing.
 
 from __future__ import annotations
 
+import datetime
 import hmac
 import logging
+import os
 import secrets
+import shutil
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
 from ...egress.policy import NetworkPolicy
 from ...policy import Policy
+from . import pause as pausing
 from .config import ServeConfig
 from .errors import BadRequest, SandboxNotFound, ServeError, TooMany
 from .sandbox import INTERPRETER_PORT, ServedSandbox
@@ -63,12 +68,19 @@ class Spec:
 
 @dataclass(eq=False)
 class Held:
-    """A sandbox and what the control plane keeps about it."""
+    """A sandbox and what the control plane keeps about it. `active` counts its requests in flight
+    (never paused while one runs); `changing` serialises pausing and resuming it."""
 
     sandbox: ServedSandbox
     spec: Spec
     end_at: float  # wall clock (E2B reports `endAt`)
     state: Literal["running", "paused"] = "running"
+    active: int = 0
+    changing: anyio.Lock = field(default_factory=anyio.Lock)
+    home: str | None = None  # the registry's directory for its files, removed with it
+
+    def idle(self) -> bool:
+        return self.state == "running" and self.active == 0 and not self.sandbox.busy.locked()
 
     @property
     def sandbox_id(self) -> str:
@@ -79,7 +91,8 @@ class Held:
         return self.sandbox.tenant
 
 
-ExecutorFactory = Callable[[Spec], "Executor"]
+ExecutorFactory = Callable[[Spec, "str | None"], "Executor"]
+"""Makes a sandbox's unopened executor from its spec and its home directory (None: the backend's own)."""
 
 
 def new_sandbox_id() -> str:
@@ -100,9 +113,13 @@ class Registry:
         self._wake = anyio.Event()
         self._group: anyio.abc.TaskGroup | None = None
         self._closed = False
+        self._homes: str | None = None
+        self.started = time.time()
         self.killed_on_timeout = 0
+        self.paused_on_timeout = 0
+        self.paused_idle = 0
 
-    def _open_executor(self, spec: Spec) -> Executor:
+    def _open_executor(self, spec: Spec, home: str | None) -> Executor:
         from ...backends import open_executor
 
         policy = Policy(
@@ -118,6 +135,8 @@ class Registry:
             "env": spec.envs,
             **self.config.backend_options,
         }
+        if home is not None:
+            options["workdir"] = home
         if self.config.backend == "host":
             # Plain Python needs the namespaces boundary (the bare process level refuses it).
             options.setdefault("isolation", "namespaces")
@@ -126,6 +145,11 @@ class Registry:
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Registry:
+        if self.config.durable_home:
+            # Under TMPDIR: the watchdog's scratch directory when there is one, so a killed server's
+            # homes go with it. Traversable, not listable: each home is its sandbox user's alone.
+            self._homes = tempfile.mkdtemp(prefix="kodeagent-serve-homes-")
+            os.chmod(self._homes, 0o711)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._group.start_soon(self._expire_forever)
@@ -147,31 +171,69 @@ class Registry:
                     group.start_soon(_close_quietly, entry)
         if held:
             logger.warning("closed %d sandbox(es) at shutdown", len(held))
+        _remove(self._homes)
         return len(held)
 
     async def _expire_forever(self) -> None:
         while True:
-            now = time.time()
-            soonest = min((h.end_at for h in self._held.values()), default=now + 60)
-            with anyio.move_on_after(max(0.0, min(soonest - now, 60.0))):
+            with anyio.move_on_after(self._next_due()):
                 await self._wake.wait()
             self._wake = anyio.Event()
             await self.expire()
 
+    def _next_due(self) -> float:
+        """Seconds until a running sandbox reaches its end or its idle limit (at most a minute)."""
+        now, clock = time.time(), time.monotonic()
+        due = [h.end_at - now for h in self._held.values() if h.state == "running"]
+        if self.config.idle_pause:
+            due += [
+                h.sandbox.last_active + self.config.idle_pause - clock
+                for h in self._held.values()
+                if h.idle()
+            ]
+        return max(0.0, min([60.0, *due]))
+
     async def expire(self) -> list[str]:
-        """End the sandboxes whose lifetime is over; return their ids."""
-        now = time.time()
-        due = [h for h in self._held.values() if h.end_at <= now]
-        for entry in due:
+        """End (or, with on_timeout pause, pause) the running sandboxes whose lifetime is over, and
+        pause the ones idle past `idle_pause`; return the ids of those that ended."""
+        now, clock = time.time(), time.monotonic()
+        ended = []
+        for entry in [h for h in self._held.values() if h.state == "running" and h.end_at <= now]:
+            if entry.spec.on_timeout == "pause":
+                logger.info("sandbox %s of %s reached its timeout: paused", entry.sandbox_id, entry.tenant)
+                if await self._pause(entry, quiet=True):
+                    self.paused_on_timeout += 1
+                continue
             logger.info("sandbox %s of %s reached its timeout: killed", entry.sandbox_id, entry.tenant)
             self.killed_on_timeout += 1
+            ended.append(entry.sandbox_id)
             await self._drop(entry)
-        return [h.sandbox_id for h in due]
+        if self.config.idle_pause:
+            limit = clock - self.config.idle_pause
+            for entry in [h for h in self._held.values() if h.idle() and h.sandbox.last_active <= limit]:
+                logger.info("sandbox %s of %s idle: paused", entry.sandbox_id, entry.tenant)
+                if await self._pause(entry, quiet=True):
+                    self.paused_idle += 1
+        return ended
 
     def _rearm(self) -> None:
         self._wake.set()
 
     # ------------------------------------------------------------------ control plane
+
+    def _earlier_run(self) -> str:
+        """What a client reconnecting after a restart is told: its sandboxes ended with the old server."""
+        started = datetime.datetime.fromtimestamp(self.started, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+        return f"of a run of this server before its start at {started} UTC: sandboxes end with the server"
+
+    def _make_home(self, sandbox_id: str) -> str | None:
+        """The sandbox's own directory (its /home/user), which outlives a replaced session, as the
+        disk of an E2B sandbox outlives its processes."""
+        if self._homes is None:
+            return None
+        home = os.path.join(self._homes, sandbox_id)
+        os.mkdir(home, 0o700)
+        return home
 
     def count(self, tenant: str | None = None) -> int:
         """Live sandboxes (and ones being created) of `tenant`, or of everyone."""
@@ -204,12 +266,16 @@ class Registry:
                 "try again later"
             )
         self._reserved[tenant] = self._reserved.get(tenant, 0) + 1
+        sandbox_id = new_sandbox_id()
+        home = None
         try:
-            executor = self._factory(spec)
+            home = self._make_home(sandbox_id)
+            executor = self._factory(spec, home)
             await executor.open()
-        except ServeError:
-            raise
         except Exception as exc:
+            _remove(home)
+            if isinstance(exc, ServeError):
+                raise
             logger.warning("could not start a sandbox for %s: %s", tenant, exc)
             raise ServeError(f"could not start a sandbox: {exc}", status=500) from None
         finally:
@@ -217,7 +283,7 @@ class Registry:
             if not self._reserved[tenant]:
                 del self._reserved[tenant]
         sandbox = ServedSandbox(
-            sandbox_id=new_sandbox_id(),
+            sandbox_id=sandbox_id,
             tenant=tenant,
             access_token=secrets.token_urlsafe(32),
             executor=executor,
@@ -225,9 +291,9 @@ class Registry:
             metadata=dict(spec.metadata),
             envs=dict(spec.envs),
         )
-        entry = Held(sandbox=sandbox, spec=spec, end_at=time.time() + spec.timeout)
+        entry = Held(sandbox=sandbox, spec=spec, end_at=time.time() + spec.timeout, home=home)
         if self._closed:  # shut down while this one was starting
-            await executor.close()
+            await _close_quietly(entry)
             raise ServeError("the server is shutting down; no new sandboxes", status=503)
         self._held[sandbox.sandbox_id] = entry
         self._rearm()
@@ -240,7 +306,7 @@ class Registry:
         if entry is None or entry.tenant != tenant:
             raise SandboxNotFound(
                 f"sandbox {_short(sandbox_id)} doesn't exist or you don't have access to it (it may have "
-                "been killed or reached its timeout)"
+                f"been killed, reached its timeout, or {self._earlier_run()})"
             )
         return entry
 
@@ -260,15 +326,52 @@ class Registry:
         self._rearm()
         return entry
 
-    def connect(self, tenant: str, sandbox_id: str, timeout: Any) -> Held:
-        """The sandbox, its lifetime extended to `timeout` from now if that is later (never shortened)."""
+    async def connect(self, tenant: str, sandbox_id: str, timeout: Any) -> tuple[Held, bool]:
+        """The sandbox (resumed if it was paused: then True second), its lifetime extended to
+        `timeout` from now if that is later (a running one's is never shortened)."""
         entry = self.get(tenant, sandbox_id)
-        if timeout is not None:
-            seconds = self.check_timeout(timeout)
+        seconds = None if timeout is None else self.check_timeout(timeout)
+        resumed = await self.resume(entry, seconds)
+        if seconds is not None and not resumed:
             entry.end_at = max(entry.end_at, time.time() + seconds)
             self._rearm()
         entry.sandbox.touch()
-        return entry
+        return entry, resumed
+
+    async def pause(self, tenant: str, sandbox_id: str) -> bool:
+        """Pause the tenant's sandbox; False when it already was."""
+        return await self._pause(self.get(tenant, sandbox_id))
+
+    async def _pause(self, entry: Held, *, quiet: bool = False) -> bool:
+        async with entry.changing:
+            if entry.state == "paused" or self._held.get(entry.sandbox_id) is not entry:
+                return False
+            if quiet and not entry.idle():  # a request arrived meanwhile: it keeps running
+                return False
+            try:
+                await pausing.freeze(entry.sandbox.executor)
+            except ServeError:
+                if quiet:
+                    logger.warning("could not pause sandbox %s", entry.sandbox_id, exc_info=True)
+                    return False
+                raise
+            entry.state = "paused"
+            return True
+
+    async def resume(self, entry: Held, timeout: int | None = None) -> bool:
+        """Continue a paused sandbox; its lifetime restarts (`timeout`, else its create's) unless it
+        has longer left. False when it was running."""
+        async with entry.changing:
+            if entry.state != "paused":
+                return False
+            await pausing.thaw(entry.sandbox.executor)
+            entry.state = "running"
+            entry.end_at = max(
+                entry.end_at, time.time() + (entry.spec.timeout if timeout is None else timeout)
+            )
+            entry.sandbox.touch()
+            self._rearm()
+            return True
 
     async def _drop(self, entry: Held) -> None:
         if self._held.get(entry.sandbox_id) is not entry:
@@ -291,17 +394,34 @@ class Registry:
         matches = hmac.compare_digest((given or "").encode("utf-8", "replace"), expected.encode())
         if entry is None or not matches:
             raise SandboxGone(
-                f"The sandbox was not found: {_short(sandbox_id)} is not a live sandbox of this token"
+                f"The sandbox was not found: {_short(sandbox_id)} is not a live sandbox of this token "
+                f"(killed, timed out, or {self._earlier_run()})"
             )
         return entry
 
     async def resolve(self, request: Request) -> ServedSandbox:
-        """The `Resolve` the in-sandbox apps take: the request's sandbox, authenticated, touched."""
+        """The `Resolve` the in-sandbox apps take: the request's sandbox, authenticated, resumed if
+        paused, touched."""
         port_text = request.headers.get(SANDBOX_PORT_HEADER, "")
         port = int(port_text) if port_text.isdigit() else 0
         entry = self.authenticate(request.headers, port, request.url.path)
+        await self.resume(entry)
         entry.sandbox.touch()
         return entry.sandbox
+
+    @asynccontextmanager
+    async def using(self, entry: Held) -> AsyncIterator[None]:
+        """An in-sandbox request in flight: the sandbox resumed first if paused, not paused while it
+        runs, and touched at both ends (its idle time counts from the end)."""
+        entry.active += 1
+        entry.sandbox.touch()
+        try:
+            await self.resume(entry)
+            yield
+        finally:
+            entry.active -= 1
+            entry.sandbox.touch()
+            self._rearm()
 
     @asynccontextmanager
     async def in_flight(self, tenant: str) -> AsyncIterator[None]:
@@ -326,6 +446,12 @@ async def _close_quietly(entry: Held) -> None:
             await entry.sandbox.executor.close()
         except Exception:  # one sandbox failing to close must not keep the others open
             logger.warning("closing sandbox %s failed", entry.sandbox_id, exc_info=True)
+        await anyio.to_thread.run_sync(_remove, entry.home)
+
+
+def _remove(directory: str | None) -> None:
+    if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _tokenless(path: str) -> bool:
