@@ -7,6 +7,7 @@
     kodeagent images build|list                           Docker sandbox images
     kodeagent cleanup                                     remove leftover sandbox containers
     kodeagent mcp [--http [HOST:]PORT]                    the sandbox as an MCP server (stdio or HTTP)
+    kodeagent serve [--http [HOST:]PORT]                  sandboxes over E2B's API, for E2B's SDKs
     kodeagent doctor                                      which backends work here, and how to fix the rest
 
 Why it is written this way: this package is the top floor (nothing imports it: it sits beside, not inside,
@@ -38,6 +39,7 @@ from .common import (
 )
 from .doctor import cmd_doctor, doctor_checks
 from .mcp import add_mcp_command
+from .serve import add_serve_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.set_defaults(handler=cmd_doctor)
 
     add_mcp_command(commands)
+    add_serve_command(commands)
     return parser
 
 

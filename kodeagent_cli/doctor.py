@@ -108,6 +108,51 @@ def _egress_check(backend: str, cause: str | None = None) -> dict[str, Any]:
     return _check(name, True, f"{EGRESS_MECHANISMS[backend]}; the public internet only by default")
 
 
+def _serve_check() -> dict[str, Any]:
+    """`kodeagent serve` really started on a loopback port, a sandbox created, found and killed over its
+    HTTP API, and which E2B SDK a client here would use."""
+    if not (_have("uvicorn") and _have("starlette") and _have("httpx")):
+        return _check(
+            "serve", False, "uvicorn, starlette or httpx is missing", "pip install 'kodeagent[mcp]'"
+        )
+    import time
+
+    import httpx
+
+    from sandboxes.adapters.serve.config import make_config
+    from sandboxes.adapters.serve.keys import generate_key
+    from sandboxes.adapters.serve.server import in_thread
+
+    key = generate_key()
+    config = make_config({"keys": [key], "port": 0, "internet": False, "idle_pause": 0})
+    try:
+        with (
+            in_thread(config) as running,
+            httpx.Client(base_url=running.url, timeout=DOCTOR_TIMEOUT) as client,
+        ):
+            started = time.perf_counter()
+            made = client.post("/v2/sandboxes", json={"templateID": "base"}, headers={"X-API-KEY": key})
+            made.raise_for_status()
+            sandbox_id = made.json()["sandboxID"]
+            elapsed = time.perf_counter() - started
+            client.get(f"/sandboxes/{sandbox_id}", headers={"X-API-KEY": key}).raise_for_status()
+            client.delete(f"/sandboxes/{sandbox_id}", headers={"X-API-KEY": key}).raise_for_status()
+    except Exception as exc:  # noqa: BLE001 - doctor reports every failure instead of crashing
+        return _check("serve", False, f"{type(exc).__name__}: {exc}", None)
+    detail = f"served a sandbox over loopback HTTP (create {elapsed * 1000:.0f} ms, host backend)"
+    fix = None
+    if not _have("e2b"):
+        fix = "for clients: pip install 'e2b<3' 'e2b-code-interpreter<3'"
+    else:
+        from importlib.metadata import version
+
+        sdk = version("e2b")
+        detail += f"; e2b SDK {sdk} here"
+        if int(sdk.split(".")[0]) >= 3:
+            fix = "clients need e2b<3 (api_url/sandbox_url): pip install 'e2b<3'"
+    return _check("serve", True, detail, fix)
+
+
 def _bubblewrap_check() -> dict[str, Any]:
     """Which bubblewrap the host backend runs (the system's, else the bundled one) and why; or why none."""
     from sandboxes.backends.host.process import bubblewrap
@@ -174,6 +219,7 @@ def doctor_checks(backends: Sequence[str] | None = None) -> list[dict[str, Any]]
         checks.append(bwrap)
         if ok:
             checks.append(_egress_check("host", None if bwrap["ok"] else bwrap["fix"]))
+            checks.append(_serve_check())
     if "docker" in selected:
         if not _have("docker"):
             checks.append(

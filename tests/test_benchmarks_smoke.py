@@ -411,3 +411,16 @@ def test_egress_bench_through_the_cli(tmp_path: Path) -> None:
     assert rows["open cold, network on"]["baseline"] == "open cold, network off"
     assert rows["open from the pool, network off"]["n"] == 1
     assert json.loads((tmp_path / "e.json").read_text())["benchmark"] == "egress"
+
+
+@pytest.mark.e2b
+def test_serve_bench_smoke() -> None:
+    pytest.importorskip("e2b_code_interpreter")
+    from benchmarks import serve
+
+    result = serve.measure(2, 3)
+    rows = {r["what"]: r for r in result["rows"]}
+    sdk = rows["SDK create → first run_code (durable_home)"]
+    assert sdk["n"] == 2 and sdk["p50_ms"] > 0 and sdk["ratio_p50"] > 0
+    assert rows["SDK pause, connect + run_code"]["baseline"] == "SDK warm run_code"
+    assert result["burst"]["created"] + result["burst"]["refused"] == 3

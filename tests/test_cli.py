@@ -155,6 +155,8 @@ def test_doctor_finds_the_host_backend_working() -> None:
     assert checks["backend host"]["ok"], checks
     assert "isolation" in checks["backend host"]["detail"]
     assert checks["python"]["ok"]
+    assert checks["serve"]["ok"], checks["serve"]  # a real server on loopback served a sandbox
+    assert "served a sandbox over loopback HTTP" in checks["serve"]["detail"]
 
 
 @pytest.mark.e2b  # the SDK must be there for the missing key to be what is reported

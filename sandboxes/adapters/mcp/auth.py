@@ -10,10 +10,8 @@ error response").
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
-import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
@@ -21,6 +19,7 @@ from typing import Any
 
 import anyio
 
+from ..web import bind, host_allowed, is_loopback, origin_allowed, repeated_header, url_of
 from .config import HttpConfig, TokenConfig
 
 logger = logging.getLogger("sandboxes.adapters.mcp")
@@ -92,43 +91,6 @@ class TokenTable:
         if scheme.lower() != "bearer" or not token.strip():
             return None
         return self.tenant_for_token(token.strip())
-
-
-def _is_ip_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback IP addresses."""
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
-def _split_host(value: str) -> tuple[str, str]:
-    """'name:port' / '[::1]:port' / 'name' -> (name, port or '')."""
-    if value.startswith("["):
-        name, _, rest = value.partition("]")
-        return name + "]", rest.removeprefix(":")
-    name, _, port = value.rpartition(":") if value.count(":") == 1 else (value, "", "")
-    return name, port
-
-
-def _matches(value: str, patterns: Iterable[str]) -> bool:
-    """`value` ('name:port') against patterns 'name', 'name:port' or 'name:*'."""
-    name, port = _split_host(value.lower())
-    for pattern in patterns:
-        want_name, want_port = _split_host(pattern.lower())
-        if want_name == name and (want_port in ("", "*") or want_port == port):
-            return True
-    return False
 
 
 @dataclass
@@ -246,7 +208,7 @@ class HttpGuard:
         self.tokens = tokens
         self.max_body = max_body
         self.allowed_hosts = tuple(allowed_hosts)
-        self.allowed_origins = tuple(o.rstrip("/").lower() for o in allowed_origins)
+        self.allowed_origins = tuple(allowed_origins)
         self.connections = connections or Connections.of(HttpConfig())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -414,10 +376,7 @@ class HttpGuard:
         self, headers: dict[str, str]
     ) -> tuple[int, int, str, list[tuple[bytes, bytes]]] | None:
         host = headers.get("host", "")
-        name, _ = _split_host(host)
-        if not host or not (
-            _is_ip_literal(name) or name.lower() == "localhost" or _matches(host, self.allowed_hosts)
-        ):
+        if not host_allowed(host, self.allowed_hosts):
             logger.warning("refused a request for Host %r", host)
             return (
                 421,
@@ -427,7 +386,7 @@ class HttpGuard:
                 [],
             )
         origin = headers.get("origin")
-        if origin is not None and not self._origin_allowed(origin):
+        if origin is not None and not origin_allowed(origin, self.allowed_origins):
             logger.warning("refused a request from Origin %r", origin)
             return (
                 403,
@@ -437,16 +396,6 @@ class HttpGuard:
                 [],
             )
         return None
-
-    def _origin_allowed(self, origin: str) -> bool:
-        origin = origin.rstrip("/").lower()
-        scheme, _, rest = origin.partition("://")
-        if scheme in ("http", "https") and rest and is_loopback(_split_host(rest)[0]):
-            return True
-        for allowed in self.allowed_origins:
-            if origin == allowed or (allowed.endswith(":*") and origin.startswith(allowed[:-1])):
-                return True
-        return False
 
 
 class _Answer:
@@ -484,13 +433,7 @@ class _Answer:
 
 def _repeated(headers: list[tuple[str, str]]) -> str | None:
     """The first header of `SINGLE_HEADERS` that `headers` (lower-case names) carries more than once."""
-    seen: set[str] = set()
-    for name, _ in headers:
-        if name in SINGLE_HEADERS:
-            if name in seen:
-                return name
-            seen.add(name)
-    return None
+    return repeated_header(headers, SINGLE_HEADERS)
 
 
 def _request_ids(body: bytes) -> list[Any]:
@@ -545,14 +488,11 @@ async def _refuse(
     await send({"type": "http.response.body", "body": body})
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket (IPv4 or IPv6 by the host's form); port 0 picks a free one."""
-    bare = host.strip("[]")
-    family = socket.AF_INET6 if ":" in bare else socket.AF_INET
-    return socket.create_server((bare, port), family=family, backlog=128, reuse_port=False)
-
-
-def url_of(sock: socket.socket, path: str) -> str:
-    address, port = sock.getsockname()[:2]
-    shown = f"[{address}]" if ":" in address else address
-    return f"http://{shown}:{port}{path}"
+__all__ = [
+    "Connections",
+    "HttpGuard",
+    "TokenTable",
+    "bind",
+    "is_loopback",
+    "url_of",
+]

@@ -7,16 +7,15 @@ so that a bad setting is refused with its field's name before anything starts.
 from __future__ import annotations
 
 import importlib
-import json
 import pathlib
-import tomllib
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ... import Policy, SandboxError
 from ...backends import BackendName
+from ..settings import read_file, validate
 
 MIN_TOKEN_LENGTH = 16
 
@@ -178,33 +177,13 @@ def network_problem(config: ServerConfig) -> str | None:
 
 def load_config(path: str | pathlib.Path, **overrides: Any) -> ServerConfig:
     """Read a config file (``.json`` or ``.toml``); `overrides` (e.g. from flags) replace its top-level keys."""
-    file = pathlib.Path(path)
-    kind = file.suffix.lower()
-    if kind not in (".json", ".toml"):
-        raise McpConfigError(f"{str(file)!r}: a config file ends in .json or .toml")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise McpConfigError(f"cannot read the config file {str(file)!r}: {exc.strerror or exc}") from None
-    try:
-        data: Any = tomllib.loads(text) if kind == ".toml" else json.loads(text)
-    except ValueError as exc:  # TOMLDecodeError and JSONDecodeError are ValueErrors
-        raise McpConfigError(f"{str(file)!r} is not valid {kind[1:].upper()}: {exc}") from None
-    if not isinstance(data, dict):
-        raise McpConfigError(f"{str(file)!r}: the top level must be a table/object of settings")
-    return make_config({**data, **overrides}, source=str(file))
+    data = read_file(path, McpConfigError)
+    return make_config({**data, **overrides}, source=str(path))
 
 
 def make_config(data: dict[str, Any], source: str = "the settings") -> ServerConfig:
     """Validate settings into a `ServerConfig`; a mistake becomes one `McpConfigError` naming the field."""
-    try:
-        return ServerConfig.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc']) or 'config'}: {error['msg']}"
-            for error in exc.errors()
-        )
-        raise McpConfigError(f"{source}: {problems}") from None
+    return validate(ServerConfig, data, source, McpConfigError)
 
 
 def load_tool(name: str, path: str) -> Callable[..., Any]:

@@ -49,15 +49,16 @@ def available() -> bool:
     return sys.platform.startswith("linux")
 
 
-def supervise(*, docker_sweep: bool = False) -> tuple[int, str]:
+def supervise(*, docker_sweep: bool = False, name: str = "mcp") -> tuple[int, str]:
     """Fork into watchdog and server. Returns in the server: the watchdog's pid and the server's
     temporary directory. The watchdog never returns (it exits with the server's status). Call it
-    before starting threads or an event loop."""
+    before starting threads or an event loop. `name` is the command (``kodeagent <name>``) its
+    messages and temporary directory are named after."""
     if not available() or not _prctl(PR_SET_CHILD_SUBREAPER, 1):
         raise OSError("the watchdog needs Linux (PR_SET_CHILD_SUBREAPER)")
     watchdog = os.getpid()
     # Traversable but not listable: sandbox users reach their own directories inside, nothing else.
-    scratch = tempfile.mkdtemp(prefix="kodeagent-mcp-")
+    scratch = tempfile.mkdtemp(prefix=f"kodeagent-{name}-")
     os.chmod(scratch, 0o711)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -77,12 +78,12 @@ def supervise(*, docker_sweep: bool = False) -> tuple[int, str]:
         atexit.register(shutil.rmtree, scratch, True)
         return watchdog, scratch
     try:
-        os._exit(_watch(pid, docker_sweep, scratch))
+        os._exit(_watch(pid, docker_sweep, scratch, name))
     except BaseException:  # never fall back into the caller's code as a second server
         os._exit(70)
 
 
-def _watch(server: int, docker_sweep: bool, scratch: str) -> int:
+def _watch(server: int, docker_sweep: bool, scratch: str, name: str) -> int:
     # Hold neither end of the client's pipes: when the server dies the client must see end-of-file.
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
@@ -126,7 +127,7 @@ def _watch(server: int, docker_sweep: bool, scratch: str) -> int:
         how = f"exited with {code}"
     if killed or removed or code:
         print(
-            f"kodeagent mcp watchdog: the server (pid {server}) {how}; killed {killed} leftover "
+            f"kodeagent {name} watchdog: the server (pid {server}) {how}; killed {killed} leftover "
             f"process(es), removed {removed} container(s)",
             file=sys.stderr,
             flush=True,
@@ -181,6 +182,6 @@ def _sweep_containers() -> int:
             text=True,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        print(f"kodeagent mcp watchdog: the container sweep failed: {exc}", file=sys.stderr, flush=True)
+        print(f"kodeagent watchdog: the container sweep failed: {exc}", file=sys.stderr, flush=True)
         return 0
     return sum(1 for line in done.stderr.splitlines() if line.startswith("removed "))

@@ -6,7 +6,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -40,6 +40,10 @@ class ServedSandbox:
     started_at: float = field(default_factory=time.time)
     last_active: float = field(default_factory=time.monotonic)
     busy: anyio.Lock = field(default_factory=anyio.Lock)
+    commands: dict[int, Any] = field(default_factory=dict)
+    """Commands running now, by the pid the server gave them (envd's process service keeps them)."""
+    contexts: dict[str, Any] = field(default_factory=dict)
+    """The interpreter's contexts, by id (the interpreter keeps them)."""
 
     def touch(self) -> None:
         """Record that a request used this sandbox now."""
