@@ -139,7 +139,9 @@ async def _closing(
     except ValidationError:
         context.known = False
         why = f" ({result.error.type}: {result.error.message[:500]})" if result.error is not None else ""
-        return [_error("SandboxError", f"the sandbox answered the cell with something that is not an answer{why}")]
+        return [
+            _error("SandboxError", f"the sandbox answered the cell with something that is not an answer{why}")
+        ]
     messages: list[dict[str, Any]] = []
     lost = context.known and answer.fresh
     context.known = True
