@@ -30,6 +30,7 @@ BENCHMARKS = {
     "agent": "CodeAct and ReAct on HumanEval-as-agent tasks and multi-tool tasks with a real model",
     "replies": "the agents' reply parser on a corpus of messy model replies: read, refused or misread",
     "soak": "open, run and close thousands of sessions in one process; report anything that grew",
+    "serve": "kodeagent serve through the E2B SDK: create → first result, warm run, resume, a burst",
 }
 
 

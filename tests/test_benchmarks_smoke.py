@@ -378,3 +378,16 @@ def test_humaneval_harness_semantics_refuses_bare_process_isolation() -> None:
     with pytest.raises(BackendUnavailable, match="bubblewrap") as caught:
         humaneval.run(limit=1, concurrency=1, console=quiet(), backend_options={"isolation": "process"})
     assert "--semantics policy" in str(caught.value)
+
+
+@pytest.mark.e2b
+def test_serve_bench_smoke() -> None:
+    pytest.importorskip("e2b_code_interpreter")
+    from benchmarks import serve
+
+    result = serve.measure(2, 3)
+    rows = {r["what"]: r for r in result["rows"]}
+    sdk = rows["SDK create → first run_code (durable_home)"]
+    assert sdk["n"] == 2 and sdk["p50_ms"] > 0 and sdk["ratio_p50"] > 0
+    assert rows["SDK pause, connect + run_code"]["baseline"] == "SDK warm run_code"
+    assert result["burst"]["created"] + result["burst"]["refused"] == 3

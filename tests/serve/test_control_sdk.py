@@ -211,3 +211,27 @@ def test_files_outlive_a_replaced_session_and_go_with_the_sandbox(served: Served
     assert os.path.realpath(after.stdout.split()[2]) == os.path.realpath(held.home)
     sandbox.kill()
     assert not os.path.exists(held.home)
+
+
+def test_network_options_reach_the_egress_policy(serve_with: Any) -> None:
+    from e2b import ALL_TRAFFIC
+
+    from sandboxes.egress.policy import NetworkPolicy
+
+    served = serve_with(internet=True)
+    sandbox = Sandbox.create(
+        network={"deny_out": [ALL_TRAFFIC], "allow_out": ["pypi.org"]}, **served.sdk_options()
+    )
+    executor = served.app.registry.get("alice", sandbox.sandbox_id).sandbox.executor
+    assert executor.policy.network == NetworkPolicy(allow=("pypi.org",))
+    sandbox.update_network({"deny_out": ["evil.example"]})
+    assert executor.policy.network == NetworkPolicy(deny=("evil.example",))
+    sandbox.update_network({"allow_internet_access": False})
+    assert executor.policy.network is False
+    assert sandbox.get_info().allow_internet_access is False
+    with pytest.raises(SandboxException, match="dnsServers"):
+        sandbox.update_network({"dns_servers": ["192.0.2.1"]})
+    assert executor.policy.network is False  # a refused update changes nothing
+    offline = Sandbox.create(allow_internet_access=False, **served.sdk_options())
+    with pytest.raises(SandboxException, match="internet on"):
+        offline.update_network({"deny_out": ["evil.example"]})  # no gateway to change

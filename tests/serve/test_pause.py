@@ -177,3 +177,23 @@ def test_a_second_process_connects_to_a_live_sandbox(served: Served) -> None:
         timeout=120,
     )
     assert other.returncode != 0 and "NotFoundException" in other.stderr
+
+
+@pytest.mark.docker
+def test_a_docker_sandbox_pauses_and_resumes_with_its_memory(serve_with: Any) -> None:
+    from support import backend_docker
+
+    backend_docker.require()
+    code_interpreter = pytest.importorskip("e2b_code_interpreter")
+    served = serve_with(backend="docker", backend_options={"image": backend_docker.IMAGE})
+    sandbox = code_interpreter.Sandbox.create(**served.sdk_options())
+    sandbox.run_code("x = 5")
+    held = served.app.registry.get("alice", sandbox.sandbox_id)
+    container = held.sandbox.executor.session.worker.container_id  # type: ignore[union-attr]
+    import docker
+
+    assert sandbox.pause() is True
+    assert docker.from_env().containers.get(container).status == "paused"
+    again = code_interpreter.Sandbox.connect(sandbox.sandbox_id, **served.sdk_options())
+    assert docker.from_env().containers.get(container).status == "running"
+    assert again.run_code("x + 1").text == "6"

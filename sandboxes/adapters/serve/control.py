@@ -8,6 +8,7 @@ refusal is E2B's error shape (``{"code", "message"}``) with the status the SDK m
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import re
@@ -265,6 +266,9 @@ class ControlPlane:
             raise BadRequest(
                 f"{exc} (on this server: create the sandbox with internet on to change its rules later)"
             ) from None
+        entry.spec = dataclasses.replace(
+            entry.spec, network=network, allow_internet_access=network is not False
+        )
         return Response(status_code=204)
 
 

@@ -96,7 +96,7 @@ ExecutorFactory = Callable[[Spec, "str | None"], "Executor"]
 
 
 def new_sandbox_id() -> str:
-    """20 random lowercase characters, as E2B's ids look; 100 bits, so an id cannot be guessed."""
+    """20 random lowercase hex digits, as long as E2B's ids; 80 bits, so an id cannot be guessed."""
     return secrets.token_hex(10)
 
 
@@ -145,7 +145,9 @@ class Registry:
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Registry:
-        if self.config.durable_home:
+        # Host only for now: on Docker a bind-mounted home breaks the in-sandbox helpers (a cell's
+        # answer does not come back), so Docker sandboxes keep the warm pool and the container's own.
+        if self.config.durable_home and self.config.backend == "host":
             # Under TMPDIR: the watchdog's scratch directory when there is one, so a killed server's
             # homes go with it. Traversable, not listable: each home is its sandbox user's alone.
             self._homes = tempfile.mkdtemp(prefix="kodeagent-serve-homes-")

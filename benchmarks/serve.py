@@ -1,0 +1,258 @@
+"""`kodeagent serve` through the unmodified E2B SDK, beside the in-process executor, in one run.
+
+Measured (network off, the host backend, a server in a thread of this process on loopback):
+
+- **create → first result**: `Sandbox.create()` then `run_code("1 + 1")` through `e2b-code-interpreter`,
+  with `durable_home` on (the default: a cold worker per sandbox, files kept across a replaced
+  session) and off (the warm pool), against the baseline `open_executor(...)` + `run("1 + 1")` of the
+  same policy in this process;
+- **warm run_code** through the SDK against a warm in-process `run()`;
+- **resume after pause**: `pause()`, then `connect()` + `run_code`, against a warm `run_code`;
+- **burst**: `--burst` creates at once (their wall time, and how many were refused by the caps).
+
+Ratios are taken against the baselines of the same run (medians and p95). Killing a sandbox is not
+part of any timing.
+
+    python -m benchmarks.serve --n 30 --burst 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import anyio
+
+from .common import fmt_ms, fmt_ratio, make_console, print_table, publish, ratio, script_main, summarize
+
+CODE = "1 + 1"
+
+
+def _served_policy() -> Any:
+    from sandboxes import Policy
+
+    return Policy(python_guards=False, allowed_imports=("*",), subprocess=True, files="any")
+
+
+def baseline_open_run(n: int) -> tuple[list[float], list[float]]:
+    """In-process: `open_executor` + `run` (the first result) n times, and n warm runs of one executor."""
+    from sandboxes.backends import open_executor
+
+    async def go() -> tuple[list[float], list[float]]:
+        firsts: list[float] = []
+        for _ in range(n):
+            started = time.perf_counter()
+            executor = open_executor("host", isolation="namespaces", policy=_served_policy())
+            await executor.open()
+            result = await executor.run(CODE)
+            firsts.append(time.perf_counter() - started)
+            assert result.ok, result.error
+            await executor.close()
+        warms: list[float] = []
+        async with open_executor("host", isolation="namespaces", policy=_served_policy()) as executor:
+            await executor.run(CODE)
+            for _ in range(n):
+                started = time.perf_counter()
+                await executor.run(CODE)
+                warms.append(time.perf_counter() - started)
+        return firsts, warms
+
+    return anyio.run(go)
+
+
+def _timed(action: Callable[[], Any]) -> tuple[float, Any]:
+    started = time.perf_counter()
+    value = action()
+    return time.perf_counter() - started, value
+
+
+def through_the_sdk(n: int, durable_home: bool, burst: int) -> dict[str, Any]:
+    """The SDK's timings against one server with `durable_home` as given."""
+    from e2b_code_interpreter import Sandbox
+
+    from sandboxes.adapters.serve.config import make_config
+    from sandboxes.adapters.serve.keys import generate_key
+    from sandboxes.adapters.serve.server import in_thread
+
+    key = generate_key()
+    limit = max(burst, 4) + 4
+    config = make_config(
+        {
+            "keys": [key],
+            "port": 0,
+            "internet": False,
+            "idle_pause": 0,
+            "durable_home": durable_home,
+            "max_sandboxes": limit,
+            "max_sandboxes_per_key": limit,
+            "max_requests_per_key": max(64, 4 * limit),
+        }
+    )
+    out: dict[str, Any] = {}
+    with in_thread(config) as running:
+        options = {"api_url": running.url, "sandbox_url": running.url, "api_key": key}
+        Sandbox.create(**options).kill()  # the first create starts the backend's helpers
+        firsts: list[float] = []
+        for _ in range(n):
+            seconds, sandbox = _timed(lambda: _create_and_run(Sandbox, options))
+            firsts.append(seconds)
+            sandbox.kill()
+        out["create_first_result"] = firsts
+        sandbox = Sandbox.create(**options)
+        sandbox.run_code(CODE)
+        out["warm_run_code"] = [_timed(lambda: sandbox.run_code(CODE))[0] for _ in range(n)]
+        resumes = []
+        for _ in range(n):
+            sandbox.pause()
+            resumes.append(_timed(lambda: Sandbox.connect(sandbox.sandbox_id, **options).run_code(CODE))[0])
+        out["resume_run_code"] = resumes
+        sandbox.kill()
+        if burst:
+            out["burst"] = _burst(Sandbox, options, burst)
+    return out
+
+
+def _create_and_run(cls: Any, options: dict[str, Any]) -> Any:
+    sandbox = cls.create(**options)
+    execution = sandbox.run_code(CODE)
+    if execution.text != "2":
+        raise AssertionError(f"run_code answered {execution.text!r}, not '2'")
+    return sandbox
+
+
+def _burst(cls: Any, options: dict[str, Any], count: int) -> dict[str, Any]:
+    """`count` creates at once (threads: the SDK is blocking); their wall time and outcomes."""
+    import concurrent.futures
+
+    def one() -> tuple[float, Any]:
+        return _timed(lambda: cls.create(**options))
+
+    started = time.perf_counter()
+    made, refused = [], 0
+    with concurrent.futures.ThreadPoolExecutor(count) as pool:
+        for future in [pool.submit(one) for _ in range(count)]:
+            try:
+                made.append(future.result())
+            except Exception:  # noqa: BLE001 - a refused create (a cap) is counted, not fatal
+                refused += 1
+    wall = time.perf_counter() - started
+    for _, sandbox in made:
+        sandbox.kill()
+    return {
+        "count": count,
+        "created": len(made),
+        "refused": refused,
+        "wall_s": wall,
+        **summarize([s for s, _ in made]),
+    }
+
+
+def measure(n: int, burst: int) -> dict[str, Any]:
+    firsts, warms = baseline_open_run(n)
+    durable = through_the_sdk(n, True, burst)
+    pooled = through_the_sdk(n, False, 0)
+    base_first, base_warm = summarize(firsts), summarize(warms)
+    rows = []
+
+    def row(name: str, values: list[float], base: dict[str, Any], baseline: str) -> None:
+        stats = summarize(values)
+        rows.append(
+            {
+                "what": name,
+                **stats,
+                "baseline": baseline,
+                "baseline_p50_ms": base["p50_ms"],
+                "ratio_p50": ratio(stats["p50_ms"], base["p50_ms"]),
+                "ratio_p95": ratio(stats["p95_ms"], base["p95_ms"]),
+            }
+        )
+
+    rows.append({"what": "in-process open + run", **base_first, "baseline": "-"})
+    row(
+        "SDK create → first run_code (durable_home)",
+        durable["create_first_result"],
+        base_first,
+        "in-process open + run",
+    )
+    row(
+        "SDK create → first run_code (warm pool)",
+        pooled["create_first_result"],
+        base_first,
+        "in-process open + run",
+    )
+    rows.append({"what": "in-process warm run", **base_warm, "baseline": "-"})
+    row("SDK warm run_code", durable["warm_run_code"], base_warm, "in-process warm run")
+    warm_sdk = summarize(durable["warm_run_code"])
+    row("SDK pause, connect + run_code", durable["resume_run_code"], warm_sdk, "SDK warm run_code")
+    return {"n": n, "code": CODE, "rows": rows, "burst": durable.get("burst")}
+
+
+def report(console: Any, result: dict[str, Any]) -> None:
+    rows = [
+        [
+            r["what"],
+            fmt_ms(r["p50_ms"]),
+            fmt_ms(r["p95_ms"]),
+            fmt_ratio(r.get("ratio_p50", float("nan"))),
+            fmt_ratio(r.get("ratio_p95", float("nan"))),
+            r["baseline"],
+        ]
+        for r in result["rows"]
+    ]
+    print_table(
+        console,
+        f"kodeagent serve through the E2B SDK (host, network off, n={result['n']})",
+        ["what", "p50", "p95", "x p50", "x p95", "against"],
+        rows,
+        left=(0, 5),
+    )
+    burst = result.get("burst")
+    if burst:
+        console.print(
+            f"burst of {burst['count']} creates: {burst['created']} created, {burst['refused']} refused, "
+            f"all done in {burst['wall_s']:.2f} s (each: p50 {fmt_ms(burst['p50_ms'])}, "
+            f"p95 {fmt_ms(burst['p95_ms'])})",
+            markup=False,
+            highlight=False,
+        )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n", type=int, default=20, help="samples per timing (default 20)")
+    parser.add_argument("--burst", type=int, default=0, help="creates at once for the burst (default none)")
+    parser.add_argument(
+        "--output", metavar="PATH", help="result JSON path (default results/serve-<time>.json)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+
+
+def execute(args: argparse.Namespace) -> int:
+    """Run from parsed arguments; 2 for bad options, 3 when a part it needs is missing here."""
+    console = make_console(args.json)
+    if args.n < 1 or args.burst < 0:
+        console.print("error: --n must be at least 1 and --burst at least 0", markup=False, highlight=False)
+        return 2
+    try:
+        import e2b_code_interpreter  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        console.print(
+            f"{exc.name} is missing: pip install 'e2b-code-interpreter<3' 'kodeagent[mcp]'",
+            markup=False,
+            highlight=False,
+        )
+        return 3
+    result = measure(args.n, args.burst)
+    publish("serve", result, args, console, report)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return script_main(__doc__, "python -m benchmarks.serve", add_arguments, execute, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
