@@ -189,8 +189,10 @@ def test_matplotlib_figure_is_a_png(sandbox: Sandbox) -> None:
 
 def test_a_dropped_execute_interrupts_the_run_and_the_next_says_state_lost(sandbox: Sandbox) -> None:
     sandbox.run_code("kept = 1")
+    sandbox.files.write("/home/user/durable.txt", "stays")
     with pytest.raises(TimeoutException):
         sandbox.run_code("import time\ntime.sleep(120)", timeout=2)
+    assert sandbox.files.read("/home/user/durable.txt") == "stays"  # the home outlives the session
     # Were the dropped run still going it would hold the session for two minutes: this cell's own
     # timeout (the SDK raises past it) shows it was stopped.
     after = sandbox.run_code("kept", timeout=30)

@@ -138,7 +138,10 @@ async def _closing(
         answer = _Answer.model_validate(result.value)
     except ValidationError:
         context.known = False
-        return [_error("SandboxError", "the sandbox answered the cell with something that is not an answer")]
+        why = f" ({result.error.type}: {result.error.message[:500]})" if result.error is not None else ""
+        return [
+            _error("SandboxError", f"the sandbox answered the cell with something that is not an answer{why}")
+        ]
     messages: list[dict[str, Any]] = []
     lost = context.known and answer.fresh
     context.known = True
