@@ -7,7 +7,6 @@ from pytest_examples import CodeExample, EvalExample, find_examples
 
 from .conftest import ROOT
 
-
 # Fragments (top-level `await`, a fork of an `ex` defined elsewhere) on pages written before the site;
 # each is still to be made runnable. Listed by page so a new page cannot join them unnoticed.
 FRAGMENT_PAGES = {"fork.md", "egress.md"}
