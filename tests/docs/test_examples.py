@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pytest_examples import CodeExample, EvalExample, find_examples
+from support.llm_standin import StandinLLM, code_final, code_step, register_standin_models
 
 from .conftest import ROOT
 
@@ -19,5 +22,23 @@ def test_the_site_has_runnable_examples() -> None:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=str)
-def test_docs_example_runs(example: CodeExample, eval_example: EvalExample) -> None:
-    eval_example.run(example)
+def test_docs_example_runs(
+    example: CodeExample, eval_example: EvalExample, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if example.path.name != "agents.md":
+        eval_example.run(example)
+        return
+    # The agent example as a user runs it, its provider the loopback LLM stand-in (litellm reads
+    # OPENAI_API_BASE for `openai/...` models): one code step that calls the tool, then the answer.
+    register_standin_models()
+    with StandinLLM() as llm:
+        llm.add(
+            code_step("import statistics\nprint(statistics.mean([get_price('AAPL'), get_price('MSFT')]))"),
+            code_final("300.0"),
+        )
+        monkeypatch.setenv("OPENAI_API_BASE", llm.api_base)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-standin")
+        eval_example.run(example)
+        assert llm.remaining == 0
+        observations = json.dumps(llm.requests[-1])
+        assert "300.0" in observations  # the tool ran in this process and the code printed its mean
