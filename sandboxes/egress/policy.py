@@ -123,7 +123,7 @@ class NetworkPolicy(BaseModel):
     (RFC 1918), CGNAT, link-local (the cloud metadata address), unique-local, multicast or reserved
     ranges, this machine's own addresses or another session. Rules (see `sandboxes.egress.match`):
 
-    Args:
+    Attributes:
         allow: if empty, every public destination; else only destinations a rule names, e.g.
             ``["pypi.org", "*.pythonhosted.org", "api.example.com:443"]``. A private address or this
             machine is reached only through an address-range rule that contains it

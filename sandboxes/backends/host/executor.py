@@ -312,7 +312,8 @@ class HostExecutor(Executor):
             subject to the policy's import allowlist like any import). What many sessions share (a
             harness driver) is compiled and loaded once instead of sent and compiled per session.
             The files' code runs with the fork server's rights: only ever your own code.
-        (and the common `ExecutorOptions`)
+
+    (and the common `ExecutorOptions`)
     """
 
     backend = "host"

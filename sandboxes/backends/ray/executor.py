@@ -143,7 +143,8 @@ class RayExecutor(Executor):
             A process already connected to Ray (``ray.init`` was called) keeps its connection.
         placement_timeout: seconds a session waits for free capacity on the cluster at open.
         init_options: extra keyword arguments of ``ray.init`` when this process connects.
-        (and the common `ExecutorOptions`, passed on to the node's backend, whose own options are
+
+    (and the common `ExecutorOptions`, passed on to the node's backend, whose own options are
         accepted too: ``isolation``, ``image``, ...; tools run here, in the parent)
     """
 
