@@ -7,12 +7,15 @@ import json
 import pytest
 from pytest_examples import CodeExample, EvalExample, find_examples
 from support.llm_standin import StandinLLM, code_final, code_step, register_standin_models
+from support.served import serving
 
 from .conftest import ROOT
 
 # Fragments (top-level `await`, a fork of an `ex` defined elsewhere) on pages written before the site;
 # each is still to be made runnable. Listed by page so a new page cannot join them unnoticed.
 FRAGMENT_PAGES = {"fork.md", "egress.md"}
+SERVED_PAGES = {"serve.md", "serve-inside.md"}
+"""Pages whose examples are E2B client code, run against a `kodeagent serve` on loopback."""
 EXAMPLES = [e for e in find_examples(ROOT / "docs") if e.path.name not in FRAGMENT_PAGES]
 
 
@@ -25,6 +28,14 @@ def test_the_site_has_runnable_examples() -> None:
 def test_docs_example_runs(
     example: CodeExample, eval_example: EvalExample, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if example.path.name in SERVED_PAGES:
+        # As the page says: the unmodified E2B SDK, pointed at a real `kodeagent serve` by its
+        # three environment variables.
+        with serving() as server:
+            for name, value in server.env().items():
+                monkeypatch.setenv(name, value)
+            eval_example.run(example)
+        return
     if example.path.name != "agents.md":
         eval_example.run(example)
         return
