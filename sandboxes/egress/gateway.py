@@ -416,7 +416,9 @@ class Gateway:
                 if method == "CONNECT":
                     writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 else:
-                    up_writer.write(forward_head(method, path, version, host, port, headers))
+                    forwarded = forward_head(method, path, version, host, port, headers)
+                    entry.sent += len(forwarded)  # the relay counts only what follows the head
+                    up_writer.write(forwarded)
                 await self._relay(state, entry, reader, writer, up_reader, up_writer)
             finally:
                 up_writer.close()

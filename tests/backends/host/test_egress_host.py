@@ -93,6 +93,7 @@ async def test_a_public_host_is_reached_by_name_and_reported(
     (connection,) = result.network.connections
     assert (connection.host, connection.port, connection.address) == ("public.test", 80, PUBLIC)
     assert connection.allowed and connection.rule == "public" and connection.bytes_received > 0
+    assert connection.bytes_sent >= len("GET / HTTP/1.1\r\n\r\n")  # the forwarded head counts
     assert internet.hits_at(PUBLIC)[-1]["host"] == "public.test"
 
 
