@@ -194,7 +194,15 @@ async def test_parent_killed_with_sigkill_leaves_nothing_running_and_cleanup_rem
 async def test_ctrl_c_during_a_run_removes_the_container():
     child, container = start_child("await ex.run('while True:\\n    pass')")
     child.send_signal(signal.SIGINT)
-    child.wait(timeout=30)
+    try:
+        child.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        _, stderr = child.communicate(timeout=30)
+        pytest.fail(
+            f"the child was still running 30 s after SIGINT (container state: {state(container)}); "
+            f"its stderr:\n{stderr[-3000:]}"
+        )
     assert await anyio.to_thread.run_sync(wait_for, lambda: state(container) is None)
 
 

@@ -53,6 +53,7 @@ async def test_the_nodes_gateway_applies_the_rules_and_reports_back(service: Loo
 
     other = LoopbackHttp()
     rules = NetworkPolicy(allow=[f"127.0.0.1:{service.port}"])
+    driver_gateway = gateway._PROCESS  # another test in this process may have started one
     try:
         async with backend_ray.make_executor(policy=policy(rules), timeout=30) as ex:
             assert (await ex.run(GATEWAY_GET)).ok
@@ -67,7 +68,8 @@ async def test_the_nodes_gateway_applies_the_rules_and_reports_back(service: Loo
         (other.port, False, "loopback"),
     ]
     assert service.paths == ["/"] and other.paths == []
-    assert gateway._PROCESS is None  # the driver built no gateway: the node's executor did
+    # the driver built no gateway for this session (nor replaced its own): the node's executor did
+    assert gateway._PROCESS is driver_gateway
 
 
 async def test_set_network_on_a_live_session_reaches_the_nodes_gateway(service: LoopbackHttp) -> None:
