@@ -151,6 +151,8 @@ async def test_garbage_collected_session_removes_its_container():
 CHILD = textwrap.dedent(
     """
     import os, signal, sys, anyio
+    # As at a terminal: a suite started in the background (`cmd &`) hands its children SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.path.insert(0, {tests!r})
     from support import backend_docker
 
