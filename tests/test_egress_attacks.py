@@ -11,17 +11,17 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 
 import pytest
+from support import egress_client as support_egress_client
 from support.fake_internet import PRIVATE, PUBLIC, FakeInternet, fake_internet, gateway_through, unavailable
 from support.needs import require
 
-from sandboxes.egress import PROXY_PORT, service
+from sandboxes.egress import service
 from sandboxes.egress.policy import NetworkPolicy
-from sandboxes.egress.service import CLONE_NEWNET, EgressLink
+from sandboxes.egress.service import EgressLink
 
 HEAD_SECONDS = 1.0
 
@@ -33,34 +33,8 @@ def internet() -> Iterator[FakeInternet]:
         yield net
 
 
-class Client:
-    """Sockets opened inside a namespace of the test's, as a session's code would open them."""
-
-    def __init__(self, ns: str) -> None:
-        self.path = f"/run/netns/{ns}"
-
-    def connect(self, port: int = PROXY_PORT) -> socket.socket:
-        import ctypes
-        import os
-
-        made: list[socket.socket] = []
-
-        def inside() -> None:
-            libc = ctypes.CDLL(None, use_errno=True)
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                assert libc.setns(fd, CLONE_NEWNET) == 0
-            finally:
-                os.close(fd)
-            made.append(socket.socket())  # this thread ends in the namespace: nothing else runs here
-
-        thread = threading.Thread(target=inside)
-        thread.start()
-        thread.join()
-        sock = made[0]
-        sock.settimeout(10)
-        sock.connect(("127.0.0.1", port))
-        return sock
+class Client(support_egress_client.Client):
+    """`support.egress_client.Client`, with a whole request and answer in one call."""
 
     def exchange(self, data: bytes) -> bytes:
         with self.connect() as sock:
