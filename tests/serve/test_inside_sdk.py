@@ -174,17 +174,45 @@ def test_context_cwd_is_its_working_directory(sandbox: Sandbox) -> None:
         sandbox.create_code_context(cwd="/etc")
 
 
-def test_matplotlib_figure_is_a_png(sandbox: Sandbox) -> None:
-    has = sandbox.run_code("import importlib.util; importlib.util.find_spec('matplotlib') is not None").text
-    if has != "True":
-        pytest.skip("matplotlib is not installed where the sandbox's Python runs (pip install matplotlib)")
-    result = sandbox.run_code(
-        "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
-        "fig = plt.figure()\nplt.plot([1, 2, 3])\nfig"
-    ).results[0]
-    import base64
+FIGURE = (
+    "import matplotlib.pyplot as plt\nfig = plt.figure(figsize={size}, dpi={dpi})\nplt.plot([1, 3, 2])\nfig"
+)
 
-    assert base64.b64decode(result.png).startswith(b"\x89PNG")
+
+def _png(result: Any) -> Any:
+    import base64
+    import io
+
+    from PIL import Image
+
+    data = base64.b64decode(result.png)
+    assert data.startswith(b"\x89PNG")
+    return Image.open(io.BytesIO(data))
+
+
+def test_matplotlib_figure_is_the_main_results_png(sandbox: Sandbox) -> None:
+    pytest.importorskip("matplotlib")  # the dev extra has it; the host sandbox runs this Python
+    # No `matplotlib.use(...)`: a sandbox has no display, so pyplot picks Agg as E2B's kernel does.
+    execution = sandbox.run_code(FIGURE.format(size=(4, 3), dpi=50))
+    assert execution.error is None, execution.error
+    (result,) = execution.results
+    assert result.is_main_result
+    assert result.text == "<Figure size 200x150 with 1 Axes>"  # Jupyter's text/plain for it
+    assert _png(result).size == (200, 150)
+    assert "png" in result.formats() and result.json is None
+
+
+def test_a_figure_bigger_than_the_runs_output_still_arrives_whole(sandbox: Sandbox) -> None:
+    pytest.importorskip("matplotlib")
+    # Noise does not compress: its PNG is far past what one run's value may carry (64,000 characters).
+    code = (
+        "import matplotlib.pyplot as plt, random\nrandom.seed(1)\nfig = plt.figure(figsize=(8, 8), dpi=100)\n"
+        "plt.imshow([[random.random() for _ in range(400)] for _ in range(400)])\nfig"
+    )
+    (result,) = sandbox.run_code(code).results
+    assert len(result.png) > 200_000
+    assert _png(result).size == (800, 800)
+    assert sandbox.commands.run("ls -A .kodeagent-display || true").stdout.strip() == ""  # spill removed
 
 
 def test_a_dropped_execute_interrupts_the_run_and_the_next_says_state_lost(sandbox: Sandbox) -> None:
