@@ -41,14 +41,18 @@ async def read(request: Request, sandbox: ServedSandbox, limits: InsideLimits) -
     if relative == "":
         raise BadRequest(f"path {path!r} is a directory; read a file in it")
     # Resolved in the session (a symlink leaving the home is refused there); the bytes are then read
-    # from the resolved path, which the transfer opens without following any symlink.
-    found = session.entry(await session.call(sandbox, {"op": "stat", "path": relative, "follow": True}))
-    if found.kind == "directory":
-        raise BadRequest(f"path {path!r} is a directory; read a file in it")
-    if found.size > limits.max_file_bytes:  # the sandbox's word, only to refuse early: the cap below holds
-        raise TooLarge(_too_large(path, limits))
+    # from the resolved path, which the transfer opens without following any symlink. With the guards
+    # on no helper runs: the path is read as given, and a symlink on it is refused by the transfer.
+    target = relative
+    if not sandbox.executor.policy.python_guards:
+        found = session.entry(await session.call(sandbox, {"op": "stat", "path": relative, "follow": True}))
+        if found.kind == "directory":
+            raise BadRequest(f"path {path!r} is a directory; read a file in it")
+        if found.size > limits.max_file_bytes:  # the sandbox's word, only to refuse early: the cap holds
+            raise TooLarge(_too_large(path, limits))
+        target = found.path
     try:
-        data = await sandbox.executor.download(found.path, max_bytes=limits.max_file_bytes)
+        data = await sandbox.executor.download(target, max_bytes=limits.max_file_bytes)
     except FileTooLarge:
         raise TooLarge(_too_large(path, limits)) from None
     except SandboxFileError as exc:

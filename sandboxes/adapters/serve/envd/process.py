@@ -99,7 +99,10 @@ async def stream(request: Request, method: str, resolve: Resolve, caps: InsideLi
     except ServeError as exc:
         return Response(end_of_stream(RpcError.of(exc)), media_type=STREAM_CONTENT_TYPE)
     pid = next(_PIDS)
-    reply = await _shielded(sandbox, {**spawn, "pid": pid})
+    try:
+        reply = await _shielded(sandbox, {**spawn, "pid": pid})
+    except ServeError as exc:  # headers are not sent yet: the error is the stream's end, as envd's
+        return Response(end_of_stream(RpcError.of(exc)), media_type=STREAM_CONTENT_TYPE)
     if not isinstance(reply, dict) or reply.get("spawned") is not True:
         why = str(reply.get("message"))[:1024] if isinstance(reply, dict) else "no answer"
         return Response(

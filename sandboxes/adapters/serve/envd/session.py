@@ -79,19 +79,27 @@ _CODES = frozenset(
 )
 
 
-def _code(request: dict[str, Any]) -> str:
+def _code(sandbox: ServedSandbox, request: dict[str, Any]) -> str:
+    if sandbox.executor.policy.python_guards:
+        # The helper is plain Python (os, subprocess, dunders): the guards would refuse it anyway.
+        raise RpcError(
+            "failed_precondition",
+            f"envd's {request.get('op', 'operation')!r} runs a helper in the sandbox, and this server runs "
+            "sandboxes with python_guards = true; only file reads and writes are served (set "
+            "python_guards = false for commands and the other file operations)",
+        )
     return helper_code(_SOURCE, request)
 
 
 async def call(sandbox: ServedSandbox, request: dict[str, Any]) -> Any:
     """Run one helper operation in the session and return its answer, or raise its `RpcError`."""
-    return answer(await sandbox.executor.run(_code(request)))
+    return answer(await sandbox.executor.run(_code(sandbox, request)))
 
 
 @contextlib.asynccontextmanager
 async def stream(sandbox: ServedSandbox, request: dict[str, Any]) -> AsyncIterator[EventStream]:
     """Run one helper operation and watch its output (`Executor.stream`); leaving early cancels it."""
-    async with sandbox.executor.stream(_code(request)) as events:
+    async with sandbox.executor.stream(_code(sandbox, request)) as events:
         yield events
 
 

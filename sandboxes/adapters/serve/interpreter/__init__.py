@@ -28,6 +28,7 @@ from .cells import Context, context_op, execute
 DEFAULT_CONTEXT = "default"
 MAX_CONTEXTS = 32
 MAX_ENV_VARS = 1_000
+_GUARDED = "with the guards on, cells run in the default context with the sandbox's own environment"
 
 
 def interpreter_app(resolve: Resolve, limits: InsideLimits | None = None) -> Starlette:
@@ -60,6 +61,8 @@ def interpreter_app(resolve: Resolve, limits: InsideLimits | None = None) -> Sta
             raise BadRequest(f"env_vars must map at most {MAX_ENV_VARS} names to strings")
         context_id = body.get("context_id") or DEFAULT_CONTEXT
         context = _context(sandbox, context_id)
+        if sandbox.executor.policy.python_guards and envs:
+            raise BadRequest(f"a cell's own env_vars need the server's python_guards = false ({_GUARDED})")
         return StreamingResponse(
             execute(sandbox, context, code, {**sandbox.envs, **envs}, caps), media_type="application/x-ndjson"
         )
@@ -73,6 +76,8 @@ def interpreter_app(resolve: Resolve, limits: InsideLimits | None = None) -> Sta
             return _json([c.to_json() for c in sandbox.contexts.values()])
         body = parse_json(await read_body(request, caps.max_rpc_bytes))
         _check_language(body.get("language"))
+        if sandbox.executor.policy.python_guards:
+            raise BadRequest(f"contexts other than the default need python_guards = false ({_GUARDED})")
         if len(sandbox.contexts) >= MAX_CONTEXTS:
             raise TooMany(f"a sandbox holds at most {MAX_CONTEXTS} contexts; remove one first")
         relative = to_relative(body.get("cwd") or str(sandbox.home), sandbox.home)
@@ -88,6 +93,8 @@ def interpreter_app(resolve: Resolve, limits: InsideLimits | None = None) -> Sta
     async def _context_item(request: Request, sandbox: ServedSandbox) -> Response:
         context = _context(sandbox, request.path_params["context_id"], create=False)
         restart = request.url.path.endswith("/restart")
+        if sandbox.executor.policy.python_guards:
+            raise BadRequest(f"restarting a context needs python_guards = false ({_GUARDED})")
         if not restart and context.id == DEFAULT_CONTEXT:
             raise BadRequest("the default context cannot be removed; restart it to clear its state")
         await context_op(sandbox, context, "forget")

@@ -100,6 +100,10 @@ def line(message: dict[str, Any]) -> bytes:
 async def execute(
     sandbox: ServedSandbox, context: Context, code: str, envs: dict[str, str], limits: InsideLimits
 ) -> AsyncIterator[bytes]:
+    if sandbox.executor.policy.python_guards:
+        async for chunk in _guarded_cell(sandbox, context, code):
+            yield chunk
+        return
     request = {
         "op": "cell",
         "context": context.id,
@@ -117,6 +121,56 @@ async def execute(
                 result = event.result
     assert result is not None
     for message in await _closing(sandbox, context, result, limits):
+        yield line(message)
+    yield line({"type": "end_of_execution"})
+
+
+async def _guarded_cell(sandbox: ServedSandbox, context: Context, code: str) -> AsyncIterator[bytes]:
+    """A cell run as the session's own guarded code (no helper: the guards refuse its plain Python),
+    its value and error mapped from the executor's result. The interpreter refuses what needs the
+    helper (other contexts, a cell's own environment) before it gets here."""
+    result: ExecutionResult | None = None
+    async with sandbox.executor.stream(code) as events:
+        async for event in events:
+            if isinstance(event, OutputEvent) and event.text:
+                yield line({"type": event.stream, "text": event.text, "timestamp": time.time_ns()})
+            elif isinstance(event, ResultEvent):
+                result = event.result
+    assert result is not None
+    lost = context.known and result.state_lost
+    context.known = True
+    messages: list[dict[str, Any]] = []
+    if result.timed_out or result.oom:
+        context.known = False
+        why = (
+            "ran out of memory"
+            if result.oom
+            else f"ran past this server's cap of {sandbox.executor.timeout:g} s"
+        )
+        messages.append(
+            _error(STATE_LOST, f"the cell {why}; the sandbox's session was restarted and its state is lost")
+        )
+    elif result.error is not None:
+        error = result.error
+        messages.append(
+            {
+                "type": "error",
+                "name": error.type[:1024],
+                "value": error.message[:_TEXT],
+                "traceback": (error.traceback or f"{error.type}: {error.message}")[:_TEXT],
+            }
+        )
+    else:
+        if result.value is not None or result.value_repr is not None:
+            shown: dict[str, Any] = {"text": result.value_repr or repr(result.value)[:_TEXT]}
+            if isinstance(result.value, dict | list):
+                shown["json"] = result.value
+            messages.append({"type": "result", **shown, "is_main_result": True})
+        if lost:
+            messages.append(
+                _error(STATE_LOST, "the sandbox's state was lost before this cell: its variables are gone")
+            )
+    for message in messages:
         yield line(message)
     yield line({"type": "end_of_execution"})
 
