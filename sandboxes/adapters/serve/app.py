@@ -20,6 +20,7 @@ from ..web import host_allowed, origin_allowed, repeated_header
 from .config import ServeConfig
 from .control import TENANT_KEY, ControlPlane
 from .errors import ServeError, TooLarge
+from .limits import InsideLimits
 from .registry import SANDBOX_PORT_HEADER, ExecutorFactory, Registry
 from .sandbox import ENVD_PORT, INTERPRETER_PORT, Resolve
 
@@ -83,13 +84,14 @@ def _placeholder(name: str) -> Callable[[Resolve], ASGIApp]:
     return build
 
 
-def _in_sandbox_app(module: str, name: str, resolve: Resolve) -> ASGIApp:
+def _in_sandbox_app(module: str, name: str, resolve: Resolve, limits: InsideLimits) -> ASGIApp:
     import importlib
 
     try:
-        built: ASGIApp = getattr(importlib.import_module(f"{__package__}.{module}"), f"{module}_app")(resolve)
+        build = getattr(importlib.import_module(f"{__package__}.{module}"), f"{module}_app")
     except (ImportError, AttributeError):
         return _placeholder(name)(resolve)
+    built: ASGIApp = build(resolve, limits)
     return built
 
 
@@ -105,8 +107,10 @@ class ServeApp:
         self.registry = Registry(config, factory)
         self.control = ControlPlane(self.registry).app()
         self.ports: dict[int, ASGIApp] = {
-            ENVD_PORT: _in_sandbox_app("envd", "envd", self.registry.resolve),
-            INTERPRETER_PORT: _in_sandbox_app("interpreter", "code interpreter", self.registry.resolve),
+            ENVD_PORT: _in_sandbox_app("envd", "envd", self.registry.resolve, config.inside),
+            INTERPRETER_PORT: _in_sandbox_app(
+                "interpreter", "code interpreter", self.registry.resolve, config.inside
+            ),
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..mcp.config import TokenConfig
 from ..settings import read_file, validate
 from .errors import ServeError
+from .limits import InsideLimits
 
 KIB = 1024
 MIB = 1024 * KIB
@@ -53,6 +54,10 @@ class ServeConfig(BaseModel):
     max_control_bytes: int = Field(256 * KIB, ge=KIB, description="Larger control-plane bodies get 413.")
     max_request_bytes: int = Field(
         128 * MIB, ge=KIB, description="Larger in-sandbox request bodies (file writes) get 413."
+    )
+    inside: InsideLimits = Field(
+        default_factory=InsideLimits,
+        description="What one request to a sandbox's envd or interpreter may cost (files, calls, cells).",
     )
     max_sandboxes: int = Field(64, ge=1, description="Sandboxes alive at once, every key together.")
     max_sandboxes_per_key: int = Field(16, ge=1, description="Sandboxes alive at once per API key.")
@@ -101,6 +106,8 @@ class ServeConfig(BaseModel):
             raise ValueError("two keys have the same name")
         if self.max_sandboxes_per_key > self.max_sandboxes:
             raise ValueError("max_sandboxes_per_key is above max_sandboxes")
+        if self.inside.max_file_bytes > self.max_request_bytes:
+            raise ValueError("inside.max_file_bytes is above max_request_bytes (a file write is one request)")
         if self.default_timeout > self.max_timeout:
             raise ValueError("default_timeout is above max_timeout")
         return self

@@ -1,13 +1,15 @@
-"""What one in-sandbox request may cost (envd and the interpreter), declared once; the server's config
-sets them, every handler checks them before reading."""
+"""What one in-sandbox request may cost (envd and the interpreter), declared once: the server's config
+holds them (`ServeConfig.inside`, the ``[inside]`` table of its file), every handler checks them before
+reading."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from pydantic import BaseModel, ConfigDict, Field
+
+MIB = 1024 * 1024
 
 
-@dataclass(frozen=True)
-class InsideLimits:
+class InsideLimits(BaseModel):
     """Caps for requests to a sandbox's ports.
 
     max_file_bytes: one file written or read through ``/files`` (a multipart body may carry this much
@@ -17,13 +19,9 @@ class InsideLimits:
     max_list_entries: entries one ``ListDir`` answers; a bigger listing is refused, naming the cap.
     """
 
-    max_file_bytes: int = 100 * 1024 * 1024
-    max_rpc_bytes: int = 1024 * 1024
-    max_code_bytes: int = 2 * 1024 * 1024
-    max_list_entries: int = 5_000
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    def __post_init__(self) -> None:
-        for name in ("max_file_bytes", "max_rpc_bytes", "max_code_bytes", "max_list_entries"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a whole number >= 1, got {value!r}")
+    max_file_bytes: int = Field(100 * MIB, ge=1)
+    max_rpc_bytes: int = Field(MIB, ge=1)
+    max_code_bytes: int = Field(2 * MIB, ge=1)
+    max_list_entries: int = Field(5_000, ge=1)
