@@ -106,8 +106,6 @@ class ServeConfig(BaseModel):
             raise ValueError("two keys have the same name")
         if self.max_sandboxes_per_key > self.max_sandboxes:
             raise ValueError("max_sandboxes_per_key is above max_sandboxes")
-        if self.inside.max_file_bytes > self.max_request_bytes:
-            raise ValueError("inside.max_file_bytes is above max_request_bytes (a file write is one request)")
         if self.default_timeout > self.max_timeout:
             raise ValueError("default_timeout is above max_timeout")
         return self
