@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .errors import BadRequest, ServeError
+from .metrics import Meter, sample
 from .network import network_of
 from .registry import Held, Registry, Spec
 
@@ -135,7 +136,9 @@ class ControlPlane:
             Route("/v2/sandboxes", self.create, methods=["POST"]),
             Route("/sandboxes", self.list_v1, methods=["GET"]),
             Route("/v2/sandboxes", self.list_v2, methods=["GET"]),
+            Route("/sandboxes/metrics", self.metrics_of_many, methods=["GET"]),
             Route("/sandboxes/{sandbox_id}", self.get, methods=["GET"]),
+            Route("/sandboxes/{sandbox_id}/metrics", self.metrics, methods=["GET"]),
             Route("/sandboxes/{sandbox_id}", self.kill, methods=["DELETE"]),
             Route("/sandboxes/{sandbox_id}/timeout", self.set_timeout, methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/connect", self.connect, methods=["POST"]),
@@ -222,6 +225,30 @@ class ControlPlane:
         entry = self.registry.get(_tenant(request), request.path_params["sandbox_id"])
         return JSONResponse(detail_json(entry))
 
+    async def metrics(self, request: Request) -> Response:
+        entry = self.registry.get(_tenant(request), request.path_params["sandbox_id"])
+        start, end = _unix(request, "start"), _unix(request, "end")
+        if start is not None and end is not None and start > end:
+            raise BadRequest("start is after end")
+        meter = await _measured(entry)
+        return JSONResponse(meter.between(start, end))
+
+    async def metrics_of_many(self, request: Request) -> Response:
+        text = request.query_params.get("sandbox_ids", "")
+        ids = [i for i in text.split(",") if i] if len(text) <= MAX_METRIC_IDS * 64 else None
+        if not ids or len(ids) > MAX_METRIC_IDS:
+            raise BadRequest(f"sandbox_ids: give 1 to {MAX_METRIC_IDS} sandbox ids, separated by commas")
+        found: dict[str, Any] = {}
+        for sandbox_id in dict.fromkeys(ids):
+            try:
+                entry = self.registry.get(_tenant(request), sandbox_id)
+            except ServeError:
+                continue  # not this tenant's, or gone: left out, as an id never seen is
+            latest = (await _measured(entry)).samples
+            if latest:
+                found[sandbox_id] = latest[-1]
+        return JSONResponse({"sandboxes": found})
+
     async def kill(self, request: Request) -> Response:
         await self.registry.kill(_tenant(request), request.path_params["sandbox_id"])
         return Response(status_code=204)
@@ -270,6 +297,30 @@ class ControlPlane:
             entry.spec, network=network, allow_internet_access=network is not False
         )
         return Response(status_code=204)
+
+
+MAX_METRIC_IDS = 100
+
+
+async def _measured(entry: Held) -> Meter:
+    """The sandbox's meter with a reading of now added (when it has a live session)."""
+    sandbox = entry.sandbox
+    meter = sandbox.meter
+    if not isinstance(meter, Meter):
+        meter = sandbox.meter = Meter(sandbox.started_at)
+    reading = await sample(sandbox)
+    if reading is not None:
+        meter.add(reading)
+    return meter
+
+
+def _unix(request: Request, name: str) -> int | None:
+    text = request.query_params.get(name)
+    if text is None:
+        return None
+    if not text.isdigit() or len(text) > 12:
+        raise BadRequest(f"{name} is a time in Unix seconds")
+    return int(text)
 
 
 def _tenant(request: Request) -> str:

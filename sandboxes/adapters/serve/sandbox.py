@@ -44,6 +44,8 @@ class ServedSandbox:
     """Commands running now, by the pid the server gave them (envd's process service keeps them)."""
     contexts: dict[str, Any] = field(default_factory=dict)
     """The interpreter's contexts, by id (the interpreter keeps them)."""
+    meter: Any = None
+    """Its metrics readings so far (`metrics.Meter`, made by the control plane when first asked)."""
 
     def touch(self) -> None:
         """Record that a request used this sandbox now."""
