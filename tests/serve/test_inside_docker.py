@@ -35,3 +35,29 @@ def test_files_cells_and_commands_in_a_container(serve_with: Any) -> None:
         assert container  # the container's own /proc, not refused: commands are the sandbox's own
     finally:
         sandbox.kill()
+
+
+def test_metrics_and_a_figure_in_a_datascience_container(serve_with: Any) -> None:
+    from support import backend_docker
+
+    image = backend_docker.IMAGE.rsplit(":", 1)[0] + ":datascience"
+    backend_docker.require(image, "datascience")
+    served = serve_with(backend="docker", backend_options={"image": image})
+    sandbox = Sandbox.create(**served.sdk_options())
+    try:
+        (figure,) = sandbox.run_code(
+            "import matplotlib.pyplot as plt\nfig = plt.figure(figsize=(2, 1), dpi=50)\nplt.plot([1, 2])\nfig"
+        ).results
+        assert figure.is_main_result and figure.text == "<Figure size 100x50 with 1 Axes>"
+        assert figure.png is not None and figure.png.startswith("iVBORw0KGgo")  # base64 of PNG's magic
+        before = sandbox.get_metrics()[-1]
+        sandbox.run_code(
+            "held = bytearray(64 * 1024 * 1024)\nfor i in range(0, len(held), 4096): held[i] = 1"
+        )
+        sandbox.commands.run("head -c 3000000 /dev/urandom > blob.bin")
+        after = sandbox.get_metrics()[-1]
+        assert after.mem_used >= before.mem_used + 60 * 1024 * 1024
+        assert after.mem_total > after.mem_used and after.cpu_count >= 1
+        assert after.disk_used >= before.disk_used + 3_000_000  # the container's writable layer
+    finally:
+        sandbox.kill()

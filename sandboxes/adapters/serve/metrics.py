@@ -6,7 +6,7 @@ on this machine from outside the sandbox, never from what it says about itself.
   CPUs the runner may run on; disk is what the home holds (a bounded walk, symlinks not followed)
   and the size of its file system; memory total is the worker's limit (or the machine's, if less).
 - Docker: the daemon's stats of the container (its cgroup: CPU, memory used and page cache, limit)
-  and the container's writable layer (``SizeRw``).
+  and the container's writable layer (``SizeRw``) plus its home volume where this machine can read it.
 
 A reading is taken when metrics are asked for; each sandbox keeps its last `MAX_SAMPLES`, and CPU
 percent is over the time since the one before (since the sandbox started, for the first).
@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from ...backends.docker.settings import WORKDIR
 from ...usage import parse_stat, parse_status_kib
 from .pause import _runner_pid, _tree, _worker
 
@@ -171,9 +172,25 @@ def _docker_reading(container: str) -> Reading | None:
     api = client().api
     try:
         stats = api.stats(container, stream=False)
-        size = api.inspect_container(container, size=True).get("SizeRw") or 0
+        # docker-py's inspect_container cannot ask for sizes; the Engine API's own query can.
+        inspected = api._result(
+            api._get(api._url("/containers/{0}/json", container), params={"size": 1}), True
+        )
+        size = int(inspected.get("SizeRw") or 0)
+        home = next((m for m in inspected.get("Mounts") or () if m.get("Destination") == WORKDIR), None)
     except Exception:  # gone, or the daemon refused: no reading rather than a wrong one
         return None
+    # The home is a volume (or a bind mount): walked where the daemon keeps it, when this machine's
+    # files are the daemon's (a remote daemon's are not: then only the writable layer counts).
+    source = home.get("Source") if isinstance(home, dict) else None
+    home_used, home_total = None, 0
+    if isinstance(source, str) and os.path.isdir(source):
+        home_used = _disk_used(source)
+        try:
+            disk = os.statvfs(source)
+            home_total = disk.f_blocks * disk.f_frsize
+        except OSError:
+            pass
     cpu_stats = stats.get("cpu_stats") or {}
     memory = stats.get("memory_stats") or {}
     details = memory.get("stats") or {}
@@ -187,6 +204,6 @@ def _docker_reading(container: str) -> Reading | None:
         mem_used=max(int(memory.get("usage") or 0) - cache, 0),
         mem_total=int(memory.get("limit") or 0),
         mem_cache=cache,
-        disk_used=int(size),
-        disk_total=0,
+        disk_used=size + (home_used or 0),
+        disk_total=home_total,
     )
