@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sandboxes.backends import BACKEND_NAMES
@@ -42,6 +42,24 @@ class CommandError(Exception):
     def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
         super().__init__(message)
         self.code = code
+
+
+def config_from_flags(
+    args: argparse.Namespace,
+    load_config: Callable[[str], Any],
+    make_config: Callable[..., Any],
+    settings_from_flags: Callable[[argparse.Namespace, dict[str, Any]], dict[str, Any]],
+    error: type[Exception],
+) -> Any:
+    """A server's config: its ``--config`` file (if given) with the flags over what it sets, validated
+    once as a whole; a bad setting is a usage error naming it (`kodeagent serve`, `kodeagent mcp`)."""
+    try:
+        base: dict[str, Any] = {}
+        if args.config:
+            base = load_config(args.config).model_dump(exclude_unset=True)
+        return make_config(settings_from_flags(args, base), source="the flags and config file")
+    except error as exc:
+        raise CommandError(str(exc), EXIT_USAGE) from None
 
 
 def print_json(data: Any) -> None:

@@ -17,6 +17,7 @@ from .common import (
     CommandError,
     add_policy_arguments,
     backend_options,
+    config_from_flags,
     egress_rules,
     module_patterns,
 )
@@ -162,13 +163,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     """Validate the settings, then serve until the client leaves or a signal arrives."""
     from sandboxes.adapters.mcp import McpConfigError, load_config, make_config, serve
 
-    try:
-        base: dict[str, Any] = {}
-        if args.config:
-            base = load_config(args.config).model_dump(exclude_unset=True)
-        config = make_config(settings_from_flags(args, base), source="the flags and config file")
-    except McpConfigError as exc:
-        raise CommandError(str(exc), EXIT_USAGE) from None
+    config = config_from_flags(args, load_config, make_config, settings_from_flags, McpConfigError)
     try:
         return serve(
             config,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import EXIT_UNAVAILABLE, EXIT_USAGE, CommandError, backend_options
+from .common import EXIT_UNAVAILABLE, EXIT_USAGE, CommandError, backend_options, config_from_flags
 from .mcp import parse_address
 
 SERVE_BACKENDS = ("host", "docker")
@@ -85,13 +85,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """Validate the settings, then serve until a stop signal; every sandbox ends with the server."""
     from sandboxes.adapters.serve.config import ServeConfigError, load_config, make_config
 
-    try:
-        base: dict[str, Any] = {}
-        if args.config:
-            base = load_config(args.config).model_dump(exclude_unset=True)
-        config = make_config(settings_from_flags(args, base), source="the flags and config file")
-    except ServeConfigError as exc:
-        raise CommandError(str(exc), EXIT_USAGE) from None
+    config = config_from_flags(args, load_config, make_config, settings_from_flags, ServeConfigError)
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401

@@ -16,7 +16,6 @@ import re
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -28,6 +27,7 @@ import anyio
 import pytest
 from support.needs import require
 from support.security_helpers import ESCAPED
+from support.server_process import ServerProcess
 
 mcp = pytest.importorskip(
     "mcp", reason="the MCP server tests need the mcp package: pip install 'kodeagent[mcp]'"
@@ -57,45 +57,27 @@ def anyio_backend() -> str:
 # ---------------------------------------------------------------------- servers and clients
 
 
-class HttpServer:
+ANNOUNCE = re.compile(
+    r"listening on (\S+),.*server pid (\d+), watchdog pid (\d+), temporary files in (\S+)\)"
+)
+
+
+class HttpServer(ServerProcess):
     """`kodeagent mcp --http 127.0.0.1:0` in a subprocess; its stderr is collected in `lines`."""
 
     def __init__(self, directory: pathlib.Path, config: dict[str, Any], *flags: str) -> None:
         path = directory / f"mcp-{secrets.token_hex(4)}.json"
         path.write_text(json.dumps(config))
-        self.process = subprocess.Popen(
+        super().__init__(
             [*COMMAND, "--http", "127.0.0.1:0", "--config", str(path), *flags],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            ANNOUNCE,
             env=ENV,
             cwd=ROOT,
-            text=True,
+            stop_wait=30,
         )
-        self.lines: list[str] = []
-        self._ready = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
-        if not self._ready.wait(60) or not hasattr(self, "url"):
-            self.stop()
-            raise AssertionError("the server did not start:\n" + "".join(self.lines))
-
-    def _drain(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.lines.append(line)
-            found = re.search(
-                r"listening on (\S+),.*server pid (\d+), watchdog pid (\d+), temporary files in (\S+)\)", line
-            )
-            if found:
-                self.url, self.scratch = found.group(1), pathlib.Path(found.group(4))
-                self.server_pid, self.watchdog_pid = int(found.group(2)), int(found.group(3))
-                self._ready.set()
-        self._ready.set()
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.terminate()
-        return self.process.wait(30)
+        assert self.announced is not None
+        self.url, self.scratch = self.announced.group(1), pathlib.Path(self.announced.group(4))
+        self.server_pid, self.watchdog_pid = int(self.announced.group(2)), int(self.announced.group(3))
 
 
 @asynccontextmanager

@@ -11,12 +11,12 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from typing import Any
 
 import httpx
 import pytest
+from support.server_process import ServerProcess
 
 e2b = pytest.importorskip("e2b")
 from e2b import Sandbox  # noqa: E402
@@ -34,47 +34,20 @@ ANNOUNCE = re.compile(
 )
 
 
-class ServeProcess:
+class ServeProcess(ServerProcess):
     """`kodeagent serve --http 127.0.0.1:0` in a subprocess; its stderr is collected in `lines`."""
 
     def __init__(self, *flags: str, env: dict[str, str] | None = None) -> None:
-        self.process = subprocess.Popen(
-            [*COMMAND, "--http", "127.0.0.1:0", "--no-internet", *flags],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            env=env or ENV,
-            cwd=ROOT,
-            text=True,
+        super().__init__(
+            [*COMMAND, "--http", "127.0.0.1:0", "--no-internet", *flags], ANNOUNCE, env=env or ENV, cwd=ROOT
         )
-        self.lines: list[str] = []
-        self.url = ""
-        self.server_pid = 0
-        self.scratch: pathlib.Path | None = None
-        self._ready = threading.Event()
-        threading.Thread(target=self._drain, daemon=True).start()
-        if not self._ready.wait(60) or not self.url:
-            self.stop()
-            raise AssertionError("the server did not start:\n" + "".join(self.lines))
-
-    def _drain(self) -> None:
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            self.lines.append(line)
-            found = ANNOUNCE.search(line)
-            if found:
-                self.url, self.server_pid = found.group(1), int(found.group(2))
-                self.scratch = pathlib.Path(found.group(4)) if found.group(4) else None
-                self._ready.set()
-        self._ready.set()
+        assert self.announced is not None
+        self.url, self.server_pid = self.announced.group(1), int(self.announced.group(2))
+        scratch = self.announced.group(4)
+        self.scratch: pathlib.Path | None = pathlib.Path(scratch) if scratch else None
 
     def options(self, key: str = KEY) -> dict[str, Any]:
         return {"api_url": self.url, "sandbox_url": self.url, "api_key": key}
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.terminate()
-        return self.process.wait(60)
 
 
 def _stat(pid: int) -> tuple[int, int] | None:
