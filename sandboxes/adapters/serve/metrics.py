@@ -102,6 +102,41 @@ async def sample(sandbox: ServedSandbox) -> Reading | None:
     return await anyio.to_thread.run_sync(_host_reading, root, workdir, limit)
 
 
+async def home_on_this_machine(sandbox: ServedSandbox) -> str | None:
+    """Where the sandbox's home is on this machine (host: the session's directory; Docker: the home
+    volume where the daemon keeps it, when its files are this machine's), or None."""
+    worker = _worker(sandbox.executor)
+    if worker is None:
+        return None
+    container = getattr(worker, "container_id", None)
+    if isinstance(container, str):
+        try:
+            inspected = await anyio.to_thread.run_sync(_inspect, container)
+        except Exception:  # gone, or the daemon refused
+            return None
+        source = _home_source(inspected)
+        return source if source is not None and os.path.isdir(source) else None
+    workdir = getattr(worker, "workdir", None)
+    return workdir if isinstance(workdir, str) else None
+
+
+def _inspect(container: str) -> dict[str, Any]:
+    from ...backends.docker.daemon import client
+
+    api = client().api
+    # docker-py's inspect_container cannot ask for sizes; the Engine API's own query can.
+    inspected: dict[str, Any] = api._result(
+        api._get(api._url("/containers/{0}/json", container), params={"size": 1}), True
+    )
+    return inspected
+
+
+def _home_source(inspected: dict[str, Any]) -> str | None:
+    home = next((m for m in inspected.get("Mounts") or () if m.get("Destination") == WORKDIR), None)
+    source = home.get("Source") if isinstance(home, dict) else None
+    return source if isinstance(source, str) else None
+
+
 def _host_reading(root: int, workdir: str, memory_limit: int) -> Reading:
     cpu = 0.0
     rss = 0
@@ -169,22 +204,17 @@ def _disk_used(top: str) -> int:
 def _docker_reading(container: str) -> Reading | None:
     from ...backends.docker.daemon import client
 
-    api = client().api
     try:
-        stats = api.stats(container, stream=False)
-        # docker-py's inspect_container cannot ask for sizes; the Engine API's own query can.
-        inspected = api._result(
-            api._get(api._url("/containers/{0}/json", container), params={"size": 1}), True
-        )
-        size = int(inspected.get("SizeRw") or 0)
-        home = next((m for m in inspected.get("Mounts") or () if m.get("Destination") == WORKDIR), None)
+        stats = client().api.stats(container, stream=False)
+        inspected = _inspect(container)
     except Exception:  # gone, or the daemon refused: no reading rather than a wrong one
         return None
+    size = int(inspected.get("SizeRw") or 0)
     # The home is a volume (or a bind mount): walked where the daemon keeps it, when this machine's
     # files are the daemon's (a remote daemon's are not: then only the writable layer counts).
-    source = home.get("Source") if isinstance(home, dict) else None
-    home_used, home_total = None, 0
-    if isinstance(source, str) and os.path.isdir(source):
+    source = _home_source(inspected)
+    home_used, home_total = 0, 0
+    if source is not None and os.path.isdir(source):
         home_used = _disk_used(source)
         try:
             disk = os.statvfs(source)
@@ -204,6 +234,6 @@ def _docker_reading(container: str) -> Reading | None:
         mem_used=max(int(memory.get("usage") or 0) - cache, 0),
         mem_total=int(memory.get("limit") or 0),
         mem_cache=cache,
-        disk_used=size + (home_used or 0),
+        disk_used=size + home_used,
         disk_total=home_total,
     )

@@ -443,6 +443,8 @@ class Registry:
 
 
 async def _close_quietly(entry: Held) -> None:
+    for watcher in list((entry.sandbox.watchers or {}).values()):  # envd's watchers: their streams end
+        watcher.close()
     with anyio.CancelScope(shield=True):
         try:
             await entry.sandbox.executor.close()

@@ -46,6 +46,8 @@ class ServedSandbox:
     """The interpreter's contexts, by id (the interpreter keeps them)."""
     meter: Any = None
     """Its metrics readings so far (`metrics.Meter`, made by the control plane when first asked)."""
+    watchers: Any = None
+    """Its directory watchers by id (`envd.watch`), closed when it ends."""
 
     def touch(self) -> None:
         """Record that a request used this sandbox now."""

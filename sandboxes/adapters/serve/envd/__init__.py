@@ -18,7 +18,9 @@ from ..connect import RpcError, error_response, parse_json, read_body, unary_res
 from ..errors import ServeError
 from ..limits import InsideLimits
 from ..sandbox import Resolve, ServedSandbox
-from . import files, filesystem, process
+from . import files, filesystem, process, watch
+
+WATCHER_METHODS = frozenset({"CreateWatcher", "GetWatcherEvents", "RemoveWatcher"})
 
 
 def envd_app(resolve: Resolve, limits: InsideLimits | None = None) -> Starlette:
@@ -44,9 +46,13 @@ def envd_app(resolve: Resolve, limits: InsideLimits | None = None) -> Starlette:
             return files.error(exc)
 
     async def filesystem_route(request: Request) -> Response:
+        method = request.path_params["method"]
+        if method == "WatchDir":
+            return await watch.stream(request, resolve, caps)
+        if method in WATCHER_METHODS:
+            return await _unary(request, lambda message, sandbox: watch.handle(method, message, sandbox))
         return await _unary(
-            request,
-            lambda message, sandbox: filesystem.handle(request.path_params["method"], message, sandbox, caps),
+            request, lambda message, sandbox: filesystem.handle(method, message, sandbox, caps)
         )
 
     async def _unary(request: Request, handler: Callable[[dict, ServedSandbox], Awaitable[dict]]) -> Response:

@@ -23,9 +23,7 @@ async def handle(
     method: str, message: dict[str, Any], sandbox: ServedSandbox, limits: InsideLimits
 ) -> dict[str, Any]:
     if method not in UNARY:
-        raise RpcError(
-            "unimplemented", f"filesystem.Filesystem/{method} is not served here (watching is not yet)"
-        )
+        raise RpcError("unimplemented", f"filesystem.Filesystem/{method} is not served here")
     if method == "Stat":
         found = session.entry(
             await session.call(sandbox, {"op": "stat", "path": _path(message, "path", sandbox)})
