@@ -3,6 +3,7 @@ working directory, files, cells and commands run inside the container."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -58,6 +59,17 @@ def test_metrics_and_a_figure_in_a_datascience_container(serve_with: Any) -> Non
         after = sandbox.get_metrics()[-1]
         assert after.mem_used >= before.mem_used + 60 * 1024 * 1024
         assert after.mem_total > after.mem_used and after.cpu_count >= 1
-        assert after.disk_used >= before.disk_used + 3_000_000  # the container's writable layer
+        assert after.disk_used >= before.disk_used + 3_000_000  # the container's home volume
+
+        watch = sandbox.files.watch_dir("/home/user")  # inotify on the home volume, outside the container
+        sandbox.commands.run("echo hi > watched.txt")
+        names: set[str] = set()
+        for _ in range(100):
+            names |= {e.name for e in watch.get_new_events()}
+            if "watched.txt" in names:
+                break
+            time.sleep(0.05)
+        assert "watched.txt" in names
+        watch.stop()
     finally:
         sandbox.kill()
