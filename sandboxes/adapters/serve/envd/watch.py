@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import errno
+import functools
 import os
 import secrets
 import struct
@@ -67,6 +68,7 @@ _KINDS = (
 )
 
 
+@functools.cache
 def _libc() -> Any:
     return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
