@@ -64,8 +64,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _siblings() -> Any:
-    """`siblings.py`, the runtime's one loader; an entry point loads it by path itself (a runner
-    forked from the fork server or a session host finds the one its parent loaded)."""
+    """`siblings.py`, the runtime's one loader, loaded by path here and nowhere else: the fork server
+    and the session host load this file and take it from here (``runner.siblings``), and a runner
+    forked from them finds the one its parent loaded."""
     name = "_kodeagent_siblings"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "siblings.py"))
