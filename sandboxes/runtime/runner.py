@@ -58,7 +58,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # the wire's types, for the type checker only: the runner imports nothing at run time
-    from .protocol import DefineReply, InitReply, InitRequest, RunError, RunReply
+    from .protocol import ArtifactEntry, DefineReply, InitReply, InitRequest, RunError, RunReply
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -141,7 +141,9 @@ class Runner:
             elif op == "run":
                 self.channel.begin_run(message.get("run"))
                 try:
-                    reply = self.run(message.get("code", ""), message.get("stream"))
+                    reply = self.run(
+                        message.get("code", ""), message.get("stream"), message.get("artifacts") is not False
+                    )
                 except MemoryError:  # even the reserve did not suffice: a reply that needs next to nothing
                     self.reserve.release()
                     reply = channel.out_of_memory_reply()
@@ -323,7 +325,9 @@ class Runner:
 
     # ------------------------------------------------------------------ running code
 
-    def run(self, source: str, stream: Mapping[str, Any] | None = None) -> RunReply:
+    def run(self, source: str, stream: Mapping[str, Any] | None = None, track_files: bool = True) -> RunReply:
+        """Run one cell. `track_files` False (the request's ``"artifacts": false``): the working
+        directory is not looked at, and the reply's ``artifacts`` is None (not looked at), never []."""
         started = _clock()
         self.cell += 1
         filename = f"<cell {self.cell}>"
@@ -337,7 +341,7 @@ class Runner:
                 pipe.attach()
             self.drain.restart(self.output_limit)
             self.streamer.start(stream)
-            before = artifacts.snapshot(self.workdir)
+            before = artifacts.snapshot(self.workdir) if track_files else None
         error: RunError | None = None
         oom = False
         # The audit hook stays active from here on (see SystemGuard): describe() may run the code's
@@ -378,9 +382,12 @@ class Runner:
                 os._exit(0)
         else:
             value = None
-        written, written_omitted = bounds.bound_artifacts(
-            artifacts.changed_files(before, self._snapshot_trusted())
-        )
+        written: list[dict[str, Any]] | None = None
+        written_omitted = 0
+        if before is not None:
+            written, written_omitted = bounds.bound_artifacts(
+                artifacts.changed_files(before, self._snapshot_trusted())
+            )
         final, final_omitted = self.final, 0
         if self.has_final and isinstance(final, str):
             final, final_omitted = bounds.clip(final, self.output_limit)
@@ -401,7 +408,7 @@ class Runner:
             "value": value,
             "value_repr": value_repr,
             "value_error": value_error,
-            "artifacts": written,
+            "artifacts": cast("list[ArtifactEntry] | None", written),
             "artifacts_omitted": written_omitted,
             "exec_seconds": ran,
             "runner_seconds": _clock() - started,
