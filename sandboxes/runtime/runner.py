@@ -190,6 +190,7 @@ class Runner:
         if wanted.get("memory_mb"):
             self.reserve = limits.MemoryReserve(limits.RESERVE_BYTES, self.system)
         limits.apply_limits(wanted, extra_address_space=self.reserve.size)
+        self.reserve.read_limit()
         self.reserve.take()
         self.python_guards = bool(policy.get("python_guards", True))
         trusted: dict[str, Any] = {name: self.make_tool(name) for name in message.get("tools", [])}
@@ -363,11 +364,14 @@ class Runner:
         except tools.FinalAnswerSignal:
             exec_ended = _clock()
         except BaseException as exc:  # everything the code raises becomes the result's error
-            self.reserve.release()  # first: describing a MemoryError needs memory
+            if isinstance(exc, MemoryError):
+                self.reserve.release()  # first: describing a MemoryError needs memory
+            else:
+                self.reserve.release_unless_room()
             exec_ended = _clock()
             oom = isinstance(exc, MemoryError)
             error = bounds.bound_error(self.describe(exc, filename))
-        self.reserve.release()
+        self.reserve.release_unless_room()
         capture.flush_streams()
         if self.channel.forked_child:
             os._exit(1 if error else 0)  # a fork of the code finished its copy of the snippet
