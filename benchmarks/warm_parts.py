@@ -51,7 +51,7 @@ ECHO = (
 )
 """The floor's other end: read a JSON line, answer one (no capture, no guard, no readings)."""
 
-EXECUTOR_ROWS = {
+EXECUTOR_ROWS: dict[str, dict[str, Any]] = {
     "warm run, default": {},
     "warm run, measure_usage=False": {"measure_usage": False},
     "warm run, track_artifacts=False": {"track_artifacts": False},
@@ -125,7 +125,9 @@ async def floor_samples(n: int) -> list[float]:
     from sandboxes.worker import SocketLineReader
 
     ours, theirs = socket.socketpair()
-    child = subprocess.Popen([sys.executable, "-I", "-S", "-c", ECHO], stdin=theirs, stdout=theirs)
+    child = subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", ECHO], stdin=theirs.fileno(), stdout=theirs.fileno()
+    )
     theirs.close()
     reader = SocketLineReader(ours)
     found: list[float] = []
@@ -149,7 +151,7 @@ async def executor_samples(
     the default session's parts (runner, code, usage probe)."""
     from contextlib import AsyncExitStack
 
-    from sandboxes import open_executor
+    from sandboxes import HostExecutor
     from sandboxes.executor import USAGE_TIMEOUT, _stop_probe
 
     rows: dict[str, list[float]] = {name: [] for name in EXECUTOR_ROWS}
@@ -158,7 +160,7 @@ async def executor_samples(
     parts: dict[str, list[float]] = {"runner's time (reported)": [], "of it the code's own (reported)": []}
     async with AsyncExitStack() as stack:
         executors = {
-            name: await stack.enter_async_context(open_executor("host", timeout=10, **options))
+            name: await stack.enter_async_context(HostExecutor(timeout=10, **options))
             for name, options in EXECUTOR_ROWS.items()
         }
         default = executors["warm run, default"]
