@@ -511,7 +511,9 @@ class Executor(ABC):
         session.run_timeout = self.timeout
         session.track_artifacts = self.track_artifacts
         probe = session.usage_probe() if self.measure_usage else None
-        if probe is not None:
+        if probe is not None and probe.local:
+            await probe.start()
+        elif probe is not None:
             with anyio.move_on_after(USAGE_TIMEOUT):
                 await probe.start()
         tools = ToolCalls(self.tools)
@@ -519,7 +521,7 @@ class Executor(ABC):
             with anyio.fail_after(limit):
                 result = await session.run(text, self._tool_caller(tools, on_event), on_output, stream)
             if probe is not None:
-                result.usage = await _stop_probe(probe)
+                result.usage = await (probe.stop() if probe.local else _stop_probe(probe))
             if session.egress is not None:
                 result.network = await session.egress.take_report()
         except TimeoutError:

@@ -667,6 +667,8 @@ def carry_values(result: ExecutionResult, limit: int, tagged: bool = True) -> Ex
     final, value = result.final_answer, result.value
     has_final = result.has_final_answer
     value_repr, value_error = result.value_repr, result.value_error
+    if final is None and not has_final and value is None and value_repr is None and value_error is None:
+        return result  # nothing to bound or decode (most runs: no value, no final answer)
     error = result.error
     cut = 0
     if final is not None or has_final:
