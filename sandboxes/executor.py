@@ -125,6 +125,10 @@ class ExecutorOptions(TypedDict, total=False):
         the sandbox. Default True; False leaves `usage` None and saves the readings' cost on every
         run (on the host about a quarter of a warm run: several /proc reads before and after it),
         for jobs that never look at it.
+    track_artifacts: list the files each run created or changed (`ExecutionResult.artifacts`), from
+        a look at the working directory before and after the run. Default True; False leaves
+        `artifacts` None (not looked at, which is not "none written") and saves the two walks: for
+        graders and benchmarks, whose programs' files nobody reads.
     """
 
     policy: Policy | None
@@ -135,6 +139,7 @@ class ExecutorOptions(TypedDict, total=False):
     stateless: bool
     output_limit: int
     measure_usage: bool
+    track_artifacts: bool
 
 
 COMMON_OPTIONS = frozenset(ExecutorOptions.__annotations__)
@@ -149,7 +154,7 @@ class Executor(ABC):
             result = await ex.run("import math; print(math.pi)")
 
     Takes the common `ExecutorOptions` (policy, timeout, env, tools, workdir, stateless,
-    output_limit, measure_usage); each backend adds options of its own. An unknown option is a `TypeError`.
+    output_limit, measure_usage, track_artifacts); each backend adds options of its own. An unknown option is a `TypeError`.
     """
 
     backend: ClassVar[str] = ""
@@ -180,6 +185,7 @@ class Executor(ABC):
         self.stateless = bool(options.get("stateless", False))
         self.output_limit = output_limit
         self.measure_usage = bool(options.get("measure_usage", True))
+        self.track_artifacts = bool(options.get("track_artifacts", True))
         self._state = ExecutorState.UNOPENED
         self._current: Session | None = None
         self._state_lost_pending = False
@@ -503,8 +509,11 @@ class Executor(ABC):
         state_lost, self._state_lost_pending = self._state_lost_pending, False
         limit = self.timeout + session.timeout_backstop
         session.run_timeout = self.timeout
+        session.track_artifacts = self.track_artifacts
         probe = session.usage_probe() if self.measure_usage else None
-        if probe is not None:
+        if probe is not None and probe.local:
+            await probe.start()
+        elif probe is not None:
             with anyio.move_on_after(USAGE_TIMEOUT):
                 await probe.start()
         tools = ToolCalls(self.tools)
@@ -512,7 +521,7 @@ class Executor(ABC):
             with anyio.fail_after(limit):
                 result = await session.run(text, self._tool_caller(tools, on_event), on_output, stream)
             if probe is not None:
-                result.usage = await _stop_probe(probe)
+                result.usage = await (probe.stop() if probe.local else _stop_probe(probe))
             if session.egress is not None:
                 result.network = await session.egress.take_report()
         except TimeoutError:

@@ -98,7 +98,11 @@ class ExecutionResult(BaseModel):
         False, description="The worker was replaced before or during this run: earlier variables are gone."
     )
     duration: float = Field(0.0, description="Wall-clock seconds, measured in the parent.")
-    artifacts: list[Artifact] = Field(default_factory=list)
+    artifacts: list[Artifact] | None = Field(
+        default_factory=list,
+        description="The files the run created or changed in the working directory; None when they were "
+        "not looked at (the executor's `track_artifacts=False`, or a run that used up its memory).",
+    )
     final_answer: Any = Field(
         None,
         description="The value the code passed to final_answer(), of its own type (see docs/values.md for "

@@ -139,6 +139,10 @@ class Session(ABC):
     """The executor's timeout for the run about to start, set by the executor before each run: a
     session whose timeout is enforced elsewhere (Ray's node) passes it on, so a changed `timeout`
     holds there too."""
+    track_artifacts: bool = True
+    """The executor's `track_artifacts` for the run about to start, set by the executor before each
+    run: False asks the sandbox not to look at the working directory (the result's `artifacts` is
+    None)."""
 
     async def alive(self) -> bool:
         """A cheap check before an operation, so a session that died while idle is replaced before the
@@ -287,6 +291,8 @@ class RunnerSession(Session):
         stream: StreamOptions | None = None,
     ) -> ExecutionResult:
         request: RunRequest = {"op": "run", "code": code, "run": next_run_number()}
+        if not self.track_artifacts:
+            request["artifacts"] = False
         gate = None
         if on_output is not None:
             request["stream"] = stream or {
@@ -622,7 +628,8 @@ def result_from_reply(reply: RunReply, limit: int, tagged: bool = True) -> Execu
         stdout, stdout_cut = bounds.clip(reply["stdout"], limit)
         stderr, stderr_cut = bounds.clip(reply["stderr"], limit)
         error = reply["error"]
-        artifacts, artifacts_cut = bounds.bound_artifacts(cast(list[dict[str, Any]], reply["artifacts"]))
+        listed = reply["artifacts"]
+        artifacts, artifacts_cut = (None, 0) if listed is None else bounds.bound_artifacts(cast(Any, listed))
         value_repr, value_error = reply.get("value_repr"), reply.get("value_error")
         result = ExecutionResult(
             stdout=stdout,
@@ -632,7 +639,7 @@ def result_from_reply(reply: RunReply, limit: int, tagged: bool = True) -> Execu
             error=ExecutionError(**bounds.bound_error(dict(error))) if error else None,
             oom=reply["oom"],
             truncated=reply["truncated"] or bool(stdout_cut or stderr_cut or artifacts_cut),
-            artifacts=[Artifact(**a) for a in artifacts],
+            artifacts=None if artifacts is None else [Artifact(**a) for a in artifacts],
             artifacts_omitted=_count(reply["artifacts_omitted"]) + artifacts_cut,
             final_answer=reply["final_answer"],
             has_final_answer=reply["has_final_answer"],
@@ -660,6 +667,8 @@ def carry_values(result: ExecutionResult, limit: int, tagged: bool = True) -> Ex
     final, value = result.final_answer, result.value
     has_final = result.has_final_answer
     value_repr, value_error = result.value_repr, result.value_error
+    if final is None and not has_final and value is None and value_repr is None and value_error is None:
+        return result  # nothing to bound or decode (most runs: no value, no final answer)
     error = result.error
     cut = 0
     if final is not None or has_final:

@@ -33,6 +33,10 @@ class UsageProbe(ABC):
     for a run it stops (its timeout), before the kill, so a killed run still reports what it used.
     Neither may raise: a figure that cannot be read is None (`stop` may return None altogether)."""
 
+    local: bool = False
+    """True for a probe whose readings are local reads that never wait (the host's /proc): the
+    executor then takes them without the time limit and shield a remote reading needs."""
+
     @abstractmethod
     async def start(self) -> None:
         """Take the 'before' reading (and reset the peak where the platform allows it)."""

@@ -36,3 +36,31 @@ def test_each_runtime_file_is_loaded_once_under_its_private_name_and_shared() ->
     for name in ("runner", "channel", "limits", "tools", "cells", "artifacts", "capture", "startup", "audit"):
         assert f"_kodeagent_{name}" in loaded
     assert found[1:] == ["True", "True", "True True", "[]"]
+
+
+ENTRY_PROBE = f"""
+import importlib.util, os, sys
+here = {str(RUNTIME_DIR)!r}
+spec = importlib.util.spec_from_file_location("entry", os.path.join(here, sys.argv[1]))
+entry = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(entry)
+print(hasattr(entry, "_siblings"))
+runner = entry._runner()
+mods = sys.modules
+print(runner is mods["_kodeagent_runner"], runner.siblings is mods["_kodeagent_siblings"])
+print(runner.siblings.load("runner") is runner, runner.siblings.load("channel") is runner.channel)
+"""
+
+
+def test_the_fork_server_and_session_host_take_the_runners_loader() -> None:
+    """Both entry points load runner.py by path and use its one copy of siblings.py: no loader of
+    their own, and every file the runner loads is the one they get from `siblings.load`."""
+    for entry in ("forkserver.py", "sessionhost.py"):
+        found = subprocess.run(
+            [sys.executable, "-I", "-c", ENTRY_PROBE, entry],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.splitlines()
+        assert found == ["False", "True True", "True True"], (entry, found)

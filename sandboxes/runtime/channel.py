@@ -233,7 +233,7 @@ def out_of_memory_reply() -> RunReply:
         "final_answer": None,
         "has_final_answer": False,
         "value": None,
-        "artifacts": [],
+        "artifacts": None,  # not looked at: the run's memory was used up
         "artifacts_omitted": 0,
         "error": {"type": "MemoryError", "message": message, "traceback": None, "line": None},
     }

@@ -34,15 +34,15 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _siblings() -> Any:
-    """`siblings.py`, the runtime's one loader; an entry point loads it by path itself."""
-    name = "_kodeagent_siblings"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "siblings.py"))
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
+def _runner() -> Any:
+    """`runner.py`, loaded by path under its sibling name; it brings the runtime's one loader
+    (`siblings.py`, as ``runner.siblings``), which this server takes from it."""
+    name = "_kodeagent_runner"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "runner.py"))
+    assert spec is not None and spec.loader is not None
+    sys.modules[name] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _become_runner(runner: object, channel_fd: int, request: dict, problem: str | None = None) -> None:
@@ -129,8 +129,8 @@ def main(argv: list[str]) -> None:
             private_network = True
         elif flag == "--preload":
             preloads.append(next(args))
-    siblings = _siblings()
-    runner = siblings.load("runner")
+    runner = _runner()
+    siblings = runner.siblings
     for path in preloads:  # trusted code of the caller's (`HostExecutor(preload=...)`), never a session's
         runner.preload(path)
     runner.preimport()

@@ -11,6 +11,7 @@ reply.
 from __future__ import annotations
 
 import mmap
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,13 +24,43 @@ class MemoryReserve:
     its output and send the reply after the code used up the memory limit (and kept what it took).
 
     An anonymous mapping that is never touched: it counts against RLIMIT_AS but is never resident.
-    Released the moment the code's run ends, taken again after the reply once there is room.
+    When the code's run ends it is released unless the address space still has its size free (then
+    the reply has that room either way, and a run pays no unmap and map again); taken again after
+    the reply once there is room.
     """
 
     def __init__(self, size: int, system: Any) -> None:
         self.size = size
         self.system = system
         self.block: mmap.mmap | None = None
+        self.limit = 0
+        """The address-space limit the reserve lives under (RLIMIT_AS, read at `init`); 0: none."""
+
+    def read_limit(self) -> None:
+        """After the limits are set: the address-space limit the room is measured against."""
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        self.limit = 0 if soft == resource.RLIM_INFINITY else soft
+
+    def release_unless_room(self) -> None:
+        """After a run: release the reserve unless at least its size of address space is still free
+        under the limit (the process's size is read from /proc; any doubt releases it)."""
+        if self.block is None:
+            return
+        if self.limit:
+            try:
+                with self.system.trusted():
+                    fd = os.open("/proc/self/statm", os.O_RDONLY)
+                    try:
+                        pages = int(os.read(fd, 64).split()[0])
+                    finally:
+                        os.close(fd)
+                if self.limit - pages * mmap.PAGESIZE >= self.size:
+                    return
+            except (OSError, ValueError, IndexError, MemoryError):
+                pass
+        self.release()
 
     def take(self) -> None:
         if self.size and self.block is None:

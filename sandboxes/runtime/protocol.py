@@ -103,6 +103,9 @@ class RunRequest(TypedDict):
     code: str
     run: int
     stream: NotRequired[StreamOptions]
+    artifacts: NotRequired[bool]
+    """False: the runner does not look at the working directory for this run (the reply's
+    ``artifacts`` is None); absent or True: it lists the files the run created or changed."""
 
 
 class ResetRequest(TypedDict):
@@ -203,7 +206,8 @@ class RunReply(Reply):
     or None (no value, or one not carried: then `value_repr` shows it and `value_error` says why)."""
     value_repr: NotRequired[str | None]
     value_error: NotRequired[str | None]
-    artifacts: list[ArtifactEntry]
+    artifacts: list[ArtifactEntry] | None
+    """The files the run created or changed; None when the request asked not to look (`RunRequest`)."""
     artifacts_omitted: int
     exec_seconds: NotRequired[float]
     """Seconds the code itself ran (the cell and its last expression), by the runner's clock: 0 when

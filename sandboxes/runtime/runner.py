@@ -58,14 +58,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # the wire's types, for the type checker only: the runner imports nothing at run time
-    from .protocol import DefineReply, InitReply, InitRequest, RunError, RunReply
+    from .protocol import ArtifactEntry, DefineReply, InitReply, InitRequest, RunError, RunReply
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _siblings() -> Any:
-    """`siblings.py`, the runtime's one loader; an entry point loads it by path itself (a runner
-    forked from the fork server or a session host finds the one its parent loaded)."""
+    """`siblings.py`, the runtime's one loader, loaded by path here and nowhere else: the fork server
+    and the session host load this file and take it from here (``runner.siblings``), and a runner
+    forked from them finds the one its parent loaded."""
     name = "_kodeagent_siblings"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "siblings.py"))
@@ -140,7 +141,9 @@ class Runner:
             elif op == "run":
                 self.channel.begin_run(message.get("run"))
                 try:
-                    reply = self.run(message.get("code", ""), message.get("stream"))
+                    reply = self.run(
+                        message.get("code", ""), message.get("stream"), message.get("artifacts") is not False
+                    )
                 except MemoryError:  # even the reserve did not suffice: a reply that needs next to nothing
                     self.reserve.release()
                     reply = channel.out_of_memory_reply()
@@ -187,6 +190,7 @@ class Runner:
         if wanted.get("memory_mb"):
             self.reserve = limits.MemoryReserve(limits.RESERVE_BYTES, self.system)
         limits.apply_limits(wanted, extra_address_space=self.reserve.size)
+        self.reserve.read_limit()
         self.reserve.take()
         self.python_guards = bool(policy.get("python_guards", True))
         trusted: dict[str, Any] = {name: self.make_tool(name) for name in message.get("tools", [])}
@@ -322,7 +326,9 @@ class Runner:
 
     # ------------------------------------------------------------------ running code
 
-    def run(self, source: str, stream: Mapping[str, Any] | None = None) -> RunReply:
+    def run(self, source: str, stream: Mapping[str, Any] | None = None, track_files: bool = True) -> RunReply:
+        """Run one cell. `track_files` False (the request's ``"artifacts": false``): the working
+        directory is not looked at, and the reply's ``artifacts`` is None (not looked at), never []."""
         started = _clock()
         self.cell += 1
         filename = f"<cell {self.cell}>"
@@ -336,7 +342,7 @@ class Runner:
                 pipe.attach()
             self.drain.restart(self.output_limit)
             self.streamer.start(stream)
-            before = artifacts.snapshot(self.workdir)
+            before = artifacts.snapshot(self.workdir) if track_files else None
         error: RunError | None = None
         oom = False
         # The audit hook stays active from here on (see SystemGuard): describe() may run the code's
@@ -358,11 +364,14 @@ class Runner:
         except tools.FinalAnswerSignal:
             exec_ended = _clock()
         except BaseException as exc:  # everything the code raises becomes the result's error
-            self.reserve.release()  # first: describing a MemoryError needs memory
+            if isinstance(exc, MemoryError):
+                self.reserve.release()  # first: describing a MemoryError needs memory
+            else:
+                self.reserve.release_unless_room()
             exec_ended = _clock()
             oom = isinstance(exc, MemoryError)
             error = bounds.bound_error(self.describe(exc, filename))
-        self.reserve.release()
+        self.reserve.release_unless_room()
         capture.flush_streams()
         if self.channel.forked_child:
             os._exit(1 if error else 0)  # a fork of the code finished its copy of the snippet
@@ -377,9 +386,12 @@ class Runner:
                 os._exit(0)
         else:
             value = None
-        written, written_omitted = bounds.bound_artifacts(
-            artifacts.changed_files(before, self._snapshot_trusted())
-        )
+        written: list[dict[str, Any]] | None = None
+        written_omitted = 0
+        if before is not None:
+            written, written_omitted = bounds.bound_artifacts(
+                artifacts.changed_files(before, self._snapshot_trusted())
+            )
         final, final_omitted = self.final, 0
         if self.has_final and isinstance(final, str):
             final, final_omitted = bounds.clip(final, self.output_limit)
@@ -400,7 +412,7 @@ class Runner:
             "value": value,
             "value_repr": value_repr,
             "value_error": value_error,
-            "artifacts": written,
+            "artifacts": cast("list[ArtifactEntry] | None", written),
             "artifacts_omitted": written_omitted,
             "exec_seconds": ran,
             "runner_seconds": _clock() - started,

@@ -69,17 +69,17 @@ ENV = {"LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
-def _siblings() -> Any:
-    """`siblings.py`, the runtime's one loader; an entry point loads it by path itself."""
+def _runner() -> Any:
+    """`runner.py`, loaded by path under its sibling name; it brings the runtime's one loader
+    (`siblings.py`, as ``runner.siblings``), which the host takes from it."""
     import importlib.util
 
-    name = "_kodeagent_siblings"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "siblings.py"))
-        assert spec is not None and spec.loader is not None
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
+    name = "_kodeagent_runner"
+    spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "runner.py"))
+    assert spec is not None and spec.loader is not None
+    sys.modules[name] = module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -530,9 +530,8 @@ class Session:
 
 class Host:
     def __init__(self) -> None:
-        siblings = _siblings()
-        self.runner = siblings.load("runner")
-        self.proctools = siblings.load("proctools")
+        self.runner = _runner()
+        self.proctools = self.runner.siblings.load("proctools")
         self.runner.preimport()
         self.selector = selectors.DefaultSelector()
         self.selector.register(0, selectors.EVENT_READ, "parent")

@@ -3,9 +3,10 @@
 The runtime directory is never put on `sys.path`, so the code in a sandbox cannot import any of it
 by name (``import runner`` finds nothing); each file is loaded as ``_kodeagent_<name>``, once per
 process: a runner forked from the fork server or a session host finds the copies its parent loaded
-(none holds a session's state). An entry point (`runner.py`, `forkserver.py`, `sessionhost.py`)
-loads this file by path first; every other file takes it from `sys.modules` (`NAME`), so each file
-is loaded exactly once and all share one copy of each (one `bounds`, one `guard`).
+(none holds a session's state). `runner.py` loads this file by path first (the fork server and the
+session host load `runner.py` by path and take its copy, ``runner.siblings``); every other file
+takes it from `sys.modules` (`NAME`), so each file is loaded exactly once and all share one copy of
+each (one `bounds`, one `guard`).
 """
 
 from __future__ import annotations

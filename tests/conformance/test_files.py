@@ -144,3 +144,20 @@ async def test_files_upload_download_and_artifacts(executor_factory):
     assert result.stdout == "7\n"
     assert produced == b"7"
     assert [(a.path, a.size) for a in result.artifacts] == [("out.txt", 1)]
+
+
+async def test_track_artifacts_false_does_not_look_and_says_so(executor_factory):
+    """Without the look at the working directory the result says "not looked at" (None), never "no
+    file written" ([]); the files are written all the same, and a tracking session lists them."""
+    write = "open('out.txt', 'w').write('xy')\nprint(1)"
+    async with executor_factory(timeout=10, track_artifacts=False) as lean:
+        unlooked = await lean.run(write)
+        quiet = await lean.run("print(2)")
+        produced = await lean.download("out.txt")
+    async with executor_factory(timeout=10) as tracking:
+        listed = await tracking.run(write)
+        none_written = await tracking.run("print(2)")
+    assert unlooked.ok and unlooked.stdout == "1\n" and unlooked.artifacts is None, unlooked
+    assert quiet.ok and quiet.artifacts is None and produced == b"xy"
+    assert [(a.path, a.size) for a in listed.artifacts or []] == [("out.txt", 2)]
+    assert none_written.artifacts == [], none_written

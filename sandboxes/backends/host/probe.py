@@ -12,6 +12,8 @@ from ...usage import CpuReading, ProcessTree, UsageProbe, make_usage
 class ProcessProbe(UsageProbe):
     """`UsageProbe` for a host worker: its runner's process tree, read from /proc."""
 
+    local = True
+
     def __init__(self, tree: ProcessTree | None) -> None:
         self.tree = tree
         self.before: CpuReading | None = None

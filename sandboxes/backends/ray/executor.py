@@ -177,6 +177,7 @@ class RayExecutor(Executor):
             "stateless": self.stateless,
             "output_limit": self.output_limit,
             "measure_usage": self.measure_usage,
+            "track_artifacts": self.track_artifacts,
             **{name: value for name, value in options.items() if name not in COMMON_OPTIONS},
         }
         # refuses unknown or invalid options now, not at open
