@@ -55,7 +55,9 @@ class Result:
 
     def targets(self) -> list[Target]:
         if "targets" in self.data:
-            return [Target(t["name"], bool(t["met"]), str(t.get("measured", ""))) for t in self.data["targets"]]
+            return [
+                Target(t["name"], bool(t["met"]), str(t.get("measured", ""))) for t in self.data["targets"]
+            ]
         return list(_walk_targets(self.data))
 
 
@@ -166,7 +168,9 @@ def render_targets(results: list[Result]) -> str:
     for result in results:
         for t in result.targets():
             verdict = "met" if t.met else "**NOT met**"
-            lines.append(f"| {result.created[:10]} | {result.benchmark} | {t.name} | {t.measured} | {verdict} |")
+            lines.append(
+                f"| {result.created[:10]} | {result.benchmark} | {t.name} | {t.measured} | {verdict} |"
+            )
     return "\n".join(lines)
 
 
