@@ -16,7 +16,10 @@ from .conftest import ROOT
 FRAGMENT_PAGES = {"fork.md", "egress.md"}
 SERVED_PAGES = {"serve.md", "serve-inside.md"}
 """Pages whose examples are E2B client code, run against a `kodeagent serve` on loopback."""
-EXAMPLES = [e for e in find_examples(ROOT / "docs") if e.path.name not in FRAGMENT_PAGES]
+MCP_CLIENT_PAGES = {"mcp.md"}
+"""Pages whose examples are agent frameworks' MCP clients, run in their own environment
+(tests/docs/test_mcp_clients.py): their adapters need the MCP SDK 1.x, the server 2.x."""
+EXAMPLES = [e for e in find_examples(ROOT / "docs") if e.path.name not in FRAGMENT_PAGES | MCP_CLIENT_PAGES]
 
 
 def test_the_site_has_runnable_examples() -> None:
