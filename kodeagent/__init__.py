@@ -55,6 +55,16 @@ from .text import neutralize_control
 from .tools import Tool, as_tool, mcp_stdio_tools, select_tools, tool
 from .usage import UsageTracker
 
+
+def __getattr__(name: str) -> str:
+    # The version is looked up on first use: importing kodeagent stays cheap.
+    if name == "__version__":
+        from sandboxes.version import version
+
+        return version()
+    raise AttributeError(f"module 'kodeagent' has no attribute {name!r}")
+
+
 __all__ = [
     "Agent",
     "AgentBusyError",

@@ -54,6 +54,10 @@ def __getattr__(name: str) -> Any:
     # the Docker, the E2B nor the Ray SDK.
     if name in _LAZY_BACKENDS:
         return executor_class(_LAZY_BACKENDS[name])
+    if name == "__version__":
+        from .version import version
+
+        return version()
     raise AttributeError(f"module 'sandboxes' has no attribute {name!r}")
 
 

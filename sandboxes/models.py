@@ -147,7 +147,7 @@ class ExecutionResult(BaseModel):
     usage: RunUsage | None = Field(
         None,
         description="What the run used (CPU, peak memory, wall time), measured outside the sandbox; "
-        "None where the backend could not measure it (see the README's table).",
+        "None where the backend could not measure it (docs/concepts.md has the table: how each backend measures).",
     )
 
     @field_serializer("final_answer", "value", when_used="json")

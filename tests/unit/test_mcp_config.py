@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import re
 from collections.abc import MutableMapping
 from typing import Any
 
 import anyio
 import pytest
+from support.snippets import ROOT, marked
 
 from kodeagent_cli import build_parser
 from kodeagent_cli.common import CommandError
@@ -372,21 +372,13 @@ def test_connections_stay_bound_while_they_live_and_are_capped_per_token() -> No
     anyio.run(main)
 
 
-def test_the_readme_examples_are_valid(tmp_path: pathlib.Path) -> None:
-    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
-    blocks = re.findall(r"```(\w+)\n(.*?)```", readme, re.S)
-    clients = [
-        json.loads(text)["mcpServers"] for kind, text in blocks if kind == "json" and "mcpServers" in text
-    ]
-    entries = [entry for servers in clients for entry in servers.values() if entry["command"] == "kodeagent"]
-    assert entries  # the README shows an MCP client starting `kodeagent mcp`
+def test_the_mcp_pages_examples_are_valid(tmp_path: pathlib.Path) -> None:
+    page = marked(ROOT / "docs" / "mcp.md", "snippet")
+    servers = json.loads(page["mcp-servers"].code)["mcpServers"]
+    entries = [entry for entry in servers.values() if entry["command"] == "kodeagent"]
+    assert entries  # the page shows an MCP client starting `kodeagent mcp`
     for entry in entries:
         make_config(settings_from_flags(build_parser().parse_args(entry["args"]), {}))
-    configs = [text for kind, text in blocks if kind == "toml" and "tools" in text]
-    assert configs  # and a config file for it
-    for n, text in enumerate(configs):
-        toml = tmp_path / f"mcp-{n}.toml"
-        toml.write_text(text)
-        load_config(toml)
+    (tmp_path / "mcp-0.toml").write_text(page["mcp-config"].code)
     config = load_config(tmp_path / "mcp-0.toml")
     assert config.tools == {"lookup": "mytools:lookup"} and config.http.tokens[0].name == "alice"
