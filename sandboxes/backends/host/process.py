@@ -228,6 +228,7 @@ class HostWorker(Worker):
                 self._free_uid = False
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+            _RETIRED_BASES.remove_if_empty(os.path.dirname(self.workdir))
         if self._free_uid and self.uid is not None:
             self._free_uid = False
             PRIVATE_USERS.release(self.uid)
@@ -714,14 +715,58 @@ class ForkServer:
         _LIVE_WORKERS.add(worker)
         return worker
 
-    def stop(self) -> None:
+    def stop(self, *, sessions_live: bool = False) -> None:
+        """End the server. `sessions_live`: it is being replaced while sessions it forked may live on
+        (at the ``process`` level they outlive it): their directories under its base stay, and the
+        base goes with the last of them (`RetiredBases`); else (at exit) the base goes now."""
         self.control.close()
-        signal_group(self.process.pid, signal.SIGKILL)
+        if self.process.returncode is None:  # once reaped (`usable`), its pid may be another's
+            signal_group(self.process.pid, signal.SIGKILL)
         try:
             self.process.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-        shutil.rmtree(self.base, ignore_errors=True)
+        if sessions_live:
+            _RETIRED_BASES.add(self.base)
+        else:
+            shutil.rmtree(self.base, ignore_errors=True)
+
+
+class RetiredBases:
+    """The base directories of replaced fork servers, each removed once no session's directory is
+    left in it (a session removes its own directory when it is killed, then asks here)."""
+
+    def __init__(self) -> None:
+        self._bases: set[str] = set()
+        self._lock = threading.Lock()
+
+    def add(self, base: str) -> None:
+        with self._lock:
+            self._bases.add(os.path.realpath(base))
+        self.remove_if_empty(base)
+
+    def remove_if_empty(self, base: str) -> None:
+        real = os.path.realpath(base)
+        with self._lock:
+            if real not in self._bases:
+                return
+            try:
+                os.rmdir(real)  # only when empty: a live session's directory keeps it
+            except FileNotFoundError:
+                pass
+            except OSError:
+                return
+            self._bases.discard(real)
+
+    def remove_all(self) -> None:
+        """At exit, after every worker was killed: whatever is left goes."""
+        with self._lock:
+            bases, self._bases = self._bases, set()
+        for base in bases:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+_RETIRED_BASES = RetiredBases()
 
 
 _FORK_SERVERS: dict[tuple[str, bool, tuple[str, ...]], ForkServer] = {}
@@ -735,8 +780,8 @@ def fork_worker(isolation: str, network: bool, preload: tuple[str, ...] = ()) ->
     with _FORK_SERVERS_LOCK:
         server = _FORK_SERVERS.get(key)
         if server is None or not server.usable():
-            if server is not None:
-                server.stop()
+            if server is not None:  # it died: the sessions it forked may still be running
+                server.stop(sessions_live=True)
             server = _FORK_SERVERS[key] = ForkServer(isolation, network, preload)
     return server.fork_worker()
 
@@ -747,3 +792,4 @@ def _kill_all_workers() -> None:
         worker.kill_now()
     for server in _FORK_SERVERS.values():
         server.stop()
+    _RETIRED_BASES.remove_all()
