@@ -210,6 +210,17 @@ class WarmPool(Generic[Key, Item]):
         with self.lock:
             return {key: list(pool) for key, pool in self._items.items()}
 
+    def trim(self, size: int) -> list[Item]:
+        """Keep at most `size` idle items per key (the newest: the longest-waiting go first); the
+        others, for the caller to end. Keys and their order of recent use stay as they are."""
+        removed: list[Item] = []
+        with self.lock:
+            for pool in self._items.values():
+                if len(pool) > size:
+                    removed += pool[: len(pool) - size]
+                    del pool[: len(pool) - size]
+        return removed
+
     def drain(self) -> list[Item]:
         """Empty the pool (and forget its keys); the items, for the caller to end."""
         with self.lock:

@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import threading
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, Unpack, cast
 
@@ -46,6 +47,7 @@ from ...runtime.protocol import InitRequest
 from ...session import RunnerSession, Session, initialise_ahead
 from ...worker import Worker, WorkerExited
 from ..resources import WarmPool, resources
+from .demand import BASE_POOL, POOL_PER_CORE, SPAWNERS_PER_CORE, Demand, fixed_sizing, usable_cores
 from .process import (
     _LIVE_WORKERS,
     HostWorker,
@@ -100,24 +102,48 @@ def init_key(init: InitRequest) -> str:
 
 # ---------------------------------------------------------------------- the pools
 
-POOL_SIZE = 2
-"""Idle workers kept per key, in each kind of pool."""
+POOL_SIZE = BASE_POOL
+"""Idle workers kept per key, in each kind of pool, without a burst of opens (`demand.py` sizes the
+pools up to `MAX_POOL` for the recent peak of opens in flight)."""
+MAX_POOL = POOL_PER_CORE * usable_cores()
+"""The most idle workers kept per key: 4 per core."""
+MAX_SPAWNERS = SPAWNERS_PER_CORE * usable_cores()
+"""The most spawner threads making workers at once: one per core."""
 READY_KEYS = 4
 """Option sets (`ReadyKey`s) that keep initialised workers: the most recently opened ones."""
+
+# One thread per core (one in the fixed sizing of before): the refills use as many as `Demand` says.
+RESOURCES.declare("spawn", 1 if fixed_sizing() else MAX_SPAWNERS)
+
+
+class _Want:
+    """What the refills after the opens of one option set ask for (merged until satisfied)."""
+
+    __slots__ = ("key", "ready_key", "ready", "full_ready", "started")
+
+    def __init__(self, key: PoolKey, ready_key: ReadyKey) -> None:
+        self.key, self.ready_key = key, ready_key
+        self.ready = False  # initialised workers for `ready_key`: one, or
+        self.full_ready = False  # the pool's size (an open found one ready: these options recur)
+        self.started = False  # started workers for `key` (an open found none ready)
 
 
 class HostPools:
     """The idle workers of this process, shared by every executor (event loops in any thread) and
-    filled by the spawner thread; closed (every idle worker killed) with the backend's resources.
+    filled by the spawner threads; closed (every idle worker killed) with the backend's resources.
 
     Two `WarmPool`s: *started* workers (warmed up, no `init` yet) per `PoolKey`, without bound in
     keys; and *ready* ones per `ReadyKey`, whose `init` handshake is done ahead, for only the
     `READY_KEYS` option sets most recently opened: a new one evicts the least recently opened, whose
     idle workers are killed, so many option sets (a policy per problem) never pile up idle processes.
     An open takes a ready worker of its options; failing that a started one (its handshake then on
-    the open's path, as for any first open of new options); failing that it starts one."""
+    the open's path, as for any first open of new options); failing that it starts one.
 
-    def __init__(self) -> None:
+    How many of each are kept, and how many spawner threads make them at once, is `demand`'s answer
+    (`demand.py`): `POOL_SIZE` for one caller opening in turn, up to the recent peak of opens in
+    flight under a burst; a timer sizes the pools back down once that peak is `SHRINK_AFTER` old."""
+
+    def __init__(self, demand: Demand | None = None) -> None:
         self.started: WarmPool[PoolKey, HostWorker] = WarmPool(
             HostWorker.is_alive, _kill_off_path, on_put=_LIVE_WORKERS.discard
         )
@@ -125,8 +151,13 @@ class HostPools:
             HostWorker.is_alive, _kill_off_path, max_keys=READY_KEYS, on_put=_LIVE_WORKERS.discard
         )
         self.deferred = _Deferred()
+        self.demand = demand if demand is not None else Demand(fixed=fixed_sizing())
         self._lock = threading.Lock()
-        self._pending = 0  # refills submitted and not yet finished
+        self._wants: OrderedDict[tuple[PoolKey, ReadyKey], _Want] = OrderedDict()  # most recent last
+        self._making: Counter[tuple[str, object]] = Counter()  # workers being made, per pool and key
+        self._evicted: list[HostWorker] = []  # idle workers of evicted option sets, to kill
+        self._chains = 0  # spawner tasks refilling (each makes one worker, then queues itself again)
+        self._trimmer: threading.Timer | None = None
 
     def take(self, key: PoolKey, ready_key: ReadyKey) -> tuple[HostWorker | None, bool]:
         """A live idle worker, and whether it is initialised (for `ready_key`)."""
@@ -141,70 +172,146 @@ class HostPools:
 
     def refilling(self) -> bool:
         with self._lock:
-            return self._pending > 0 or len(self.deferred) > 0
+            return self._chains > 0 or len(self.deferred) > 0
+
+    def sizes(self) -> dict[str, Any]:
+        """The sizing now (`PoolSizes`) and the idle workers per pool (the Ray node agent's `pools()`)."""
+        return {
+            **self.demand.sizes().model_dump(),
+            "ready": len(self.ready.idle()),
+            "started": len(self.started.idle()),
+        }
 
     def close(self) -> None:
         """Kill every idle worker (blocking)."""
-        for worker in self.started.drain() + self.ready.drain():
+        with self._lock:
+            trimmer, self._trimmer = self._trimmer, None
+            self._wants.clear()
+            evicted, self._evicted = self._evicted, []
+        if trimmer is not None:
+            trimmer.cancel()
+        for worker in self.started.drain() + self.ready.drain() + evicted:
             worker.kill_now()
 
     def refill(self, key: PoolKey, ready_key: ReadyKey, hit: bool, keep_ready: bool = True) -> None:
-        """Top the pools up in the background spawner thread after an open; nobody waits for it.
+        """Top the pools up in the background spawner threads after an open; nobody waits for it.
 
         After an open that found an initialised worker the ready pool of its options is topped up to
-        `POOL_SIZE`; after one that did not (new options, or the pool ran dry), to one worker only, so
-        options opened once cost one spare handshake, not a pool, and the started pool as before.
-        `keep_ready=False`: options no other open will have (a session's own CA bundle in its
-        environment) get no ready worker, and evict no other options' ready workers."""
+        the pool size; after one that did not (new options, or the pool ran dry), to one worker only,
+        so options opened once cost one spare handshake, not a pool, and the started pool to the
+        pool size. `keep_ready=False`: options no other open will have (a session's own CA bundle in
+        its environment) get no ready worker, and evict no other options' ready workers."""
         evicted = self.ready.want(ready_key) if keep_ready else []
         with self._lock:
-            self._pending += 1
+            want = self._wants.pop((key, ready_key), None) or _Want(key, ready_key)
+            want.ready |= keep_ready
+            want.full_ready |= keep_ready and hit
+            want.started |= not hit
+            self._wants[(key, ready_key)] = want
+            self._evicted += evicted
+        self._kick()
 
-        def step() -> bool:
-            """Make one worker the pools lack (the ready one first: the next open of these options is
-            the likeliest to come); False once none is lacking, or when making it failed."""
-            if (
-                keep_ready
-                and self.ready.wanted(ready_key)
-                and self.ready.count(ready_key) < (POOL_SIZE if hit else 1)
-            ):
-                ready = _started_worker(key)
-                if ready is None:
-                    return False
-                init = cast(InitRequest, json.loads(ready_key[1]))  # exactly the key's request
-                if not (_initialise(ready, init) and self.ready.put(ready_key, ready, only_wanted=True)):
-                    ready.kill_now()  # a failed handshake (or evicted meanwhile): never handed out
-                    return False
-                return True
-            if not hit and self.started.count(key) < POOL_SIZE:
-                started = _started_worker(key)
-                if started is not None:
-                    self.started.put(key, started)
-                    return True
-            return False
-
-        def fill() -> None:
-            # One worker a task: an open that found the pools empty queues its own worker behind at
-            # most one being made, not behind whole refills.
-            again = False
+    def _kick(self) -> None:
+        """Start refilling tasks up to the spawners the demand allows now."""
+        with self._lock:
+            allowed = self.demand.spawners()
+            start = max(0, min(allowed - self._chains, len(self._wants) + (1 if self._evicted else 0)))
+            self._chains += start
+        for _ in range(start):
             try:
-                while evicted:
-                    evicted.pop().kill_now()
-                if step():
-                    _spawner_submit(fill)
-                    again = True
-            finally:
-                if not again:
-                    with self._lock:
-                        self._pending -= 1
+                _spawner_submit(self._chain)
+            except RuntimeError:  # the interpreter is exiting: nothing is refilled any more
+                with self._lock:
+                    self._chains -= 1
+                    evicted, self._evicted = self._evicted, []
+                for idle in evicted:
+                    idle.kill_now()
 
+    def _chain(self) -> None:
+        # One worker a task: an open that found the pools empty queues its own worker behind at most
+        # one being made per spawner, not behind whole refills.
+        again = False
         try:
-            _spawner_submit(fill)
-        except RuntimeError:  # the interpreter is exiting: nothing is refilled any more
             with self._lock:
-                self._pending -= 1
+                evicted, self._evicted = self._evicted, []
             for idle in evicted:
                 idle.kill_now()
+            job = self._next_job()
+            if job is not None:
+                if not self._make(*job):
+                    with self._lock:  # making it failed: left to the next cold start, as before
+                        self._wants.pop((job[1].key, job[1].ready_key), None)
+                self._schedule_trim()
+                with self._lock:
+                    again = bool(self._wants) and self._chains <= self.demand.spawners()
+                if again:
+                    _spawner_submit(self._chain)
+        except RuntimeError:  # the interpreter is exiting
+            again = False
+        finally:
+            if not again:
+                with self._lock:
+                    self._chains -= 1
+
+    def _next_job(self) -> tuple[str, _Want] | None:
+        """The next worker the pools lack (the ready one first: the next open of these options is the
+        likeliest to come; the most recently opened options first), counted as being made. Wants
+        found satisfied are dropped."""
+        with self._lock:
+            size = self.demand.pool_size()
+            for pair, want in reversed(list(self._wants.items())):
+                ready_key, key = want.ready_key, want.key
+                if want.ready and self.ready.wanted(ready_key):
+                    have = self.ready.count(ready_key) + self._making["ready", ready_key]
+                    if have < (size if want.full_ready else 1):
+                        self._making["ready", ready_key] += 1
+                        return "ready", want
+                if want.started and self.started.count(key) + self._making["started", key] < size:
+                    self._making["started", key] += 1
+                    return "started", want
+                del self._wants[pair]
+        return None
+
+    def _make(self, kind: str, want: _Want) -> bool:
+        """Make the worker `_next_job` chose and pool it; False when that failed."""
+        counted = (kind, want.ready_key if kind == "ready" else want.key)
+        try:
+            worker = _started_worker(want.key)
+            if worker is None:
+                return False
+            if kind == "started":
+                self.started.put(want.key, worker)
+                return True
+            init = cast(InitRequest, json.loads(want.ready_key[1]))  # exactly the key's request
+            if not (_initialise(worker, init) and self.ready.put(want.ready_key, worker, only_wanted=True)):
+                worker.kill_now()  # a failed handshake (or evicted meanwhile): never handed out
+                return False
+            return True
+        finally:
+            with self._lock:
+                self._making[counted] -= 1
+                if self._making[counted] <= 0:
+                    del self._making[counted]
+
+    def _schedule_trim(self) -> None:
+        """Arm the timer that sizes the pools down once the peak they were filled for is forgotten."""
+        delay = self.demand.expires_in()
+        if delay is None:
+            return
+        with self._lock:
+            if self._trimmer is not None:
+                return
+            self._trimmer = threading.Timer(delay + 0.05, self._trim)
+            self._trimmer.daemon = True
+            self._trimmer.start()
+
+    def _trim(self) -> None:
+        with self._lock:
+            self._trimmer = None
+        size = self.demand.pool_size()
+        for worker in self.ready.trim(size) + self.started.trim(size):
+            worker.kill_now()
+        self._schedule_trim()  # a lower peak, still above the base, is forgotten later
 
 
 def _kill_off_path(worker: HostWorker) -> None:
@@ -386,6 +493,19 @@ class HostExecutor(Executor):
         init = self._runner_init()
         if not self.use_pool:
             return await self._runner_session(await _spawn(key, self.workdir), init, release=_retire)
+        # The pools are sized to the opens in flight at once: from here until the session's first
+        # run ended (a grader's whole use of it; an agent's first step), or it closed.
+        POOLS.demand.begin()
+        try:
+            session = await self._pooled_session(key, init)
+        except BaseException:
+            POOLS.demand.end()
+            raise
+        refill, session.after_first_run = session.after_first_run, None
+        session.after_first_run = functools.partial(_first_run_ended, refill)
+        return session
+
+    async def _pooled_session(self, key: PoolKey, init: InitRequest) -> RunnerSession:
         POOLS.deferred.run_all()  # earlier sessions' refills wait no longer: this open may need their workers
         ready_key = (key, init_key(init))
         worker, initialised = POOLS.take(key, ready_key)
@@ -404,6 +524,12 @@ class HostExecutor(Executor):
         # first run by about as much as the handshake saved, so it waits for that run to end.
         session.after_first_run = functools.partial(POOLS.deferred.run, refill)
         return session
+
+
+def _first_run_ended(refill: Callable[[], None] | None) -> None:
+    POOLS.demand.end()
+    if refill is not None:
+        refill()
 
 
 async def _attach_egress(session: RunnerSession, rules: NetworkPolicy, bundle_path: str | None) -> None:

@@ -225,3 +225,66 @@ def _uid(entry: os.DirEntry[str]) -> int | None:
         return entry.stat().st_uid
     except OSError:
         return None
+
+
+async def _burst(count: int, options: dict[str, Any]) -> list[float | None]:
+    """`count` sessions opened at once, each running once every one of them is open (so all `count`
+    are in flight together), then closed: each session's handshake on its open's path."""
+    opened = 0
+    everyone = anyio.Event()
+    handshakes: list[float | None] = []
+
+    async def one() -> None:
+        nonlocal opened
+        async with HostExecutor(**options) as ex:
+            assert isinstance(ex.session, RunnerSession)
+            handshakes.append(ex.session.handshake_seconds)
+            opened += 1
+            if opened == count:
+                everyone.set()
+            await everyone.wait()
+            result = await ex.run("print(3)")
+            assert result.ok and result.stdout == "3\n", result
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as group:
+            for _ in range(count):
+                group.start_soon(one)
+    return handshakes
+
+
+def _key() -> host.PoolKey:
+    level = host._LEVELS["auto"]
+    return (level, False, ())
+
+
+def _ready_for(tag: str) -> int:
+    return sum(len(pool) for key, pool in host.POOLS.ready.by_key().items() if f'"BURST":"{tag}"' in key[1])
+
+
+async def test_a_burst_of_opens_leaves_the_ready_pool_sized_for_it_then_it_shrinks() -> None:
+    options = {"timeout": 20, "env": {"BURST": "eight"}}
+    for _ in range(2):  # opened in turn: the base pool of these options
+        async with HostExecutor(**options):
+            pass
+        await _settled()
+    assert _ready_for("eight") == host.POOL_SIZE
+    expected = min(8, host.MAX_POOL)
+    await _burst(8, options)
+    await _settled()
+    assert _ready_for("eight") == expected, host.POOLS.sizes()
+    # The next burst of as many finds every session initialised ahead: no handshake on any open's path.
+    handshakes = await _burst(expected, options)
+    assert handshakes == [0.0] * expected, handshakes
+    # Without that demand the pools size back down (SHRINK_AFTER, ~5 s: polled generously).
+    with anyio.fail_after(120):
+        while _ready_for("eight") > host.POOL_SIZE or host.POOLS.started.count(_key()) > host.POOL_SIZE:
+            await anyio.sleep(0.2)
+    sizes = host.POOLS.sizes()
+    assert sizes["pool_size"] == host.POOL_SIZE and sizes["spawners"] == 1, sizes
+    await _settled()
+    REAPER.drain()
+    if os.getuid() == 0:  # the trimmed workers are killed (in the trimming thread), not left running
+        with anyio.fail_after(60):
+            while _private_user_processes() > len(host.pooled_workers()):
+                await anyio.sleep(0.2)
