@@ -33,6 +33,8 @@ BENCHMARKS = {
     "egress": "connection set-up and a 100 MB download through the egress gateway against direct, and "
     "network-off against network-on session opens",
     "serve": "kodeagent serve through the E2B SDK: create → first result, warm run, resume, a burst",
+    "pools": "host session opens at 1-8 at a time, burst and steady: the pools sized to the load against "
+    "the fixed sizing, and the floor (a bare fork server fork)",
 }
 
 

@@ -450,3 +450,41 @@ def test_serve_bench_smoke() -> None:
     assert sdk["n"] == 2 and sdk["p50_ms"] > 0 and sdk["ratio_p50"] > 0
     assert rows["SDK pause, connect + run_code"]["baseline"] == "SDK warm run_code"
     assert result["burst"]["created"] + result["burst"]["refused"] == 3
+
+
+def test_bench_pools_through_the_cli(tmp_path: Path) -> None:
+    """Both sizings measured in processes of their own (the fixed one with its sizing reported as
+    fixed), every shape with its samples, and the floor."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kodeagent_cli",
+            "bench",
+            "pools",
+            "--concurrency",
+            "1,4",
+            "--rounds",
+            "1",
+            "--n",
+            "4",
+            "--repeats",
+            "1",
+            "--json",
+            "--output",
+            str(tmp_path / "p.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["sizes"]["fixed"]["fixed"] and not data["sizes"]["sized"]["fixed"]
+    assert data["sizes"]["fixed"]["max_pool"] == 2 and data["sizes"]["fixed"]["max_spawners"] == 1
+    shapes = {(row["shape"], row["concurrency"]): row for row in data["rows"]}
+    assert set(shapes) == {("burst", 1), ("burst", 4), ("steady", 1), ("steady", 4)}
+    assert shapes["burst", 4]["sized"]["n"] == 4 and shapes["burst", 4]["fixed"]["n"] == 4
+    assert shapes["steady", 4]["sized"]["n"] == 4 and shapes["steady", 4]["sized"]["sessions_per_s"] > 0
+    assert data["floor"]["n"] > 0 and data["floor"]["p50_ms"] > 0
+    assert json.loads((tmp_path / "p.json").read_text())["benchmark"] == "pools"
