@@ -175,11 +175,15 @@ class HostPools:
             return self._chains > 0 or len(self.deferred) > 0
 
     def sizes(self) -> dict[str, Any]:
-        """The sizing now (`PoolSizes`) and the idle workers per pool (the Ray node agent's `pools()`)."""
+        """The sizing now (`PoolSizes`) and the idle workers of each pool, in all and in its largest
+        key (the Ray node agent's `pools()`)."""
+        ready, started = self.ready.by_key(), self.started.by_key()
         return {
             **self.demand.sizes().model_dump(),
-            "ready": len(self.ready.idle()),
-            "started": len(self.started.idle()),
+            "ready": sum(map(len, ready.values())),
+            "ready_largest": max(map(len, ready.values()), default=0),
+            "started": sum(map(len, started.values())),
+            "started_largest": max(map(len, started.values()), default=0),
         }
 
     def close(self) -> None:

@@ -31,9 +31,9 @@ import anyio
 
 from ...errors import BackendUnavailable, WorkerStartError
 from ..resources import resources
-from .node import NodeAgent
+from .node import NODE_CAPACITY_RESOURCE, NodeAgent
 
-SANDBOX_RESOURCE = "kodeagent_sandbox"
+SANDBOX_RESOURCE = NODE_CAPACITY_RESOURCE
 """The custom resource by which a node declares how many sandbox sessions it takes."""
 NAMESPACE = "kodeagent"
 CONNECT_TIMEOUT = 60.0

@@ -46,6 +46,8 @@ from ..names import executor_class
 
 OUTPUT_EVENTS = 256
 """Output events of a streamed run waiting for the parent at most; past them output is dropped and counted."""
+NODE_CAPACITY_RESOURCE = "kodeagent_sandbox"
+"""The custom resource by which a node declares its sandbox units (`cluster.SANDBOX_RESOURCE`)."""
 REAP_INTERVAL = 10.0
 """Seconds between checks for sessions whose owner is gone (its placement group was removed)."""
 
@@ -161,11 +163,53 @@ class NodeAgent:
         self._forking: dict[str, bool] = {}
         """Sessions being forked, by their new id: True once the parent closed one before it was made."""
         self._reaper: asyncio.Task[None] | None = None
+        self._sized = False
 
     async def info(self) -> dict[str, Any]:
         import os
 
         return {"pid": os.getpid(), "sessions": len(self.sessions)}
+
+    async def pools(self) -> dict[str, Any]:
+        """The node's host pools: how they are sized now (`host.demand.PoolSizes`: the cores and
+        caps they follow, the opens in flight and their recent peak, the pool size and spawners) and
+        their idle workers (``ready``, ``started``; ``ready_largest``, ``started_largest``: in the
+        fullest key)."""
+        from ..host.executor import POOLS
+
+        await self._size_pools()
+        return POOLS.sizes()
+
+    async def _size_pools(self) -> None:
+        """Size the node's host pools (this process's) by the node as the cluster declares it: its
+        CPUs (the machine's when it declares none), and at most as many idle workers as its sandbox
+        units, the sessions it can hold at once. Outside a Ray worker, by this machine (the default)."""
+        if self._sized:
+            return
+        self._sized = True
+        try:
+            import ray
+        except ImportError:
+            return
+        if not ray.is_initialized():
+            return
+        from ..host.executor import POOLS
+
+        node_id = ray.get_runtime_context().get_node_id()
+        try:
+            nodes = await asyncio.to_thread(ray.nodes)
+        except Exception:  # the GCS is briefly unreachable: sized by this machine, asked again next time
+            self._sized = False
+            return
+        declared: dict[str, float] = next(
+            (n.get("Resources", {}) for n in nodes if n.get("NodeID") == node_id), {}
+        )
+        cpus, units = declared.get("CPU"), declared.get(NODE_CAPACITY_RESOURCE)
+        POOLS.demand.configure(
+            cores=int(cpus) if cpus and cpus >= 1 else None,
+            capacity=int(units) if units and units >= 1 else None,
+            fixed=POOLS.demand.fixed,
+        )
 
     async def open(
         self,
@@ -178,6 +222,8 @@ class NodeAgent:
         """Open a session of the node's `backend`; answers ``{"kind": "opened", "isolation": ...}``."""
         if self._reaper is None:
             self._reaper = asyncio.get_running_loop().create_task(self._reap())
+        if backend == "host":
+            await self._size_pools()
         session = _Session(placement_group)
         try:
             tools = {name: session.stub(name) for name in tool_names}

@@ -513,3 +513,44 @@ async def test_a_snapshot_holds_a_unit_of_its_node_and_closes_with_its_executor(
     with pytest.raises(ExecutorClosed):
         snapshot.executor()
     assert (await node.info.remote())["sessions"] == before - 1
+
+
+async def test_node_agents_size_their_host_pools_by_their_node(cluster: Any) -> None:
+    """Each node's agent sizes its host pools by the node as the cluster declares it (one CPU, and
+    `PER_NODE` sandbox units: no more idle workers than it can hold sessions), to the sessions
+    starting on it at once, and back down without that demand; `pools()` reports it."""
+    import ray
+
+    from sandboxes.backends.host.demand import BASE_POOL
+    from sandboxes.backends.ray.cluster import agent
+
+    async def pools(node: str) -> dict[str, Any]:
+        sizes: dict[str, Any] = await anyio.to_thread.run_sync(ray.get, agent(node).pools.remote())
+        return sizes
+
+    options = {"timeout": 20, "env": {"POOLS": "node"}}
+    sessions = [executor(**options) for _ in range(2 * backend_ray.PER_NODE)]
+    try:
+        async with anyio.create_task_group() as group:
+            for session in sessions:
+                group.start_soon(session.open)
+        nodes = {s.node_id for s in sessions}
+        assert len(nodes) == 2
+        for node in nodes:  # every session of the node is still starting (none has run yet)
+            sizes = await pools(node)
+            assert (sizes["cores"], sizes["max_pool"], sizes["max_spawners"]) == (1, backend_ray.PER_NODE, 1)
+            assert sizes["in_flight"] == sizes["peak"] == backend_ray.PER_NODE, sizes
+            assert sizes["pool_size"] == backend_ray.PER_NODE and sizes["spawners"] == 1, sizes
+        for session in sessions:
+            assert (await session.run("print(5)")).stdout == "5\n"
+    finally:
+        for session in sessions:
+            await session.close()
+    with anyio.fail_after(120):  # without that demand the node's pools size back down (~5 s)
+        for node in nodes:
+            while True:
+                sizes = await pools(node)
+                assert sizes["ready_largest"] <= backend_ray.PER_NODE and sizes["in_flight"] == 0, sizes
+                if sizes["pool_size"] == BASE_POOL and sizes["ready_largest"] <= BASE_POOL:
+                    break
+                await anyio.sleep(0.5)
