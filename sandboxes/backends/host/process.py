@@ -42,7 +42,7 @@ from ..resources import resources
 from .bubblewrap import Bubblewrap, choose
 from .probe import ProcessProbe
 from .reap import REAPER, PrivateUsers
-from .sweep import kill_user_processes, process_uids, start_time, wait_until_reaped
+from .sweep import kill_user_processes, process_uids, signal_user, start_time, wait_until_reaped
 
 RUNNER = RUNTIME_DIR / "runner.py"
 FORKSERVER = RUNTIME_DIR / "forkserver.py"
@@ -199,14 +199,18 @@ class HostWorker(Worker):
             own_tree = not last and self.process is None and self.isolation == "namespaces"
             tree = self.process_tree() if own_tree else None
             self._killed = True
+            sweep = self.uid is not None and last and (self.isolation == "process" or self.process is None)
+            # One kill(-1) as the session's user ends all it started, its runner's tree included (every
+            # process of it is the user's), without a walk; the reap's wait below confirms.
+            swept = sweep and self.uid is not None and signal_user(self.uid)
             if self.pid is not None and (self.process is not None or self._still_ours()):
-                if self.isolation == "process":
+                if self.isolation == "process" and not swept:
                     kill_process_tree(self.pid)
                 signal_group(self.pid, signal.SIGKILL)
             elif tree is not None and not last and tree.alive():
                 kill_process_tree(tree.pid, include_root=True)  # its own tree: not its forks'
                 signal_group(tree.pid, signal.SIGKILL)
-            if self.uid is not None and last and (self.isolation == "process" or self.process is None):
+            if sweep and not swept and self.uid is not None:
                 kill_user_processes(self.uid, self.server_pid)
             self.channel.sock.close()
             gone = True

@@ -2,15 +2,21 @@
 
 A session's processes can leave its process group and tree (`setsid`, double forks), but not its
 private user: the last session of a user to close kills every process of that user and waits until
-none is left, zombies included, before the uid is handed out again (`host.reap.PrivateUsers`). Under
-namespaces they are looked for among the fork server's PID namespace only (see `user_processes`);
-at the ``process`` level among every process of the machine.
+none is left, zombies included, before the uid is handed out again (`host.reap.PrivateUsers`). The
+kill is one ``kill(-1)`` sent as that user (`signal_user`), where it can be, else a walk of the
+user's processes (`kill_user_processes`); the wait walks them (twice, to confirm none is left).
+Under namespaces they are looked for among the fork server's PID namespace only (see
+`user_processes`); at the ``process`` level among every process of the machine.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import platform
 import signal
+import threading
 import time
 
 from ...usage import children, read_text
@@ -142,3 +148,45 @@ def _wait_dead(pids: list[int], uid: int, limit: float = 0.5) -> None:
             if owner is None or mine not in owner[0] or owner[1] == "Z":
                 break
             time.sleep(0.0005)
+
+
+# The raw system call: glibc's setresuid() changes every thread of the process, the kernel's only
+# the calling one. x86-64 and arm64 numbers; elsewhere the kill walks the user's processes instead.
+_SETRESUID = {"x86_64": 117, "aarch64": 147}.get(platform.machine())
+_PR_GET_DUMPABLE, _PR_SET_DUMPABLE = 3, 4
+_as_user = threading.Lock()
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def signal_user(uid: int, sig: int = signal.SIGKILL) -> bool:
+    """Send `sig` to every process of `uid` in one ``kill(-1, sig)`` made with this thread's
+    credentials set to `uid` for that call only; False (nothing sent) where that cannot be done here
+    (not root, another architecture), and the caller walks the processes instead.
+
+    Why: the kernel signals every process the sender may signal (those whose real or saved uid is
+    `uid`: any process of the user, setuid binaries included, in every PID namespace below ours)
+    while it holds the task list, which a fork needs to add its child, so no process of the user can
+    fork its way past the signal: a fork bomb ends in one call, without walking the process table
+    (`kill_user_processes` walks it at least twice). Our own process is never signalled (the kernel
+    skips the caller's thread group), and no other thread of ours changes credentials. The saved uid
+    stays 0, so the thread takes root back at once; the change of effective uid clears the
+    process's dumpable flag, which is restored."""
+    if _SETRESUID is None or os.geteuid() != 0 or uid <= 0:
+        return False
+    libc = _libc()
+    with _as_user:
+        dumpable = libc.prctl(_PR_GET_DUMPABLE, 0, 0, 0, 0)
+        if libc.syscall(_SETRESUID, uid, uid, 0) != 0:
+            return False
+        try:
+            sent = libc.kill(-1, sig) == 0 or ctypes.get_errno() == 3  # ESRCH: none left to signal
+        finally:
+            if libc.syscall(_SETRESUID, 0, 0, 0) != 0:  # cannot fail with a saved uid of 0
+                os.abort()  # a thread of ours left as the session's user must not go on
+            if dumpable > 0:
+                libc.prctl(_PR_SET_DUMPABLE, dumpable, 0, 0, 0)
+    return sent
