@@ -14,6 +14,7 @@ Plain bookkeeping (no processes, no threads): `executor.py`'s `HostPools` asks i
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 import time
@@ -29,6 +30,9 @@ POOL_PER_CORE = 4
 SPAWNERS_PER_CORE = 1
 SHRINK_AFTER = 5.0
 """Seconds after a peak of opens in flight was last reached before the pools size down from it."""
+HOLD = 30.0
+"""Seconds an open counts as in flight at most: a session opened and left without a run (a served
+sandbox created ahead) is not starting any more, and holds no idle workers for its peak."""
 
 
 def usable_cores() -> int:
@@ -68,6 +72,7 @@ class Demand:
         capacity: at most this many sessions can be open here at once (a Ray node's sandbox units):
             no more idle workers than that are useful.
         shrink_after: seconds a peak is remembered.
+        hold: seconds an open counts as in flight at most.
         base: idle workers kept per key without a burst.
         fixed: keep the sizing of before (see `configure`).
         clock: monotonic seconds (tests give their own).
@@ -79,6 +84,7 @@ class Demand:
         capacity: int | None = None,
         *,
         shrink_after: float = SHRINK_AFTER,
+        hold: float = HOLD,
         base: int = BASE_POOL,
         fixed: bool = False,
         clock: Callable[[], float] = time.monotonic,
@@ -86,8 +92,10 @@ class Demand:
         self._lock = threading.Lock()
         self._clock = clock
         self.shrink_after = shrink_after
+        self.hold = hold
         self.base = base
-        self._in_flight = 0
+        self._opens: dict[int, float] = {}  # the opens in flight: token -> when it began
+        self._tokens = itertools.count(1)
         # _seen[n - 1]: when opens in flight last were n or more (levels past the cap are not kept)
         self._seen: list[float] = []
         self.configure(cores, capacity, fixed=fixed)
@@ -110,34 +118,50 @@ class Demand:
     @contextmanager
     def opening(self) -> Iterator[None]:
         """Count one open in flight for the duration of the block."""
-        self.begin()
+        token = self.begin()
         try:
             yield
         finally:
-            self.end()
+            self.end(token)
 
-    def begin(self) -> None:
-        """An open started."""
+    def begin(self) -> int:
+        """An open started; the token to `end` it with."""
         with self._lock:
-            self._in_flight += 1
             now = self._clock()
-            level = min(self._in_flight, self.max_pool)
+            token = next(self._tokens)
+            self._opens[token] = now
+            level = min(self._in_flight(now), self.max_pool)
             while len(self._seen) < level:
                 self._seen.append(now)
             for index in range(level):
                 self._seen[index] = now
+            return token
 
-    def end(self) -> None:
-        """An open finished (opened or failed)."""
+    def end(self, token: int) -> None:
+        """An open finished (its session's first run ended, it closed, or it failed)."""
         with self._lock:
-            self._in_flight = max(0, self._in_flight - 1)
-            # The levels it held were reached until now: they are remembered from now on.
             now = self._clock()
-            for index in range(min(self._in_flight + 1, len(self._seen))):
+            began = self._opens.pop(token, None)
+            if began is None:  # ended already, or no longer counted (older than `hold`)
+                return
+            # The levels it held were reached until now: they are remembered from now on.
+            for index in range(min(self._in_flight(now) + 1, len(self._seen))):
                 self._seen[index] = now
 
+    def _in_flight(self, now: float) -> int:
+        """Opens in flight, less those begun `hold` seconds ago or more (a session opened and left
+        without a run is not starting any more)."""
+        stale = sorted((began, token) for token, began in self._opens.items() if now - began >= self.hold)
+        for began, token in stale:
+            # The levels it held were reached until it stopped counting: remembered from then on.
+            stopped = began + self.hold
+            for index in range(min(len(self._opens), len(self._seen))):
+                self._seen[index] = max(self._seen[index], stopped)
+            del self._opens[token]
+        return len(self._opens)
+
     def _peak(self, now: float) -> int:
-        peak = self._in_flight
+        peak = self._in_flight(now)
         for index in range(len(self._seen) - 1, peak - 1, -1):
             if now - self._seen[index] < self.shrink_after:
                 return index + 1
@@ -162,24 +186,27 @@ class Demand:
             return max(1, min(self.max_spawners, self._peak(self._clock())))
 
     def expires_in(self) -> float | None:
-        """Seconds until the pool size drops (a peak above `base` is forgotten), or None if it
-        cannot drop (no such peak, or opens still in flight hold it)."""
+        """Seconds until the pool size may drop (when the peak above `base` is forgotten; while opens
+        in flight hold it, `shrink_after`: look again then), or None if it is at `base`."""
         with self._lock:
             now = self._clock()
             peak = self._peak(now)
-            if self._pool_size(peak) <= self._pool_size(self._in_flight) or peak <= self.base:
+            if self._pool_size(peak) <= self._pool_size(0):
                 return None
+            if peak <= self._in_flight(now):
+                return self.shrink_after
             return max(0.0, self._seen[peak - 1] + self.shrink_after - now)
 
     def sizes(self) -> PoolSizes:
         with self._lock:
-            peak = self._peak(self._clock())
+            now = self._clock()
+            peak = self._peak(now)
             return PoolSizes(
                 cores=self.cores,
                 fixed=self.fixed,
                 max_pool=self.max_pool,
                 max_spawners=self.max_spawners,
-                in_flight=self._in_flight,
+                in_flight=self._in_flight(now),
                 peak=peak,
                 pool_size=self._pool_size(peak),
                 spawners=max(1, min(self.max_spawners, peak)),

@@ -218,8 +218,7 @@ class HostPools:
     def _kick(self) -> None:
         """Start refilling tasks up to the spawners the demand allows now."""
         with self._lock:
-            allowed = self.demand.spawners()
-            start = max(0, min(allowed - self._chains, len(self._wants) + (1 if self._evicted else 0)))
+            start = max(0, self.demand.spawners() - self._chains) if self._wants or self._evicted else 0
             self._chains += start
         for _ in range(start):
             try:
@@ -499,14 +498,14 @@ class HostExecutor(Executor):
             return await self._runner_session(await _spawn(key, self.workdir), init, release=_retire)
         # The pools are sized to the opens in flight at once: from here until the session's first
         # run ended (a grader's whole use of it; an agent's first step), or it closed.
-        POOLS.demand.begin()
+        token = POOLS.demand.begin()
         try:
             session = await self._pooled_session(key, init)
         except BaseException:
-            POOLS.demand.end()
+            POOLS.demand.end(token)
             raise
         refill, session.after_first_run = session.after_first_run, None
-        session.after_first_run = functools.partial(_first_run_ended, refill)
+        session.after_first_run = functools.partial(_first_run_ended, token, refill)
         return session
 
     async def _pooled_session(self, key: PoolKey, init: InitRequest) -> RunnerSession:
@@ -530,8 +529,8 @@ class HostExecutor(Executor):
         return session
 
 
-def _first_run_ended(refill: Callable[[], None] | None) -> None:
-    POOLS.demand.end()
+def _first_run_ended(token: int, refill: Callable[[], None] | None) -> None:
+    POOLS.demand.end(token)
     if refill is not None:
         refill()
 
