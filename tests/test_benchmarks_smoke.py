@@ -487,4 +487,7 @@ def test_bench_pools_through_the_cli(tmp_path: Path) -> None:
     assert shapes["burst", 4]["sized"]["n"] == 4 and shapes["burst", 4]["fixed"]["n"] == 4
     assert shapes["steady", 4]["sized"]["n"] == 4 and shapes["steady", 4]["sized"]["sessions_per_s"] > 0
     assert data["floor"]["n"] > 0 and data["floor"]["p50_ms"] > 0
+    assert [t["name"] for t in data["targets"]] == [
+        "sized pools, bursts of 4 at once: every open from the pool"
+    ]
     assert json.loads((tmp_path / "p.json").read_text())["benchmark"] == "pools"
