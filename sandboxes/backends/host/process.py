@@ -200,11 +200,15 @@ class HostWorker(Worker):
             tree = self.process_tree() if own_tree else None
             self._killed = True
             sweep = self.uid is not None and last and (self.isolation == "process" or self.process is None)
-            # One kill(-1) as the session's user ends all it started, its runner's tree included (every
-            # process of it is the user's), without a walk; the reap's wait below confirms.
-            swept = sweep and self.uid is not None and signal_user(self.uid)
+            # One kill(-1) as the session's user ends all it started without a walk; the reap's wait
+            # below confirms. Only under namespaces: for that call this thread is the session's user,
+            # and only there can none of the session's processes name it (our pid is not in their
+            # PID namespace) to signal it back; at the process level they could, so they are walked.
+            swept = (
+                sweep and self.uid is not None and self.isolation == "namespaces" and signal_user(self.uid)
+            )
             if self.pid is not None and (self.process is not None or self._still_ours()):
-                if self.isolation == "process" and not swept:
+                if self.isolation == "process":
                     kill_process_tree(self.pid)
                 signal_group(self.pid, signal.SIGKILL)
             elif tree is not None and not last and tree.alive():

@@ -174,7 +174,11 @@ def signal_user(uid: int, sig: int = signal.SIGKILL) -> bool:
     (`kill_user_processes` walks it at least twice). Our own process is never signalled (the kernel
     skips the caller's thread group), and no other thread of ours changes credentials. The saved uid
     stays 0, so the thread takes root back at once; the change of effective uid clears the
-    process's dumpable flag, which is restored."""
+    process's dumpable flag, which is restored (and keeps the thread from being traced meanwhile).
+
+    For that call the thread is `uid`'s, so `uid`'s processes may signal it: call this only where
+    none of them can name it (a PID namespace of their own, which our pid is not in), never where
+    they share our PID namespace (the host backend's ``process`` level walks instead)."""
     if _SETRESUID is None or os.geteuid() != 0 or uid <= 0:
         return False
     libc = _libc()
