@@ -1,13 +1,14 @@
 """How many idle workers the host pools keep, and how many threads make them: sized to the load.
 
 A fixed pool of two served one caller opening sessions one after another, but a grader opening eight
-at once found two ready and waited for six to be made one by one (a burst's p50 open 33.5 ms, against
-about 1 ms from the pool). `Demand` watches the opens in flight (an open counts from its start until
-its session's first run ended, or it closed: a grader's whole use of it, an agent's first step): the
-pools keep as many idle workers as the recent peak of opens at once (at least `BASE_POOL`, at most `MAX_POOL`), made by as many
-spawner threads as opens came at once (at most `MAX_SPAWNERS`); a peak is forgotten `SHRINK_AFTER`
-seconds after it was last reached, and the pools shrink back. Both caps follow the cores: more idle
-workers or spawners than the machine can run at once only wait for a core.
+at once found two ready and waited for six to be made one by one (a burst's p50 open 23-33 ms,
+against under 1 ms from the pool). `Demand` watches the opens in flight (an open counts from its
+start until its session's first run ended, or it closed, for at most `HOLD` seconds: a grader's
+whole use of a session, an agent's first step): the pools keep as many idle workers as the recent
+peak of opens at once (at least `BASE_POOL`, at most `POOL_PER_CORE` per core), made by as many
+spawner threads as opens came at once (at most `SPAWNERS_PER_CORE` per core); a peak is forgotten
+`SHRINK_AFTER` seconds after it was last reached, and the pools shrink back. Both caps follow the
+cores: more idle workers or spawners than the machine can run at once only wait for a core.
 
 Plain bookkeeping (no processes, no threads): `executor.py`'s `HostPools` asks it.
 """

@@ -60,9 +60,9 @@ from .process import (
 Isolation = Literal["auto", "namespaces", "process"]
 
 RESOURCES = resources("host")
-"""What the host backend keeps for the process: its spawner thread (workers are spawned from one
-long-lived thread: a child's "die with parent" signal fires when the *thread* that forked it exits,
-and anyio's worker threads come and go), the reaper, the fork servers and the warm pools (`POOLS`),
+"""What the host backend keeps for the process: its spawner threads (workers are spawned from
+long-lived threads, one per core: a child's "die with parent" signal fires when the *thread* that
+forked it exits, and anyio's worker threads come and go), the reaper, the fork servers and the warm pools (`POOLS`),
 all ended by its `close()` at exit."""
 
 
