@@ -216,17 +216,17 @@ def _private_uids() -> range | None:
     """The uids the host backend gives its workers from this process (None unless root)."""
     if os.getuid() != 0:
         return None
-    from sandboxes.backends.host.process import UID_BASE
+    from sandboxes.backends.host.process import PRIVATE_USERS
 
-    return range(UID_BASE, UID_BASE + 1000)
+    return PRIVATE_USERS.block()
 
 
 def _private_user_processes(
     table: dict[int, tuple[int, str, int | None]], mine: set[int], uids: range
 ) -> int:
     """Processes of our private users that are ours: descendants, or orphans (re-parented to init,
-    e.g. a `setsid` child that outlived its worker). Another process whose pid gives it the same
-    uid range (the range comes from the pid) has its workers under its own fork server: not counted."""
+    e.g. a `setsid` child that outlived its worker). Another process never holds our block of uids
+    (`host.reap.UidBlocks`)."""
     return sum(1 for pid, (ppid, _, uid) in table.items() if uid in uids and (pid in mine or ppid == 1))
 
 

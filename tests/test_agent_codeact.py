@@ -8,9 +8,11 @@ E2B stand-in (see backend_e2b.py).
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from pydantic import BaseModel
 from support.llm_standin import StandinLLM, code_final, code_step, collect, reply
@@ -348,15 +350,34 @@ async def test_env_vars_to_set_are_the_whole_environment(
 
 
 async def test_no_tracing_costs_nothing(llm: StandinLLM) -> None:
-    import sys
-
-    from kodeagent.tracing import NoOpTracerManager
-
+    # In a fresh interpreter: in this one a pytest plugin (langsmith ships one) may have imported
+    # the tracing packages already, and then nothing here could show an agent importing them.
     llm.add(code_final("x"))
-    agent = make(llm)
-    await collect(agent.run("q"))
-    assert isinstance(agent.tracer_manager, NoOpTracerManager)
-    assert "langfuse" not in sys.modules and "langsmith" not in sys.modules
+    script = f"""
+import asyncio, sys
+from kodeagent import CodeActAgent
+from kodeagent.tracing import NoOpTracerManager
+
+agent = CodeActAgent({llm.model("json")!r}, litellm_params={llm.params()!r}, timeout=20)
+
+
+async def main() -> None:
+    async for _ in agent.run("q"):
+        pass
+
+
+asyncio.run(main())
+assert isinstance(agent.tracer_manager, NoOpTracerManager), agent.tracer_manager
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("langfuse", "langsmith")))
+"""
+    done = await anyio.run_process(
+        [sys.executable, "-c", script],
+        check=False,
+        env={**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]
+    assert done.stdout.decode().strip().splitlines()[-1] == "[]", done.stdout
+    assert llm.remaining == 0, "the agent never asked the model"
 
 
 async def test_tool_argument_errors_reach_the_code(llm: StandinLLM) -> None:

@@ -1,11 +1,15 @@
 """The private users of host sessions (`host.reap.PrivateUsers`): a uid is handed out again only once
-released (after its session's processes were reaped), and running out is a clear error."""
+released (after its session's processes were reaped), and running out is a clear error; between
+processes, each holds a block of uids of its own (`UidBlocks`)."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
-from sandboxes.backends.host.reap import PrivateUsers
+from sandboxes.backends.host.reap import PrivateUsers, UidBlocks
 from sandboxes.errors import WorkerStartError
 
 
@@ -25,3 +29,20 @@ def test_uids_stay_in_their_range() -> None:
     users = PrivateUsers(base=700_000, size=5)
     taken = [users.take() for _ in range(5)]
     assert sorted(taken) == list(range(700_001, 700_006))
+
+
+def test_a_full_table_is_a_clear_error(tmp_path: Path) -> None:
+    blocks = UidBlocks(first=300_000, size=1000, count=2, lock_dir=str(tmp_path))
+    held = [blocks.claim(0)[1], blocks.claim(0)[1]]  # flock: a second open file is a second holder
+    try:
+        with pytest.raises(WorkerStartError, match="all 2 blocks of private users"):
+            blocks.claim(0)
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
+def test_the_block_is_the_range_take_hands_out(tmp_path: Path) -> None:
+    users = PrivateUsers(size=3, blocks=UidBlocks(first=300_000, size=3, count=2, lock_dir=str(tmp_path)))
+    block = users.block()
+    assert sorted(users.take() for _ in range(3)) == list(block)

@@ -41,13 +41,13 @@ from ...worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExi
 from ..resources import resources
 from .bubblewrap import Bubblewrap, choose
 from .probe import ProcessProbe
-from .reap import REAPER, PrivateUsers
+from .reap import REAPER, PrivateUsers, UidBlocks
 from .sweep import kill_user_processes, process_uids, signal_user, start_time, wait_until_reaped
 
 RUNNER = RUNTIME_DIR / "runner.py"
 FORKSERVER = RUNTIME_DIR / "forkserver.py"
-UID_BASE = 200_000 + (os.getpid() % 500) * 1000
-PRIVATE_USERS = PrivateUsers(UID_BASE)
+# 500 blocks of 1,000 uids from 200,000: each process running host sessions holds one of its own.
+PRIVATE_USERS = PrivateUsers(size=1000, blocks=UidBlocks(first=200_000, size=1000, count=500))
 
 
 class HostWorker(Worker):

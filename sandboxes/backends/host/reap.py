@@ -7,12 +7,17 @@ sessions faster than they can die slows down instead of piling up dying processe
 
 A private uid is handed out again only after every process of the session that held it is gone
 (`PrivateUsers.release` runs after the reap), so a new session never shares a user with what is left
-of an old one; a uid whose processes could not be shown gone is never handed out again.
+of an old one; a uid whose processes could not be shown gone is never handed out again. Between
+processes on one machine (an MCP server beside a `kodeagent serve`, Ray's node agents, a forked
+child) the uids are kept apart by `UidBlocks`: each process holds a block of its own.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
 import queue
+import tempfile
 import threading
 from collections.abc import Callable
 
@@ -72,17 +77,80 @@ class Reaper:
                 pass
 
 
-class PrivateUsers:
-    """Unprivileged uids `base .. base + size - 1`, each held by one session family at a time."""
+class UidBlocks:
+    """The machine's private uids, `count` blocks of `size` from `first`, each held by one live process.
 
-    def __init__(self, base: int, size: int = 1000) -> None:
+    A process claims a block by taking an exclusive `flock` on the block's file in `lock_dir`; the
+    kernel drops the lock when the process ends, however it ends, so a crashed owner's block is free
+    again and no two live processes share one, whatever their pids (a block chosen from the pid alone
+    was shared by any two processes whose pids agreed modulo the count, and a session closing in one
+    killed the other's processes of that uid)."""
+
+    def __init__(self, first: int, size: int, count: int, lock_dir: str | None = None) -> None:
+        self.first, self.size, self.count = first, size, count
+        self.lock_dir = lock_dir or _default_lock_dir(first)
+
+    def claim(self, preferred: int) -> tuple[int, int]:
+        """The base uid of a free block (`preferred`'s first, then the ones after it) and the lock's
+        descriptor, to be kept open for as long as the block's uids are in use."""
+        os.makedirs(self.lock_dir, mode=0o700, exist_ok=True)
+        for step in range(self.count):
+            index = (preferred + step) % self.count
+            path = os.path.join(self.lock_dir, f"{self.first}-{index}.lock")
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            return self.first + index * self.size, fd
+        raise WorkerStartError(
+            f"all {self.count} blocks of private users on this machine are held by live processes "
+            f"(locks in {self.lock_dir}); end some of the processes running sandboxes"
+        )
+
+
+def _default_lock_dir(first: int) -> str:
+    """Root's own directory for the block locks: /run when it is there, else the temporary directory."""
+    root = "/run" if os.path.isdir("/run") and os.access("/run", os.W_OK) else tempfile.gettempdir()
+    return os.path.join(root, f"kodeagent-uid-blocks-{os.getuid()}")
+
+
+class PrivateUsers:
+    """Unprivileged uids `base + 1 .. base + size`, each held by one session family at a time.
+
+    With `blocks` the base is the block this process claims there on its first `take()` (and claims
+    anew in a forked child, whose sessions must not share its parent's uids)."""
+
+    def __init__(self, base: int = 0, size: int = 1000, blocks: UidBlocks | None = None) -> None:
         self.base, self.size = base, size
+        self.blocks = blocks
+        self._owner: int | None = None
+        self._lock_fd: int | None = None
         self._in_use: set[int] = set()
         self._next = 0
         self._lock = threading.Lock()
 
+    def _claim(self) -> None:
+        """Hold a block of this process's own (under the lock)."""
+        if self.blocks is None or self._owner == os.getpid():
+            return
+        if self._lock_fd is not None:  # the parent's lock, inherited across fork(): its block stays its
+            os.close(self._lock_fd)
+        self.base, self._lock_fd = self.blocks.claim(os.getpid())
+        self._owner = os.getpid()
+        self._in_use.clear()  # a forked child's copy names the parent's sessions
+        self._next = 0
+
+    def block(self) -> range:
+        """The uids this process hands out (its block, claimed now if it had none yet)."""
+        with self._lock:
+            self._claim()
+            return range(self.base + 1, self.base + self.size + 1)
+
     def take(self) -> int:
         with self._lock:
+            self._claim()
             for _ in range(self.size):
                 uid = self.base + 1 + self._next % self.size
                 self._next += 1

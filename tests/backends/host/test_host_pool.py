@@ -25,7 +25,7 @@ import pytest
 
 from sandboxes import DEFAULT_ALLOWED_IMPORTS, HostExecutor, Limits, Policy
 from sandboxes.backends.host import executor as host
-from sandboxes.backends.host.process import UID_BASE, HostWorker
+from sandboxes.backends.host.process import PRIVATE_USERS, HostWorker
 from sandboxes.backends.host.reap import REAPER
 from sandboxes.session import RunnerSession
 
@@ -123,6 +123,7 @@ async def test_a_respawned_session_is_initialised_with_the_same_options() -> Non
 def _private_user_processes() -> int:
     """Live processes of this process's private users: one per pooled or open worker."""
     count = 0
+    block = PRIVATE_USERS.block()
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
@@ -131,7 +132,7 @@ def _private_user_processes() -> int:
                 uid = entry.stat().st_uid
             except (OSError, IndexError):
                 continue
-            if UID_BASE <= uid < UID_BASE + 1000 and state != b"Z":
+            if uid in block and state != b"Z":
                 count += 1
     return count
 
