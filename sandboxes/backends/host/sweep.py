@@ -176,6 +176,9 @@ def signal_user(uid: int, sig: int = signal.SIGKILL) -> bool:
     stays 0, so the thread takes root back at once; the change of effective uid clears the
     process's dumpable flag, which is restored (and keeps the thread from being traced meanwhile).
 
+    It reaches `uid`'s processes anywhere on the machine, not only below one fork server: `uid` must
+    be this process's alone (the host backend's private uids are, by `reap.UidBlocks`).
+
     For that call the thread is `uid`'s, so `uid`'s processes may signal it: call this only where
     none of them can name it (a PID namespace of their own, which our pid is not in), never where
     they share our PID namespace (the host backend's ``process`` level walks instead)."""
