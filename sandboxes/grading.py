@@ -390,9 +390,12 @@ async def grade_all(
     async def one(index: int, program: Program) -> None:
         async with running:
             executor, graded = await _opened_and_judged(program, grading)
-        if executor is not None:  # after the slot is handed on
-            await executor.close()
         await send.send((index, graded))
+        if executor is not None:  # after the slot is handed on and the result is out
+            await executor.close()
+            # The batch ends once every worker is gone (on the host, close() returns before the
+            # reap): what a batch costs includes its clean-up, and none is left behind it.
+            await executor.wait_closed()
 
     async def feed(group: anyio.abc.TaskGroup) -> None:
         index = 0
