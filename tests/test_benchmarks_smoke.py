@@ -173,6 +173,24 @@ def test_faithful_harness_really_executes() -> None:
     assert not verdict["passed"] and verdict["result"].startswith("failed")
 
 
+def test_runcode_smoke() -> None:
+    """The route through SandboxFusion's client, grade_all and the harness on the same programs, in
+    the same run: every verdict the harness's, per core over the cores used, both floors."""
+    from benchmarks import runcode
+
+    result = runcode.run(limit=3, concurrency=2, console=quiet())
+    assert set(result["sides"]) == {"run_code", "grade_all", "harness"}
+    for side in result["sides"].values():
+        assert side["passed"] == side["total"] == 3
+        assert side["per_core_per_second"] == pytest.approx(side["throughput_per_second"] / floor.cores(2))
+    assert result["disagreements"] == {"run_code": [], "grade_all": []}
+    assert set(result["floor"]) == {"fork_exit", "harness_empty"}
+    assert "not measured" in result["sandboxfusion"]
+    console = quiet()
+    runcode.report(console, result)
+    assert "floor: fork()+_exit" in console.file.getvalue()  # type: ignore[attr-defined]
+
+
 def test_latency_smoke() -> None:
     result = latency.run(backends=("host",), n=5, sessions=2, baseline_n=2, fork_sizes=(), console=quiet())
     names = [row["name"] for row in result["rows"]]
