@@ -861,10 +861,16 @@ def slot_rows(result: dict[str, Any], sides: Sequence[dict[str, Any]]) -> list[l
     ]
 
 
+def per_core_of(side: dict[str, Any], concurrency: int) -> float:
+    """A side's programs/s per core (from its throughput where an older result file lacks it)."""
+    value = side.get("per_core_per_second")
+    return float(value) if value is not None else floor.per_core(side["throughput_per_second"], concurrency)
+
+
 def floor_notes(result: dict[str, Any]) -> list[str]:
     """The floors beside the sides: each in programs/s per core, and the sandbox's share of it."""
     floors = result.get("floor") or {}
-    ours = result["sandbox"]["per_core_per_second"]
+    ours = per_core_of(result["sandbox"], result["concurrency"])
     labels = {
         "fork_exit": "fork()+_exit of this interpreter per program",
         "harness_empty": "the harness's own fork per program, empty program",
@@ -890,9 +896,9 @@ def report(console: Console, result: dict[str, Any]) -> None:
         ],
         ["wall time", *(f"{s['wall_seconds']:.2f} s" for _, s in sides)],
         ["throughput", *(f"{s['throughput_per_second']:.1f} programs/s" for _, s in sides)],
-        [
+        [  # (older result files have no per-core figure: computed the same way from their throughput)
             f"  per core ({floor.cores(result['concurrency'])} used)",
-            *(f"{s['per_core_per_second']:.1f} programs/s" for _, s in sides),
+            *(f"{per_core_of(s, result['concurrency']):.1f} programs/s" for _, s in sides),
         ],
         ["per program p50", *(fmt_ms(s["per_program"]["p50_ms"]) for _, s in sides)],
         ["per program p95", *(fmt_ms(s["per_program"]["p95_ms"]) for _, s in sides)],

@@ -76,7 +76,7 @@ class ProgramStatus(enum.StrEnum):
 class Program(BaseModel):
     """One program to grade, with its own settings (each overrides the batch's `Grading`).
 
-    Args:
+    Attributes:
         code: the Python source, run as a script is (plain Python under the default policy).
         id: the caller's own label, handed back on its result (any JSON scalar).
         timeout: wall-clock seconds for the run; the batch's when None.
@@ -100,7 +100,7 @@ class Program(BaseModel):
 class Grading(BaseModel):
     """The batch's settings: where programs run and what they may do.
 
-    Args:
+    Attributes:
         backend: "host", "docker", "e2b" or "ray".
         options: the backend's own options (`open_executor`'s), e.g. ``{"preload": [...]}``; the
             lean path (`measure_usage=False`, `track_artifacts=False`) unless they say otherwise.
