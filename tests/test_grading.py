@@ -6,15 +6,18 @@ the verdicts are the ones `bench humaneval`'s harness path gives."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from sandboxes import Limits
+from sandboxes import Limits, Policy
 from sandboxes.grading import (
     Graded,
     Grading,
@@ -123,6 +126,31 @@ async def test_a_policy_the_backend_refuses_is_a_sandbox_failure() -> None:
     graded = await grade("print('ran')", grading)
     assert isinstance(graded, SandboxFailure) and not graded.passed
     assert graded.error_type == "BackendUnavailable" and "retry" in graded.message
+
+
+async def test_a_worker_killed_from_outside_is_a_sandbox_failure(tmp_path: Path) -> None:
+    # The `process` level's workers are this process's children, so their end by a signal is read
+    # back. The program writes its pid and sleeps; this test kills it from outside mid-run.
+    tmp_path.chmod(0o777)
+    grading = Grading(
+        options={"isolation": "process", "workdir": str(tmp_path)},
+        policy=Policy(allowed_imports=("os", "time")),
+    )
+    code = "import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(120)\nprint('survived')\n"
+    killed: list[int] = []
+
+    async def kill_it() -> None:
+        with anyio.fail_after(100):
+            while not ((tmp_path / "pid").exists() and (tmp_path / "pid").read_text()):
+                await anyio.sleep(0.05)
+        killed.append(int((tmp_path / "pid").read_text()))
+        os.kill(killed[0], signal.SIGKILL)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(kill_it)
+        graded = await grade(Program(code=code, timeout=150), grading)
+    assert killed and isinstance(graded, SandboxFailure) and not graded.passed
+    assert graded.error_type == "WorkerCrashed" and "SIGKILL" in graded.message and "retry" in graded.message
 
 
 def test_the_two_types_cannot_be_confused() -> None:
