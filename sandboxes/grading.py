@@ -269,9 +269,11 @@ async def _fetch(executor: Any, program: Program, verdict: Verdict) -> None:
             verdict.files_missing.append(path)
 
 
-async def _opened_and_judged(program: Program, grading: Grading) -> tuple[Any, Graded]:
-    """Open a session, run the program, judge it; the executor is handed back still open so that
-    the caller can release its slot before the close (killing a worker is mostly waiting)."""
+async def opened_and_judged(program: Program, grading: Grading) -> tuple[Any, Graded]:
+    """Open a session, run the program, judge it; the executor (None when none is left open) is
+    handed back still open so that the caller can hand its slot on, or answer, before the close
+    (killing a worker is mostly waiting). For `grade_all` and `kodeagent serve`'s `/run_code`;
+    not exported: `grade` is the public form."""
     from .backends import open_executor
 
     started = time.perf_counter()
@@ -332,7 +334,7 @@ async def grade(program: Program | str, grading: Grading | None = None) -> Grade
         A `Verdict` (the program ran) or a `SandboxFailure` (it could not run to a verdict). Never
         raises for what the program or the sandbox did.
     """
-    executor, graded = await _opened_and_judged(_as_program(program, 0), grading or Grading())
+    executor, graded = await opened_and_judged(_as_program(program, 0), grading or Grading())
     if executor is not None:
         await executor.close()
     return graded
@@ -389,7 +391,7 @@ async def grade_all(
 
     async def one(index: int, program: Program) -> None:
         async with running:
-            executor, graded = await _opened_and_judged(program, grading)
+            executor, graded = await opened_and_judged(program, grading)
         await send.send((index, graded))
         if executor is not None:  # after the slot is handed on and the result is out
             await executor.close()

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ...grading import Grading, Program, ProgramStatus, SandboxFailure, Verdict, grade
+from ...grading import Grading, Program, ProgramStatus, SandboxFailure, Verdict, opened_and_judged
 from ...policy import Limits, Policy
 from ..mcp.auth import TokenTable
 from .config import ServeConfig
@@ -219,8 +219,14 @@ class RunCode:
                 program = program_of(request, self.config)
                 async with self.slots:
                     self.started += 1
-                    graded = await grade(program, self.grading)
-            await _answer(send, 200, response_of(graded))
+                    executor, graded = await opened_and_judged(program, self.grading)
+                try:
+                    await _answer(send, 200, response_of(graded))
+                finally:
+                    # After the answer: the client has its verdict while the worker is killed and reaped.
+                    if executor is not None:
+                        with anyio.CancelScope(shield=True):
+                            await executor.close()
         except ServeError as exc:
             await _answer(send, exc.status, RunCodeResponse(status="SandboxError", message=str(exc)))
 
