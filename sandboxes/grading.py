@@ -55,6 +55,14 @@ it is left out of `Verdict.files` and named in `Verdict.files_missing`)."""
 _EXIT_CALL = re.compile(r"^the code called exit\((?P<code>.*)\); the session goes on$", re.S)
 _EXIT_CODE = re.compile(r"\(exit code (?P<code>-?\d+)\)")
 _KILLED = "(killed by "
+_SITE_SETUP = """\
+import builtins as _b, site as _s
+_s.setquit(); _s.setcopyright(); _s.sethelper()
+_d = __builtins__ if isinstance(__builtins__, dict) else __builtins__.__dict__
+for _n in ("exit", "quit", "copyright", "credits", "license", "help"):
+    _d[_n] = getattr(_b, _n)
+del _b, _s, _d, _n"""
+_SITE_NAMES = re.compile(r"\b(?:exit|quit|copyright|credits|license|help)\b")
 
 
 class ProgramStatus(enum.StrEnum):
@@ -269,6 +277,20 @@ async def _fetch(executor: Any, program: Program, verdict: Verdict) -> None:
             verdict.files_missing.append(path)
 
 
+def _setup(program: Program, grading: Grading) -> str:
+    """What runs before the program: its stdin, and the builtins `site` adds to `python file.py`
+    (`exit`, `quit`, `copyright`, `credits`, `license`, `help`), which a session's interpreter
+    (started without `site`) lacks; only for plain Python, and only when the code names one."""
+    lines = []
+    if not grading.policy.python_guards and _SITE_NAMES.search(program.code):
+        lines.append(_SITE_SETUP)
+    if program.stdin is not None:
+        lines.append(
+            f"import io as _io, sys as _sys\n_sys.stdin = _io.StringIO({program.stdin!r})\ndel _io, _sys"
+        )
+    return "\n".join(lines)
+
+
 async def opened_and_judged(program: Program, grading: Grading) -> tuple[Any, Graded]:
     """Open a session, run the program, judge it; the executor (None when none is left open) is
     handed back still open so that the caller can hand its slot on, or answer, before the close
@@ -286,13 +308,11 @@ async def opened_and_judged(program: Program, grading: Grading) -> tuple[Any, Gr
         opened = time.perf_counter()
         for path, data in program.files.items():
             await executor.upload(path, data)
-        if program.stdin is not None:
-            # A run of its own, so that the program's line numbers stay its own.
-            setup = await executor.run(
-                f"import io as _io, sys as _sys\n_sys.stdin = _io.StringIO({program.stdin!r})"
-            )
-            if setup.error is not None:
-                raise SandboxError(f"could not set up stdin: {setup.error.message}")
+        setup = _setup(program, grading)
+        if setup:  # a run of its own, so that the program's line numbers stay its own
+            done = await executor.run(setup)
+            if done.error is not None:
+                raise SandboxError(f"could not set up the program's stdin or builtins: {done.error.message}")
         result = await executor.run(program.code)
         graded = _judged(program, result)
         if isinstance(graded, Verdict):

@@ -54,6 +54,12 @@ async def test_an_exception_fails_with_its_error() -> None:
     assert verdict.stdout == "before\n"
 
 
+def test_the_builtins_site_adds_are_there_as_in_python_file_py() -> None:
+    # A session's interpreter starts without `site`; `python file.py` has its builtins.
+    [verdict] = grade_sync(["print(type(copyright).__name__, type(exit).__name__, type(help).__name__)"])
+    assert _verdict(verdict).passed and verdict.stdout == "_Printer Quitter _Helper\n"
+
+
 async def test_a_syntax_error_fails() -> None:
     verdict = _verdict(await grade("def broken(:\n"))
     assert verdict.status is ProgramStatus.FAILED and verdict.error is not None
@@ -67,7 +73,15 @@ async def test_a_loop_times_out_at_its_own_timeout() -> None:
 
 
 @pytest.mark.parametrize(
-    "call, code", [("sys.exit(0)", 0), ("raise SystemExit", 0), ("sys.exit(4)", 4), ("sys.exit('no')", 1)]
+    "call, code",
+    [
+        ("sys.exit(0)", 0),
+        ("raise SystemExit", 0),
+        ("exit()", 0),
+        ("quit(5)", 5),
+        ("sys.exit(4)", 4),
+        ("sys.exit('no')", 1),
+    ],
 )
 async def test_exit_is_exited_never_a_pass(call: str, code: int) -> None:
     # The reward hack: end the process before the asserts after it run. A grader that reads only
