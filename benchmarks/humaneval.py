@@ -437,21 +437,25 @@ async def graded_outcomes(
         Program(id=index, code=harness_snippet(job.program, timeout, preloaded), timeout=session_timeout)
         for index, job in enumerate(jobs)
     )
-    outcomes: list[Outcome] = []
-    async with contextlib.aclosing(grade_all(programs, grading, concurrency=concurrency)) as results:
+    # As they finish (each carries its index as its id), so that a program at its timeout holds
+    # only its own slot, never the ones behind it; put back in job order at the end.
+    outcomes: list[Outcome | None] = [None] * len(jobs)
+    batch = grade_all(programs, grading, concurrency=concurrency, ordered=False)
+    async with contextlib.aclosing(batch) as results:
         async for graded in results:
-            job = jobs[len(outcomes)]
+            assert isinstance(graded.id, int)
+            job = jobs[graded.id]
             verdict = graded_verdict(graded)
             parts = SessionParts()
             if isinstance(graded, Verdict):
                 parts.open_seconds = graded.open_seconds
                 parts.run_call_seconds = graded.seconds - graded.open_seconds
                 parts.run_seconds = graded.run_seconds
-            outcomes.append(
-                Outcome(job.task_id, job.completion_id, verdict == "passed", verdict, graded.seconds, parts)
+            outcomes[graded.id] = Outcome(
+                job.task_id, job.completion_id, verdict == "passed", verdict, graded.seconds, parts
             )
             advance(1)
-    return outcomes
+    return [o for o in outcomes if o is not None]
 
 
 def isolation_problem(backend: str, refusal: Exception) -> str:
