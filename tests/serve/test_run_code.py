@@ -9,6 +9,8 @@ import base64
 import json
 import os
 import pathlib
+import re
+import sys
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
@@ -19,6 +21,7 @@ import pytest
 from sandbox_fusion import RunCodeRequest, RunStatus, run_code, set_endpoint
 from sandbox_fusion.models import CommandRunStatus
 from support.served import Served, serving
+from support.server_process import ServerProcess
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +198,25 @@ def test_a_path_out_of_the_home_in_files_is_refused(server: Served) -> None:
     with pytest.raises(Exception, match="relative"):
         run(server, "print(1)", fetch_files=["/etc/passwd"])
     assert started.none()
+
+
+def test_the_kodeagent_serve_command_answers_run_code() -> None:
+    """The command as a user starts it, in its own process: its key from KODEAGENT_SERVE_KEY."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    key = "e2b_" + "e5" * 20
+    env = {**os.environ, "PYTHONPATH": str(root), "KODEAGENT_SERVE_KEY": key}
+    server = ServerProcess(
+        [sys.executable, "-m", "kodeagent_cli", "serve", "--http", "127.0.0.1:0", "--no-internet"],
+        re.compile(r"listening on http://(\S+) "),
+        env=env,
+        cwd=root,
+    )
+    try:
+        assert server.announced is not None
+        endpoint = f"http://user:{key}@{server.announced.group(1).rstrip('/')}"
+        response = run_code(
+            RunCodeRequest(code="print(sum(range(5)))", language="python"), endpoint=endpoint, max_attempts=1
+        )
+        assert response.status == RunStatus.Success and response.run_result.stdout == "10\n"
+    finally:
+        assert server.stop() == 0, "".join(server.lines)
