@@ -162,7 +162,8 @@ def response_of(graded: Verdict | SandboxFailure) -> RunCodeResponse:
         # reader of the return code takes it for a pass.
         status, code = "Error", code or 1
         message = (
-            f"the program ended its own process (exit status {graded.return_code}) before its end: not a pass"
+            "the program ended its own process (exit status "
+            f"{'unknown' if graded.return_code is None else graded.return_code}) before its end: not a pass"
         )
     run = CommandRunResult(
         status=status,
