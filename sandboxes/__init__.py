@@ -31,6 +31,17 @@ from .events import (
     ToolResultEvent,
 )
 from .executor import Executor, ExecutorOptions, ExecutorState, Snapshot
+from .grading import (
+    Graded,
+    Grading,
+    Program,
+    ProgramStatus,
+    SandboxFailure,
+    Verdict,
+    grade,
+    grade_all,
+    grade_sync,
+)
 from .models import Artifact, ExecutionError, ExecutionResult, ForkReport, RunUsage
 from .policy import DEFAULT_ALLOWED_IMPORTS, Limits, Policy
 from .sync import SyncEventStream, SyncExecutor, open_executor_sync
@@ -80,17 +91,22 @@ __all__ = [
     "FileTooLarge",
     "ForkError",
     "ForkReport",
+    "Graded",
+    "Grading",
     "HostExecutor",
     "Limits",
     "NetworkPolicy",
     "NetworkReport",
     "OutputEvent",
     "Policy",
+    "Program",
+    "ProgramStatus",
     "ProtocolError",
     "RayExecutor",
     "ResultEvent",
     "RunUsage",
     "SandboxError",
+    "SandboxFailure",
     "SandboxFileError",
     "Snapshot",
     "StreamBudget",
@@ -99,8 +115,12 @@ __all__ = [
     "ToolCallEvent",
     "ToolResultEvent",
     "UnknownBackend",
+    "Verdict",
     "WorkerStartError",
     "executor_class",
+    "grade",
+    "grade_all",
+    "grade_sync",
     "open_executor",
     "open_executor_sync",
 ]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from benchmarks import common, humaneval, latency, security, warm_parts
+from benchmarks import common, floor, humaneval, latency, security, warm_parts
 
 
 def quiet() -> Console:
@@ -37,10 +37,16 @@ def test_humaneval_canonical_smoke() -> None:
     assert "verified to execute" in result["baseline"]["method"]
     assert result["speedup"] > 0 and result["disagreements"] == []
     assert result["sandbox"]["pass_at_k"] == {"pass@1": 1.0}
-    # Measured by the sandbox for every program. /proc counts CPU in 10 ms ticks, and a canonical
-    # program with the preloaded driver can use less than one: zero is a reading, a missing one is not.
-    cpu = result["sandbox"]["per_program_cpu"]
-    assert cpu["n"] == 5 and cpu["max_ms"] >= 0
+    # The fresh sessions go through `sandboxes.grade_all`'s lean path: no usage read (no CPU row),
+    # the open and the run timed for every program.
+    assert "per_program_cpu" not in result["sandbox"]
+    assert result["sandbox"]["session_open"]["n"] == result["sandbox"]["per_program_run_only"]["n"] == 5
+    # programs/s per core on both sides, and both floors measured in the same run
+    for side in ("sandbox", "baseline"):
+        per_core = result[side]["throughput_per_second"] / floor.cores(2)
+        assert result[side]["per_core_per_second"] == pytest.approx(per_core)
+    assert set(result["floor"]) == {"fork_exit", "harness_empty"}
+    assert all(f["programs"] == 5 and f["per_core_per_second"] > 0 for f in result["floor"].values())
     # nothing timed out: the split is in the JSON, and the table leaves it out
     for side in ("sandbox", "baseline"):
         assert (
@@ -49,7 +55,9 @@ def test_humaneval_canonical_smoke() -> None:
     assert result["rest_speedup"]["programs"] == 5
     console = quiet()
     humaneval.report(console, result)
-    assert "timed out: slot-seconds" not in console.file.getvalue()  # type: ignore[attr-defined]
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "timed out: slot-seconds" not in text
+    assert "floor: fork()+_exit" in text and "floor: the harness's own fork" in text and "per core" in text
 
 
 def _samples_with_an_import(tmp_path: Path) -> Path:
@@ -163,6 +171,24 @@ def test_faithful_harness_really_executes() -> None:
     assert humaneval.faithful_check_correctness(problem, problem["canonical_solution"], 3.0)["passed"]
     verdict = humaneval.faithful_check_correctness(problem, "    return -1\n", 3.0)
     assert not verdict["passed"] and verdict["result"].startswith("failed")
+
+
+def test_runcode_smoke() -> None:
+    """The route through SandboxFusion's client, grade_all and the harness on the same programs, in
+    the same run: every verdict the harness's, per core over the cores used, both floors."""
+    from benchmarks import runcode
+
+    result = runcode.run(limit=3, concurrency=2, console=quiet())
+    assert set(result["sides"]) == {"run_code", "grade_all", "harness"}
+    for side in result["sides"].values():
+        assert side["passed"] == side["total"] == 3
+        assert side["per_core_per_second"] == pytest.approx(side["throughput_per_second"] / floor.cores(2))
+    assert result["disagreements"] == {"run_code": [], "grade_all": []}
+    assert set(result["floor"]) == {"fork_exit", "harness_empty"}
+    assert "not measured" in result["sandboxfusion"]
+    console = quiet()
+    runcode.report(console, result)
+    assert "floor: fork()+_exit" in console.file.getvalue()  # type: ignore[attr-defined]
 
 
 def test_latency_smoke() -> None:

@@ -45,3 +45,14 @@ def test_importing_sandboxes_loads_no_backend_sdk() -> None:
     found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert found.returncode == 0, found.stderr
     assert found.stdout.strip() == ""
+
+
+def test_the_grading_api_is_exported() -> None:
+    """The batch grading names (`sandboxes.grading`) are part of `sandboxes`' face."""
+    import sandboxes
+    from sandboxes import grading
+
+    names = {"Graded", "Grading", "Program", "ProgramStatus", "SandboxFailure", "Verdict"}
+    names |= {"grade", "grade_all", "grade_sync"}
+    assert names <= set(sandboxes.__all__) and names == set(grading.__all__)
+    assert all(getattr(sandboxes, name) is getattr(grading, name) for name in names)

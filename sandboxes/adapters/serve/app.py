@@ -6,6 +6,7 @@ refused before a byte is read; a streamed one is cut off at the cap). Then the r
 by E2B's headers, as E2B's own edge does: no `E2b-Sandbox-Port` is the control plane (the API key in
 `X-API-KEY` names the tenant); 49983 is envd, 49999 the code interpreter, each reached only with the
 sandbox's access token. Requests are counted per tenant while they run (over the cap: 429).
+`POST /run_code` (SandboxFusion's API, `runcode.py`) takes the key in the forms its clients send.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from .control import TENANT_KEY, ControlPlane
 from .errors import ServeError, TooLarge
 from .limits import InsideLimits
 from .registry import SANDBOX_PORT_HEADER, ExecutorFactory, Registry
+from .runcode import PATH as RUN_CODE_PATH
+from .runcode import RunCode
 from .sandbox import ENVD_PORT, INTERPRETER_PORT, Resolve
 
 logger = logging.getLogger("sandboxes.adapters.serve")
@@ -106,6 +109,7 @@ class ServeApp:
         self.keys = TokenTable(config.keys)
         self.registry = Registry(config, factory)
         self.control = ControlPlane(self.registry).app()
+        self.run_code = RunCode(config, self.keys, self.registry.in_flight)
         self.ports: dict[int, ASGIApp] = {
             ENVD_PORT: _in_sandbox_app("envd", "envd", self.registry.resolve, config.inside),
             INTERPRETER_PORT: _in_sandbox_app(
@@ -144,6 +148,11 @@ class ServeApp:
             await refuse(scope, send, 403, f"requests from the Origin {origin!r} are not allowed")
             return
         port_text = headers.get(SANDBOX_PORT_HEADER)
+        if (
+            port_text is None and scope.get("path") == RUN_CODE_PATH
+        ):  # SandboxFusion's route, its own keys' forms
+            await self.run_code(scope, receive, send, headers)
+            return
         try:
             if port_text is None:
                 await self._control(scope, receive, send, headers)

