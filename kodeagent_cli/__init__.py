@@ -3,7 +3,7 @@
     kodeagent exec script.py --allow-import numpy.*      run code in a sandbox, print what it printed
     kodeagent run "What is 2**100?" --model gpt-4o-mini   run an agent and stream its steps
     kodeagent bench humaneval                             HumanEval execution benchmark (host backend)
-    kodeagent bench latency|security|agent|soak|runcode
+    kodeagent bench latency|security|agent|soak|pools|runcode
     kodeagent images build|list                           Docker sandbox images
     kodeagent cleanup                                     remove leftover sandbox containers
     kodeagent mcp [--http [HOST:]PORT]                    the sandbox as an MCP server (stdio or HTTP)
