@@ -29,7 +29,7 @@ from ...policy import Policy
 from . import pause as pausing
 from .config import ServeConfig
 from .errors import BadRequest, SandboxNotFound, ServeError, TooMany
-from .sandbox import INTERPRETER_PORT, ServedSandbox
+from .sandbox import INTERPRETER_PORT, SANDBOX_HOME, ServedSandbox
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -137,6 +137,9 @@ class Registry:
         }
         if home is not None:
             options["workdir"] = home
+            if self.config.backend == "host":
+                # Code naming E2B's home literally reaches the files API's (namespaces level only).
+                options.setdefault("workdir_at", str(SANDBOX_HOME))
         if self.config.backend == "host":
             # Plain Python needs the namespaces boundary (the bare process level refuses it).
             options.setdefault("isolation", "namespaces")
