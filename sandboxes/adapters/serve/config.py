@@ -81,8 +81,9 @@ class ServeConfig(BaseModel):
         True,
         description="Each sandbox's files live in a directory of the server's that outlives a replaced "
         "session (a run lost to a timeout or a dropped client), as an E2B sandbox's disk does; it costs "
-        "the warm pool (a cold worker per create). False: faster creates, files lost with the session. "
-        "Host backend only for now.",
+        "the warm pool (a cold worker or container per create). False: faster creates, files lost with the "
+        "session. On Docker the home is bind-mounted, owned by the container's uid (the server must be "
+        "root, or that uid).",
     )
     python_guards: bool = False
     internet: bool = True

@@ -12,10 +12,8 @@ from __future__ import annotations
 import datetime
 import hmac
 import logging
-import os
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -26,6 +24,7 @@ import anyio
 
 from ...egress.policy import NetworkPolicy
 from ...policy import Policy
+from . import homes
 from . import pause as pausing
 from .config import ServeConfig
 from .errors import BadRequest, SandboxNotFound, ServeError, TooMany
@@ -113,7 +112,7 @@ class Registry:
         self._wake = anyio.Event()
         self._group: anyio.abc.TaskGroup | None = None
         self._closed = False
-        self._homes: str | None = None
+        self._homes: homes.Homes | None = None
         self.started = time.time()
         self.killed_on_timeout = 0
         self.paused_on_timeout = 0
@@ -148,13 +147,9 @@ class Registry:
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Registry:
-        # Host only for now: on Docker a bind-mounted home breaks the in-sandbox helpers (a cell's
-        # answer does not come back), so Docker sandboxes keep the warm pool and the container's own.
-        if self.config.durable_home and self.config.backend == "host":
-            # Under TMPDIR: the watchdog's scratch directory when there is one, so a killed server's
-            # homes go with it. Traversable, not listable: each home is its sandbox user's alone.
-            self._homes = tempfile.mkdtemp(prefix="kodeagent-serve-homes-")
-            os.chmod(self._homes, 0o711)
+        if self.config.durable_home:
+            await anyio.to_thread.run_sync(homes.check, self.config)
+            self._homes = homes.Homes(self.config)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._group.start_soon(self._expire_forever)
@@ -176,7 +171,8 @@ class Registry:
                     group.start_soon(_close_quietly, entry)
         if held:
             logger.warning("closed %d sandbox(es) at shutdown", len(held))
-        _remove(self._homes)
+        if self._homes is not None:
+            self._homes.close()
         return len(held)
 
     async def _expire_forever(self) -> None:
@@ -233,12 +229,8 @@ class Registry:
 
     def _make_home(self, sandbox_id: str) -> str | None:
         """The sandbox's own directory (its /home/user), which outlives a replaced session, as the
-        disk of an E2B sandbox outlives its processes."""
-        if self._homes is None:
-            return None
-        home = os.path.join(self._homes, sandbox_id)
-        os.mkdir(home, 0o700)
-        return home
+        disk of an E2B sandbox outlives its processes (`homes`); None without `durable_home`."""
+        return None if self._homes is None else self._homes.make(sandbox_id)
 
     def count(self, tenant: str | None = None) -> int:
         """Live sandboxes (and ones being created) of `tenant`, or of everyone."""
