@@ -24,7 +24,7 @@ import anyio
 
 from ...egress.policy import NetworkPolicy
 from ...policy import Policy
-from . import homes
+from . import homes, insession
 from . import pause as pausing
 from .config import ServeConfig
 from .errors import BadRequest, SandboxNotFound, ServeError, TooMany
@@ -142,6 +142,8 @@ class Registry:
         if self.config.backend == "host":
             # Plain Python needs the namespaces boundary (the bare process level refuses it).
             options.setdefault("isolation", "namespaces")
+            # The server's helpers compiled once in the fork server, not at each sandbox's first cell.
+            options.setdefault("preload", insession.preload_files())
         return open_executor(self.config.backend, **options)
 
     # ------------------------------------------------------------------ lifecycle
