@@ -32,7 +32,8 @@ BENCHMARKS = {
     "soak": "open, run and close thousands of sessions in one process; report anything that grew",
     "egress": "connection set-up and a 100 MB download through the egress gateway against direct, and "
     "network-off against network-on session opens",
-    "serve": "kodeagent serve through the E2B SDK: create → first result, warm run, resume, a burst",
+    "serve": "kodeagent serve through the E2B SDK: create → first result (network off and on), warm "
+    "run, resume, stop accuracy, a burst",
 }
 
 
