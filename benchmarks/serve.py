@@ -3,9 +3,10 @@
 Measured (network off, the host backend, a server in a thread of this process on loopback):
 
 - **create → first result**: `Sandbox.create()` then `run_code("1 + 1")` through `e2b-code-interpreter`,
-  with `durable_home` on (the default: a cold worker per sandbox, files kept across a replaced
+  with `durable_home` on (the default: a worker of its own per sandbox, files kept across a replaced
   session) and off (the warm pool), against the baseline `open_executor(...)` + `run("1 + 1")` of the
-  same policy in this process;
+  same policy in this process. With `durable_home` twice: creates back to back (most find no sandbox
+  started ahead, `warm_sandboxes`, and wait for a cold worker) and each once a spare is ready;
 - **warm run_code** through the SDK against a warm in-process `run()`;
 - **resume after pause**: `pause()`, then `connect()` + `run_code`, against a warm `run_code`;
 - **burst**: `--burst` creates at once (their wall time, and how many were refused by the caps);
@@ -134,6 +135,14 @@ def through_the_sdk(
             firsts.append(seconds)
             sandbox.kill()
         out["create_first_result"] = firsts
+        if durable_home:  # as a client creating now and then would: a sandbox started ahead is ready
+            ready: list[float] = []
+            for _ in range(n):
+                _wait_for_a_spare(running.app.registry)
+                seconds, sandbox = _timed(lambda: _create_and_run(Sandbox, creating))
+                ready.append(seconds)
+                sandbox.kill()
+            out["create_first_result_spare"] = ready
         if first_only:
             return out
         sandbox = Sandbox.create(**creating)
@@ -215,6 +224,15 @@ def _last_beat(sandbox: Any) -> float:
     return last
 
 
+def _wait_for_a_spare(registry: Any, limit: float = 60) -> None:
+    deadline = time.monotonic() + limit
+    while not registry.spares_ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no sandbox was started ahead within {limit:g} s")
+        time.sleep(0.01)
+    time.sleep(0.05)  # its start's CPU has settled
+
+
 def _create_and_run(cls: Any, options: dict[str, Any]) -> Any:
     sandbox = cls.create(**options)
     execution = sandbox.run_code(CODE)
@@ -274,8 +292,14 @@ def measure(n: int, burst: int, stop: float = 0.0, network: bool = True) -> dict
 
     rows.append({"what": "in-process open + run", **base_first, "baseline": "-"})
     row(
-        "SDK create → first run_code (durable_home)",
+        "SDK create → first run_code (durable_home, back to back)",
         durable["create_first_result"],
+        base_first,
+        "in-process open + run",
+    )
+    row(
+        "SDK create → first run_code (durable_home, a spare ready)",
+        durable["create_first_result_spare"],
         base_first,
         "in-process open + run",
     )
@@ -293,17 +317,27 @@ def measure(n: int, burst: int, stop: float = 0.0, network: bool = True) -> dict
         online_firsts, _ = baseline_open_run(n, network=True)
         base_online = summarize(online_firsts)
         rows.append({"what": "in-process open + run, network on", **base_online, "baseline": "-"})
-        for durable_home, label in ((True, "durable_home"), (False, "warm pool")):
-            online = through_the_sdk(n, durable_home, 0, network=True, first_only=True)
+        online = through_the_sdk(n, True, 0, network=True, first_only=True)
+        for key, label in (
+            ("create_first_result", "back to back"),
+            ("create_first_result_spare", "a spare ready"),
+        ):
             row(
-                f"SDK create → first run_code, network on ({label})",
-                online["create_first_result"],
+                f"SDK create → first run_code, network on (durable_home, {label})",
+                online[key],
                 base_online,
                 "in-process open + run, network on",
             )
+        online = through_the_sdk(n, False, 0, network=True, first_only=True)
+        row(
+            "SDK create → first run_code, network on (warm pool)",
+            online["create_first_result"],
+            base_online,
+            "in-process open + run, network on",
+        )
     stops: list[dict[str, Any]] = []
     targets: list[dict[str, Any]] = []
-    for label in ("warm pool", "durable_home"):
+    for label in ("warm pool", "durable_home, a spare ready", "durable_home, back to back"):
         first = next(r for r in rows if r["what"] == f"SDK create → first run_code ({label})")
         targets.append(
             {

@@ -141,7 +141,7 @@ def test_a_sigkilled_server_leaves_no_sandbox_process() -> None:
         seen = descendants(server.server_pid)
         assert seen and server.scratch is not None and server.scratch.exists()
         (homes,) = server.scratch.glob("kodeagent-serve-homes-*")  # durable homes: in the scratch directory
-        assert len(list(homes.iterdir())) == 2
+        assert len(list(homes.iterdir())) >= 2  # and a spare's (warm_sandboxes)
         os.kill(server.server_pid, signal.SIGKILL)
         assert server.process.wait(60) == 128 + signal.SIGKILL  # the watchdog reports how the server ended
         assert wait_gone(seen) == [], "sandbox processes outlived the server"
@@ -173,9 +173,9 @@ def test_a_sigkilled_docker_server_leaves_no_container_and_no_home(tmp_path: pat
         for _ in range(2):
             sandbox = Sandbox.create(**server.options())
             sandbox.files.write("/home/user/kept.txt", "on the host")
-        assert len(containers()) == 2 and server.scratch is not None
+        assert len(containers()) >= 2 and server.scratch is not None  # and a spare's (warm_sandboxes)
         (homes,) = server.scratch.glob("kodeagent-serve-homes-*")
-        assert len(list(homes.iterdir())) == 2  # bind-mounted homes, in the scratch directory
+        assert len(list(homes.iterdir())) >= 2  # bind-mounted homes, in the scratch directory
         os.kill(server.server_pid, signal.SIGKILL)
         assert server.process.wait(60) == 128 + signal.SIGKILL
         deadline = time.monotonic() + 60

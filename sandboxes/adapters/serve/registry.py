@@ -29,6 +29,7 @@ from . import pause as pausing
 from .config import ServeConfig
 from .errors import BadRequest, SandboxNotFound, ServeError, TooMany
 from .sandbox import INTERPRETER_PORT, SANDBOX_HOME, ServedSandbox
+from .spares import Spares
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -113,6 +114,7 @@ class Registry:
         self._group: anyio.abc.TaskGroup | None = None
         self._closed = False
         self._homes: homes.Homes | None = None
+        self._spares: Spares | None = None
         self.started = time.time()
         self.killed_on_timeout = 0
         self.paused_on_timeout = 0
@@ -155,6 +157,10 @@ class Registry:
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._group.start_soon(self._expire_forever)
+        if self._homes is not None and self.config.warm_sandboxes:
+            self._spares = Spares(
+                self.config.warm_sandboxes, self._start_spare, _discard, self._group.start_soon
+            )
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -173,6 +179,8 @@ class Registry:
                     group.start_soon(_close_quietly, entry)
         if held:
             logger.warning("closed %d sandbox(es) at shutdown", len(held))
+        if self._spares is not None:
+            await self._spares.close()
         if self._homes is not None:
             self._homes.close()
         return len(held)
@@ -234,6 +242,10 @@ class Registry:
         disk of an E2B sandbox outlives its processes (`homes`); None without `durable_home`."""
         return None if self._homes is None else self._homes.make(sandbox_id)
 
+    def spares_ready(self) -> int:
+        """Sandboxes started ahead and waiting for a create (`warm_sandboxes`)."""
+        return len(self._spares) if self._spares is not None else 0
+
     def count(self, tenant: str | None = None) -> int:
         """Live sandboxes (and ones being created) of `tenant`, or of everyone."""
         if tenant is None:
@@ -266,13 +278,10 @@ class Registry:
             )
         self._reserved[tenant] = self._reserved.get(tenant, 0) + 1
         sandbox_id = new_sandbox_id()
-        home = None
         try:
-            home = self._make_home(sandbox_id)
-            executor = self._factory(spec, home)
-            await executor.open()
+            spare = self._spares.take(spec) if self._spares is not None else None
+            home, executor = spare if spare is not None else await self._start(spec, sandbox_id)
         except Exception as exc:
-            _remove(home)
             if isinstance(exc, ServeError):
                 raise
             logger.warning("could not start a sandbox for %s: %s", tenant, exc)
@@ -296,8 +305,24 @@ class Registry:
             raise ServeError("the server is shutting down; no new sandboxes", status=503)
         self._held[sandbox.sandbox_id] = entry
         self._rearm()
+        if self._spares is not None:  # the next create like this one finds a sandbox started
+            self._spares.refill(spec)
         logger.info("created sandbox %s for %s (%s s)", sandbox.sandbox_id, tenant, spec.timeout)
         return entry
+
+    async def _start(self, spec: Spec, name: str) -> tuple[str | None, Executor]:
+        """A new opened executor for `spec` on a new home named `name` (removed if it fails)."""
+        home = self._make_home(name)
+        try:
+            executor = self._factory(spec, home)
+            await executor.open()
+        except BaseException:
+            _remove(home)
+            raise
+        return home, executor
+
+    async def _start_spare(self, spec: Spec) -> tuple[str | None, Executor]:
+        return await self._start(spec, "spare-" + new_sandbox_id())
 
     def get(self, tenant: str, sandbox_id: str) -> Held:
         """The tenant's sandbox by id; another tenant's is as unknown as one that never was."""
@@ -448,6 +473,17 @@ async def _close_quietly(entry: Held) -> None:
         except Exception:  # one sandbox failing to close must not keep the others open
             logger.warning("closing sandbox %s failed", entry.sandbox_id, exc_info=True)
         await anyio.to_thread.run_sync(_remove, entry.home)
+
+
+async def _discard(spare: tuple[str | None, Executor]) -> None:
+    """End a spare no sandbox took (`spares`)."""
+    home, executor = spare
+    with anyio.CancelScope(shield=True):
+        try:
+            await executor.close()
+        except Exception:
+            logger.warning("closing a spare sandbox failed", exc_info=True)
+        await anyio.to_thread.run_sync(_remove, home)
 
 
 def _remove(directory: str | None) -> None:
