@@ -12,14 +12,24 @@ cap, and end with the server (or when creates start asking for something else).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 
 if TYPE_CHECKING:
     from ...executor import Executor
-    from .registry import Spec
+
+
+class Spec(Protocol):
+    """What of a create's spec (`registry.Spec`) decides how its executor is made."""
+
+    @property
+    def envs(self) -> Mapping[str, str]: ...
+
+    @property
+    def network(self) -> Any: ...
+
 
 logger = logging.getLogger("sandboxes.adapters.serve")
 
@@ -39,7 +49,7 @@ class Spares:
     def __init__(
         self,
         count: int,
-        start: Callable[[Spec], Awaitable[Started]],
+        start: Callable[[Any], Awaitable[Started]],
         discard: Callable[[Started], Awaitable[None]],
         start_soon: Callable[..., Any],
     ) -> None:
