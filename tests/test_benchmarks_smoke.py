@@ -470,12 +470,21 @@ def test_serve_bench_smoke() -> None:
     pytest.importorskip("e2b_code_interpreter")
     from benchmarks import serve
 
-    result = serve.measure(2, 3)
+    result = serve.measure(2, 3, stop=0.5)
     rows = {r["what"]: r for r in result["rows"]}
-    sdk = rows["SDK create → first run_code (durable_home)"]
+    sdk = rows["SDK create → first run_code (durable_home, back to back)"]
     assert sdk["n"] == 2 and sdk["p50_ms"] > 0 and sdk["ratio_p50"] > 0
+    assert rows["SDK create → first run_code (durable_home, a spare ready)"]["n"] == 2
     assert rows["SDK pause, connect + run_code"]["baseline"] == "SDK warm run_code"
+    online = rows["SDK create → first run_code, network on (warm pool)"]
+    assert online["baseline"] == "in-process open + run, network on" and online["n"] == 2
     assert result["burst"]["created"] + result["burst"]["refused"] == 3
+    stops = {r["key"]: r for r in result["stops"]}
+    assert set(stops) == {"command", "sdk_drop", "disconnect", "cap", "cap_answer"}
+    assert all(r["n"] == 3 for r in stops.values())
+    assert stops["cap"]["max_ms"] < 30_000  # the cap stopped the run (it would go on for ever)
+    names = [t["name"] for t in result["targets"]]
+    assert len(names) == 6 and all(isinstance(t["met"], bool) for t in result["targets"])
 
 
 def test_bench_pools_through_the_cli(tmp_path: Path) -> None:

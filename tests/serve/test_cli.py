@@ -140,11 +140,49 @@ def test_a_sigkilled_server_leaves_no_sandbox_process() -> None:
             Sandbox.create(**server.options())
         seen = descendants(server.server_pid)
         assert seen and server.scratch is not None and server.scratch.exists()
+        (homes,) = server.scratch.glob("kodeagent-serve-homes-*")  # durable homes: in the scratch directory
+        assert len(list(homes.iterdir())) >= 2  # and a spare's (warm_sandboxes)
         os.kill(server.server_pid, signal.SIGKILL)
         assert server.process.wait(60) == 128 + signal.SIGKILL  # the watchdog reports how the server ended
         assert wait_gone(seen) == [], "sandbox processes outlived the server"
         assert not server.scratch.exists()
         assert any("killed by SIGKILL" in line for line in server.lines), server.lines
+    finally:
+        server.stop()
+
+
+@pytest.mark.docker
+def test_a_sigkilled_docker_server_leaves_no_container_and_no_home(tmp_path: pathlib.Path) -> None:
+    import socket
+
+    from support import backend_docker
+
+    from sandboxes.backends.docker import client
+
+    backend_docker.require()
+    config = tmp_path / "serve.toml"
+    config.write_text(f'backend = "docker"\nbackend_options = {{ image = "{backend_docker.IMAGE}" }}\n')
+    server = ServeProcess("--config", str(config), env={**ENV, "KODEAGENT_SERVE_KEY": KEY})
+
+    def containers() -> list[str]:
+        owner = f"{socket.gethostname()}:{server.server_pid}:"
+        found = client().containers.list(all=True, filters={"label": "org.kodeagent.sandbox=1"})
+        return [c.id for c in found if c.labels.get("org.kodeagent.owner", "").startswith(owner)]
+
+    try:
+        for _ in range(2):
+            sandbox = Sandbox.create(**server.options())
+            sandbox.files.write("/home/user/kept.txt", "on the host")
+        assert len(containers()) >= 2 and server.scratch is not None  # and a spare's (warm_sandboxes)
+        (homes,) = server.scratch.glob("kodeagent-serve-homes-*")
+        assert len(list(homes.iterdir())) >= 2  # bind-mounted homes, in the scratch directory
+        os.kill(server.server_pid, signal.SIGKILL)
+        assert server.process.wait(60) == 128 + signal.SIGKILL
+        deadline = time.monotonic() + 60
+        while containers() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert containers() == [], "the watchdog left the killed server's containers"
+        assert not server.scratch.exists()
     finally:
         server.stop()
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support.served import Served
+from support.served import Served, serving
 
 e2b = pytest.importorskip("e2b")
 from e2b import Sandbox  # noqa: E402
@@ -208,9 +208,60 @@ def test_files_outlive_a_replaced_session_and_go_with_the_sandbox(served: Served
     lost, after = served.call(lose_the_session)
     assert lost.timed_out
     assert after.stdout.split()[:2] == ["kept", "False"]  # a new session (variables gone), the same files
-    assert os.path.realpath(after.stdout.split()[2]) == os.path.realpath(held.home)
+    assert after.stdout.split()[2] == "/home/user"  # the sandbox's directory, bound at E2B's home
+    assert open(os.path.join(held.home, "notes.txt")).read() == "kept"
     sandbox.kill()
     assert not os.path.exists(held.home)
+
+
+def _wait_for_spares(served: Served, count: int = 1) -> Any:
+    spares = served.app.registry._spares
+    assert spares is not None
+    deadline = time.monotonic() + 60
+    while len(spares) < count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert len(spares) == count
+    return spares
+
+
+def test_a_create_takes_a_sandbox_started_ahead_on_a_fresh_home(served: Served) -> None:
+    import os
+
+    first = Sandbox.create(**served.sdk_options())
+    first.files.write("/home/user/mine.txt", "first's")
+    spares = _wait_for_spares(served)
+    (home, executor) = spares._ready[0]
+    second = Sandbox.create(**served.sdk_options("bob"))
+    held = served.app.registry.get("bob", second.sandbox_id)
+    assert held.sandbox.executor is executor and held.home == home  # the spare, taken
+    assert held.home != served.app.registry.get("alice", first.sandbox_id).home
+    assert os.listdir(home) == []  # nothing of another sandbox's
+    assert second.commands.run("ls -A; pwd").stdout == "/home/user\n"
+    assert not second.files.exists("/home/user/mine.txt")
+    _wait_for_spares(served)  # the next one started after the take
+    (_, waiting) = spares._ready[0]
+    worker = waiting.session.worker
+    # Another environment is another executor: started cold; the spare for the old spec is ended.
+    third = Sandbox.create(envs={"STAGE": "3"}, **served.sdk_options())
+    assert served.app.registry.get("alice", third.sandbox_id).sandbox.executor is not waiting
+    assert third.commands.run("echo $STAGE").stdout == "3\n"
+    assert worker.reaped.wait(30)  # ended, not left idle
+    for sandbox in (first, second, third):
+        sandbox.kill()
+
+
+def test_spares_end_with_the_server() -> None:
+    import os
+
+    with serving(warm_sandboxes=2) as served:
+        Sandbox.create(**served.sdk_options()).kill()
+        spares = _wait_for_spares(served, 2)
+        homes = [home for home, _ in spares._ready]
+        workers = [executor.session.worker for _, executor in spares._ready]
+        assert all(os.path.isdir(h) for h in homes)
+    assert not any(os.path.exists(h) for h in homes)
+    for worker in workers:
+        assert worker.reaped.wait(30)  # killed and reaped, not left running
 
 
 def test_network_options_reach_the_egress_policy(serve_with: Any) -> None:

@@ -73,3 +73,46 @@ def test_metrics_and_a_figure_in_a_datascience_container(serve_with: Any) -> Non
         watch.stop()
     finally:
         sandbox.kill()
+
+
+def test_a_docker_home_outlives_a_lost_session_and_execute_still_answers(serve_with: Any) -> None:
+    import os
+
+    from e2b.exceptions import TimeoutException
+    from support import backend_docker
+
+    from sandboxes.backends.docker import client
+
+    backend_docker.require()
+    served = serve_with(backend="docker", backend_options={"image": backend_docker.IMAGE})
+    sandbox = Sandbox.create(**served.sdk_options())
+    held = served.app.registry.get("alice", sandbox.sandbox_id)
+    assert held.home is not None and os.stat(held.home).st_uid == 1000  # the container's uid owns it
+    try:
+        sandbox.files.write("/home/user/from-client.txt", "sent")
+        first = sandbox.run_code(
+            "open('from-code.txt', 'w').write('made'); kept = 1; open('from-client.txt').read()"
+        )
+        assert first.error is None and first.text == "'sent'"
+        before = held.sandbox.executor.container_id
+        with pytest.raises(TimeoutException):  # the SDK drops the request: the session is replaced
+            sandbox.run_code("import time\ntime.sleep(120)", timeout=2)
+        after = sandbox.run_code("kept", timeout=60)
+        assert after.error is not None and "state was lost" in after.error.value
+        assert held.sandbox.executor.container_id != before  # a new container, the same home
+        assert sandbox.files.read("/home/user/from-code.txt") == "made"
+        again = sandbox.run_code("sorted(n for n in __import__('os').listdir('.') if not n.startswith('.'))")
+        assert again.error is None and again.text == "['from-client.txt', 'from-code.txt']"
+
+        # The container killed under the server: the next request gets a new one, files kept.
+        client().api.kill(held.sandbox.executor.container_id)
+        other = Sandbox.connect(sandbox.sandbox_id, **served.sdk_options())  # as a second client would
+        for _ in range(3):  # the first request may find the session dead and be answered with its loss
+            cell = other.run_code("open('from-code.txt').read()", timeout=60)
+            if cell.error is None:
+                break
+        assert cell.text == "'made'"
+        assert other.commands.run("cat from-client.txt").stdout == "sent"
+    finally:
+        sandbox.kill()
+    assert not os.path.exists(held.home)

@@ -36,6 +36,18 @@ def sandbox(served: Served) -> Iterator[Sandbox]:
 # ------------------------------------------------------------------ files
 
 
+def test_code_naming_home_user_literally_and_the_files_api_agree(sandbox: Sandbox) -> None:
+    # The namespaces level binds the sandbox's home at /home/user and works there, as E2B does.
+    cell = sandbox.run_code("import os\nopen('/home/user/data.csv', 'w').write('a,b\\n1,2\\n')\nos.getcwd()")
+    assert cell.error is None and cell.text == "'/home/user'"
+    assert sandbox.files.read("/home/user/data.csv") == "a,b\n1,2\n"
+    sandbox.files.write("/home/user/in/sent.txt", "from the client")
+    assert sandbox.run_code("open('/home/user/in/sent.txt').read()").text == "'from the client'"
+    shell = sandbox.commands.run("cat /home/user/in/sent.txt; echo; pwd; echo x > /home/user/shell.txt")
+    assert shell.stdout == "from the client\n/home/user\n"
+    assert sandbox.files.read("shell.txt") == "x\n"
+
+
 def test_files_round_trip(sandbox: Sandbox) -> None:
     info = sandbox.files.write("/home/user/docs/a.txt", "hello")
     assert info.path == "/home/user/docs/a.txt"

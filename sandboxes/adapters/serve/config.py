@@ -81,8 +81,17 @@ class ServeConfig(BaseModel):
         True,
         description="Each sandbox's files live in a directory of the server's that outlives a replaced "
         "session (a run lost to a timeout or a dropped client), as an E2B sandbox's disk does; it costs "
-        "the warm pool (a cold worker per create). False: faster creates, files lost with the session. "
-        "Host backend only for now.",
+        "the backend's warm pool (a worker or container of its own per sandbox, started ahead: "
+        "warm_sandboxes). False: files lost with the session. On Docker the home is bind-mounted, owned by the container's uid (the server must be "
+        "root, or that uid).",
+    )
+    warm_sandboxes: int = Field(
+        1,
+        ge=0,
+        le=16,
+        description="With durable_home: sandboxes started ahead, each on its own empty home, for creates "
+        "asking the same environment and network as the last one, so a create need not wait for a cold "
+        "worker or container (the backend's warm pool cannot serve a home of its own); 0: none.",
     )
     python_guards: bool = False
     internet: bool = True

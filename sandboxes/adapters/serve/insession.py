@@ -8,19 +8,53 @@ by the caller."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
+
+HELPERS = (
+    Path(__file__).parent / "interpreter" / "insandbox.py",
+    Path(__file__).parent / "envd" / "insandbox.py",
+)
+"""The helpers' sources: the interpreter's cells and contexts, envd's files and commands."""
 
 
 def source(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def module_name(helper_source: str) -> str:
+    """The name a helper's module has in the session (a hash of its source)."""
+    return f"__kodeagent_helper_{hashlib.sha256(helper_source.encode()).hexdigest()[:16]}__"
+
+
+@functools.cache
+def preload_files() -> tuple[str, ...]:
+    """The helpers as trusted preload files named as `helper_code` finds them (for
+    ``HostExecutor(preload=...)``): a session forked from the fork server then has them compiled
+    already, instead of compiling one at its first cell or file operation (a few milliseconds of
+    every create → first result)."""
+    directory = tempfile.mkdtemp(prefix="kodeagent-serve-helpers-")
+    atexit.register(shutil.rmtree, directory, True)
+    paths = []
+    for helper in HELPERS:
+        text = source(helper)
+        path = os.path.join(directory, f"{module_name(text)}.py")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        paths.append(path)
+    return tuple(paths)
+
+
 def helper_code(helper_source: str, request: dict[str, Any]) -> str:
     """Code that runs `helper_source`'s ``main(request)`` in the session and ends with its answer."""
-    name = f"__kodeagent_helper_{hashlib.sha256(helper_source.encode()).hexdigest()[:16]}__"
+    name = module_name(helper_source)
     install = (
         f"(lambda __m: (__import__('builtins').exec({helper_source!r}, __m.__dict__), "
         f"__s.modules.__setitem__({name!r}, __m), __m)[2])(__import__('types').ModuleType({name!r}))"

@@ -12,10 +12,8 @@ from __future__ import annotations
 import datetime
 import hmac
 import logging
-import os
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -26,10 +24,12 @@ import anyio
 
 from ...egress.policy import NetworkPolicy
 from ...policy import Policy
+from . import homes, insession
 from . import pause as pausing
 from .config import ServeConfig
 from .errors import BadRequest, SandboxNotFound, ServeError, TooMany
-from .sandbox import INTERPRETER_PORT, ServedSandbox
+from .sandbox import INTERPRETER_PORT, SANDBOX_HOME, ServedSandbox
+from .spares import Spares
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -113,7 +113,8 @@ class Registry:
         self._wake = anyio.Event()
         self._group: anyio.abc.TaskGroup | None = None
         self._closed = False
-        self._homes: str | None = None
+        self._homes: homes.Homes | None = None
+        self._spares: Spares | None = None
         self.started = time.time()
         self.killed_on_timeout = 0
         self.paused_on_timeout = 0
@@ -137,24 +138,29 @@ class Registry:
         }
         if home is not None:
             options["workdir"] = home
+            if self.config.backend == "host":
+                # Code naming E2B's home literally reaches the files API's (namespaces level only).
+                options.setdefault("workdir_at", str(SANDBOX_HOME))
         if self.config.backend == "host":
             # Plain Python needs the namespaces boundary (the bare process level refuses it).
             options.setdefault("isolation", "namespaces")
+            # The server's helpers compiled once in the fork server, not at each sandbox's first cell.
+            options.setdefault("preload", insession.preload_files())
         return open_executor(self.config.backend, **options)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def __aenter__(self) -> Registry:
-        # Host only for now: on Docker a bind-mounted home breaks the in-sandbox helpers (a cell's
-        # answer does not come back), so Docker sandboxes keep the warm pool and the container's own.
-        if self.config.durable_home and self.config.backend == "host":
-            # Under TMPDIR: the watchdog's scratch directory when there is one, so a killed server's
-            # homes go with it. Traversable, not listable: each home is its sandbox user's alone.
-            self._homes = tempfile.mkdtemp(prefix="kodeagent-serve-homes-")
-            os.chmod(self._homes, 0o711)
+        if self.config.durable_home:
+            await anyio.to_thread.run_sync(homes.check, self.config)
+            self._homes = homes.Homes(self.config)
         self._group = anyio.create_task_group()
         await self._group.__aenter__()
         self._group.start_soon(self._expire_forever)
+        if self._homes is not None and self.config.warm_sandboxes:
+            self._spares = Spares(
+                self.config.warm_sandboxes, self._start_spare, _discard, self._group.start_soon
+            )
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -173,7 +179,10 @@ class Registry:
                     group.start_soon(_close_quietly, entry)
         if held:
             logger.warning("closed %d sandbox(es) at shutdown", len(held))
-        _remove(self._homes)
+        if self._spares is not None:
+            await self._spares.close()
+        if self._homes is not None:
+            self._homes.close()
         return len(held)
 
     async def _expire_forever(self) -> None:
@@ -230,12 +239,12 @@ class Registry:
 
     def _make_home(self, sandbox_id: str) -> str | None:
         """The sandbox's own directory (its /home/user), which outlives a replaced session, as the
-        disk of an E2B sandbox outlives its processes."""
-        if self._homes is None:
-            return None
-        home = os.path.join(self._homes, sandbox_id)
-        os.mkdir(home, 0o700)
-        return home
+        disk of an E2B sandbox outlives its processes (`homes`); None without `durable_home`."""
+        return None if self._homes is None else self._homes.make(sandbox_id)
+
+    def spares_ready(self) -> int:
+        """Sandboxes started ahead and waiting for a create (`warm_sandboxes`)."""
+        return len(self._spares) if self._spares is not None else 0
 
     def count(self, tenant: str | None = None) -> int:
         """Live sandboxes (and ones being created) of `tenant`, or of everyone."""
@@ -269,13 +278,10 @@ class Registry:
             )
         self._reserved[tenant] = self._reserved.get(tenant, 0) + 1
         sandbox_id = new_sandbox_id()
-        home = None
         try:
-            home = self._make_home(sandbox_id)
-            executor = self._factory(spec, home)
-            await executor.open()
+            spare = self._spares.take(spec) if self._spares is not None else None
+            home, executor = spare if spare is not None else await self._start(spec, sandbox_id)
         except Exception as exc:
-            _remove(home)
             if isinstance(exc, ServeError):
                 raise
             logger.warning("could not start a sandbox for %s: %s", tenant, exc)
@@ -299,8 +305,24 @@ class Registry:
             raise ServeError("the server is shutting down; no new sandboxes", status=503)
         self._held[sandbox.sandbox_id] = entry
         self._rearm()
+        if self._spares is not None:  # the next create like this one finds a sandbox started
+            self._spares.refill(spec)
         logger.info("created sandbox %s for %s (%s s)", sandbox.sandbox_id, tenant, spec.timeout)
         return entry
+
+    async def _start(self, spec: Spec, name: str) -> tuple[str | None, Executor]:
+        """A new opened executor for `spec` on a new home named `name` (removed if it fails)."""
+        home = self._make_home(name)
+        try:
+            executor = self._factory(spec, home)
+            await executor.open()
+        except BaseException:
+            _remove(home)
+            raise
+        return home, executor
+
+    async def _start_spare(self, spec: Spec) -> tuple[str | None, Executor]:
+        return await self._start(spec, "spare-" + new_sandbox_id())
 
     def get(self, tenant: str, sandbox_id: str) -> Held:
         """The tenant's sandbox by id; another tenant's is as unknown as one that never was."""
@@ -451,6 +473,17 @@ async def _close_quietly(entry: Held) -> None:
         except Exception:  # one sandbox failing to close must not keep the others open
             logger.warning("closing sandbox %s failed", entry.sandbox_id, exc_info=True)
         await anyio.to_thread.run_sync(_remove, entry.home)
+
+
+async def _discard(spare: tuple[str | None, Executor]) -> None:
+    """End a spare no sandbox took (`spares`)."""
+    home, executor = spare
+    with anyio.CancelScope(shield=True):
+        try:
+            await executor.close()
+        except Exception:
+            logger.warning("closing a spare sandbox failed", exc_info=True)
+        await anyio.to_thread.run_sync(_remove, home)
 
 
 def _remove(directory: str | None) -> None:

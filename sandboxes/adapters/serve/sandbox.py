@@ -19,6 +19,8 @@ ENVD_PORT = 49983
 """E2B's in-sandbox daemon (files, processes), as the SDK addresses it."""
 INTERPRETER_PORT = 49999
 """The code interpreter's Jupyter-backed server (`/execute`, `/contexts`)."""
+SANDBOX_HOME = PurePosixPath("/home/user")
+"""E2B's home, the only directory the files API exposes (the session's working directory)."""
 
 
 @dataclass
@@ -34,7 +36,7 @@ class ServedSandbox:
     access_token: str
     executor: Executor
     template: str = "base"
-    home: PurePosixPath = PurePosixPath("/home/user")
+    home: PurePosixPath = SANDBOX_HOME
     metadata: dict[str, str] = field(default_factory=dict)
     envs: dict[str, str] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..web import bind, is_loopback, url_of
+from . import homes
 from .config import ServeConfig
 from .errors import ServeError
 from .keys import KEY_VARIABLE, with_keys
@@ -44,6 +45,7 @@ def serve(config: ServeConfig, *, watchdog: bool = True, verbose: bool = False) 
     """Serve until a stop signal arrives; return the exit code. With `watchdog` (Linux) this process
     forks first: it stays as the watchdog and the child serves. Logs go to stderr."""
     config, generated = with_keys(config)
+    homes.check(config)  # before anything starts: a home it cannot give is a usage error
     sock = bind(config.host, config.port)
     from ..mcp import watchdog as dog
 

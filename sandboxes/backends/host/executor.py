@@ -74,23 +74,28 @@ request's canonical JSON: policy, limits, environment, tool names, stateless, ou
 
 
 def make_worker(
-    isolation: str, workdir: str | None, network: bool, preload: tuple[str, ...] = ()
+    isolation: str,
+    workdir: str | None,
+    network: bool,
+    preload: tuple[str, ...] = (),
+    workdir_at: str | None = None,
 ) -> HostWorker:
-    """A new worker: forked from the fork server when it can be, else a fresh interpreter."""
+    """A new worker: forked from the fork server when it can be, else a fresh interpreter (with an
+    explicit `workdir`, seen inside at `workdir_at` under namespaces)."""
     if workdir is None:
         try:
             return fork_worker(isolation, network, preload)
         except WorkerStartError:
             pass  # the fork server could not start or died: a slower, independent worker still works
-    return spawn_worker(isolation, workdir, network, preload)
+    return spawn_worker(isolation, workdir, network, preload, workdir_at)
 
 
 def _spawner_submit(fn: Callable[..., object], /, *args: object) -> concurrent.futures.Future[Any]:
     return RESOURCES.submit("spawn", fn, *args)
 
 
-async def _spawn(key: PoolKey, workdir: str | None) -> HostWorker:
-    future = _spawner_submit(make_worker, key[0], workdir, key[1], key[2])
+async def _spawn(key: PoolKey, workdir: str | None, workdir_at: str | None = None) -> HostWorker:
+    future = _spawner_submit(make_worker, key[0], workdir, key[1], key[2], workdir_at)
     return await anyio.to_thread.run_sync(future.result)
 
 
@@ -406,6 +411,7 @@ class HostOptions(ExecutorOptions, total=False):
     isolation: Isolation
     pool: bool
     preload: Sequence[str | os.PathLike[str]]
+    workdir_at: str | None
 
 
 class HostExecutor(Executor):
@@ -422,6 +428,10 @@ class HostExecutor(Executor):
             subject to the policy's import allowlist like any import). What many sessions share (a
             harness driver) is compiled and loaded once instead of sent and compiled per session.
             The files' code runs with the fork server's rights: only ever your own code.
+        workdir_at: an absolute path where the session sees its explicit `workdir` (and works),
+            e.g. E2B's ``/home/user``, so code naming that path literally reaches the directory the
+            files API reads. Namespaces level only (its own mount namespace); at the process level
+            there is none, and the directory keeps its own path.
 
     (and the common `ExecutorOptions`)
     """
@@ -434,11 +444,20 @@ class HostExecutor(Executor):
         isolation: Isolation = "auto",
         pool: bool = True,
         preload: Sequence[str | os.PathLike[str]] = (),
+        workdir_at: str | None = None,
         **options: Unpack[ExecutorOptions],
     ) -> None:
         super().__init__(**options)
         if isolation not in ("auto", "namespaces", "process"):
             raise ValueError(f"isolation must be 'auto', 'namespaces' or 'process', not {isolation!r}")
+        if workdir_at is not None:
+            if self.workdir is None:
+                raise ValueError("workdir_at names where an explicit workdir= is seen: give workdir= too")
+            if not _mount_point(workdir_at):
+                raise ValueError(
+                    f"workdir_at must be an absolute, normalised path below / (e.g. '/home/user'), not {workdir_at!r}"
+                )
+        self.workdir_at = workdir_at
         if os.name != "posix":
             raise BackendUnavailable("the host backend needs a POSIX system (Linux or macOS)")
         self.requested_isolation = isolation
@@ -495,7 +514,8 @@ class HostExecutor(Executor):
         key = (level, self.policy.network_policy is not None, self.preload)
         init = self._runner_init()
         if not self.use_pool:
-            return await self._runner_session(await _spawn(key, self.workdir), init, release=_retire)
+            at = self.workdir_at if level == "namespaces" else None
+            return await self._runner_session(await _spawn(key, self.workdir, at), init, release=_retire)
         # The pools are sized to the opens in flight at once: from here until the session's first
         # run ended (a grader's whole use of it; an agent's first step), or it closed.
         token = POOLS.demand.begin()
@@ -547,6 +567,11 @@ async def _attach_egress(session: RunnerSession, rules: NetworkPolicy, bundle_pa
         session.egress = attach_process_blocking(tree.pid, tree.alive, rules, bundle_path)
 
     await anyio.to_thread.run_sync(attach)
+
+
+def _mount_point(path: str) -> bool:
+    """An absolute, normalised path other than / (bubblewrap binds the working directory there)."""
+    return path.startswith("/") and path != "/" and os.path.normpath(path) == path and "\x00" not in path
 
 
 _LEVELS: dict[str, str] = {}

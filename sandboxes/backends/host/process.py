@@ -462,13 +462,15 @@ def _probe(bwrap: str) -> str | None:
     return probe.stderr.decode(errors="replace").strip()[-2000:] or f"exit code {probe.returncode}"
 
 
-def _bind_with_parents(path: str, writable: bool = False) -> list[str]:
-    """bwrap arguments to bind `path`, creating world-traversable parents (e.g. under /root)."""
+def _bind_with_parents(path: str, writable: bool = False, at: str | None = None) -> list[str]:
+    """bwrap arguments to bind `path` (at `at` inside, else at its own path), creating
+    world-traversable parents (e.g. under /root)."""
     args: list[str] = []
-    parts = pathlib.PurePosixPath(path).parts
+    target = at or path
+    parts = pathlib.PurePosixPath(target).parts
     for depth in range(2, len(parts)):
         args += ["--perms", "0755", "--dir", str(pathlib.PurePosixPath(*parts[:depth]))]
-    return args + ["--bind" if writable else "--ro-bind", path, path]
+    return args + ["--bind" if writable else "--ro-bind", path, target]
 
 
 @functools.cache
@@ -578,12 +580,19 @@ def _python(script: pathlib.Path) -> list[str]:
 
 
 def _sandboxed(
-    command: list[str], isolation: str, network: bool, writable: str, preload: tuple[str, ...] = ()
+    command: list[str],
+    isolation: str,
+    network: bool,
+    writable: str,
+    preload: tuple[str, ...] = (),
+    writable_at: str | None = None,
 ) -> list[str]:
     """Wrap `command` in bubblewrap at the namespaces level; `writable` is the one writable directory
-    (and staged `preload` files are readable)."""
+    and the working directory, seen inside at `writable_at` (else at its own path); staged `preload`
+    files are readable."""
     if isolation != "namespaces":
         return command
+    inside = writable_at or writable
     readable = _bind_with_parents(str(_preload_root())) if preload else []
     return [
         bubblewrap().path or "bwrap",
@@ -596,23 +605,28 @@ def _sandboxed(
         "--die-with-parent",
         "--new-session",
         *readable,
-        *_bind_with_parents(writable, writable=True),
+        *_bind_with_parents(writable, writable=True, at=inside),
         "--chdir",
-        writable,
+        inside,
         *command,
     ]
 
 
 def spawn_worker(
-    isolation: str, workdir: str | None, network: bool, preload: tuple[str, ...] = ()
+    isolation: str,
+    workdir: str | None,
+    network: bool,
+    preload: tuple[str, ...] = (),
+    workdir_at: str | None = None,
 ) -> HostWorker:
-    """Start a runner in a new interpreter (blocking; call it from the spawner thread)."""
+    """Start a runner in a new interpreter (blocking; call it from the spawner thread); under
+    namespaces its working directory is seen at `workdir_at` when given."""
     owns_workdir = workdir is None
     directory = tempfile.mkdtemp(prefix="kodeagent-") if workdir is None else os.path.realpath(workdir)
     os.makedirs(directory, exist_ok=True)
     uid = _private_user(directory, isolation)
     flags = _runner_flags(uid, isolation) + _preload_flags(preload)
-    command = _sandboxed(_python(RUNNER) + flags, isolation, network, directory, preload)
+    command = _sandboxed(_python(RUNNER) + flags, isolation, network, directory, preload, workdir_at)
     parent_end, child_end = socket.socketpair()
     try:
         process = subprocess.Popen(

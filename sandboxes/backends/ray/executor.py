@@ -121,7 +121,7 @@ class RayOptions(ExecutorOptions, ContainerOptions, total=False):
     """Every option `RayExecutor` takes (all by keyword), typed for ``open_executor("ray", ...)``: the
     common ones, the executor's own, and the node backends' own (passed on to the node's backend,
     which refuses those it does not take: `HostOptions`' ``isolation``, `DockerOptions`' container
-    options, ``pool``, ``pool_size``, ``preload``)."""
+    options, ``pool``, ``pool_size``, ``preload``, ``workdir_at``)."""
 
     node_backend: Literal["host", "docker"]
     address: str | None
@@ -131,6 +131,7 @@ class RayOptions(ExecutorOptions, ContainerOptions, total=False):
     pool: bool
     pool_size: int
     preload: Sequence[str | os.PathLike[str]]
+    workdir_at: str | None
 
 
 class RayExecutor(Executor):

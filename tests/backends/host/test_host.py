@@ -77,6 +77,37 @@ async def test_explicit_workdir_is_used_and_kept(tmp_path):
     assert (tmp_path / "double.txt").read_text() == "10"
 
 
+async def test_workdir_at_shows_the_workdir_at_that_path_under_namespaces(tmp_path):
+    require(None if namespaces_available() else "bubblewrap cannot create namespaces here", "namespaces")
+    (tmp_path / "in.txt").write_text("given")
+    policy = Policy(allowed_imports=("os",), files="any")
+    async with HostExecutor(timeout=10, workdir=str(tmp_path), workdir_at="/home/user", policy=policy) as ex:
+        result = await ex.run(
+            "import os\nopen('/home/user/out.txt', 'w').write(open('/home/user/in.txt').read())\nos.getcwd()"
+        )
+    assert result.ok, result.error
+    assert result.value == "/home/user"
+    assert (tmp_path / "out.txt").read_text() == "given"  # the literal path is the workdir itself
+
+
+async def test_workdir_at_at_the_process_level_leaves_the_workdir_where_it_is(tmp_path):
+    policy = Policy(allowed_imports=("os",), files="any")
+    async with HostExecutor(
+        timeout=10, workdir=str(tmp_path), workdir_at="/home/user", isolation="process", policy=policy
+    ) as ex:
+        result = await ex.run("import os\nos.getcwd()")
+    assert result.ok, result.error
+    assert os.path.realpath(result.value) == os.path.realpath(tmp_path)
+
+
+def test_workdir_at_needs_a_workdir_and_an_absolute_path(tmp_path):
+    with pytest.raises(ValueError, match="give workdir= too"):
+        HostExecutor(workdir_at="/home/user")
+    for bad in ("home/user", "/", "/home/../etc", "/home/user/"):
+        with pytest.raises(ValueError, match="absolute, normalised"):
+            HostExecutor(workdir=str(tmp_path), workdir_at=bad)
+
+
 @pytest.mark.parametrize("isolation", ["process", "auto"])
 async def test_close_leaves_no_worker_process(isolation):
     # close() hands the worker to the reaper thread and returns; wait_closed() waits for the reap.
