@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import socket
 import textwrap
 from collections.abc import Iterator
@@ -295,3 +296,72 @@ def test_a_session_socket_is_reachable_by_its_uid_only() -> None:
     finally:
         directory.remove()
     assert not os.path.exists(directory.path)
+
+
+LINKS = r"""
+import json, os
+VICTIM = {victim!r}
+cwd = os.getcwd()
+os.symlink(VICTIM, '/tmp/link-dir-' + {tok!r})
+os.symlink(VICTIM + '/file', '/tmp/link-file-' + {tok!r})
+os.symlink(VICTIM, 'to_victim')
+os.symlink(VICTIM + '/file', 'to_file')
+os.mkdir('deep')
+os.symlink(VICTIM, 'deep/again')
+os.symlink('/sessions', 'to_sessions')
+os.symlink('/tmp', '/tmp/link-tmp-' + {tok!r})
+try:
+    os.link(VICTIM + '/file', 'hard')
+    hard = 'linked'
+except OSError as exc:
+    hard = type(exc).__name__
+print(json.dumps({{'hard': hard, 'removed': os.path.exists(VICTIM + '/file')}}))
+"""
+
+VICTIM_FILES = r"""
+import os, sys
+d = {victim!r}
+os.makedirs(d, exist_ok=True)
+os.chmod(d, 0o755)
+with open(d + '/file', 'w') as f:
+    f.write('victim data')
+os.chmod(d + '/file', 0o644)
+print('made')
+"""
+
+VICTIM_CHECK = r"""
+import os
+d = {victim!r}
+print(open(d + '/file').read() if os.path.exists(d + '/file') else 'GONE')
+"""
+
+
+async def test_the_clean_up_removes_no_file_of_another_through_a_sessions_links() -> None:
+    """Session A links to root's files (root: the uid the session host would remove them with, were
+    it not acting as A), in /tmp and its working directory, to a directory, to a file, through a
+    directory of its own; its clean-up, done with A's rights, removes A's links and leaves root's
+    files as they were, and the container is proved clean (it hosts the next session)."""
+    tok = secrets.token_hex(4)
+    victim = f"/tmp/victim-{tok}"
+    async with shared() as a:
+        container_id = a.container_id
+        made = await anyio.to_thread.run_sync(
+            docker_exec, container_id, VICTIM_FILES.format(victim=victim), "0:0"
+        )
+        assert "made" in made, made
+        result = await a.run(LINKS.format(victim=victim, tok=tok))
+        assert result.ok, result
+    for _ in range(6):
+        async with shared() as b:
+            if b.container_id != container_id:
+                continue
+            left = await b.run(
+                f"import os; print(sorted(n for n in os.listdir('/tmp') if {tok!r} in n and 'link' in n))"
+            )
+            assert left.stdout == "[]\n", left
+            check = await anyio.to_thread.run_sync(
+                docker_exec, container_id, VICTIM_CHECK.format(victim=victim), "0:0"
+            )
+            assert check.strip() == "victim data", check
+            return
+    pytest.fail("the container hosted nobody after the session with links (its clean-up was not clean?)")
