@@ -40,7 +40,18 @@ def _docker() -> None:
     backend_docker.require()
 
 
+@pytest.fixture(autouse=True)
+def _channel_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The channel is opt-in: on for these tests (their containers have settings of their own,
+    `CHANNEL_TMP_MB`, so none started on the attach stream by another test is taken)."""
+    monkeypatch.setenv("KODEAGENT_DOCKER_CHANNEL", "socket")
+
+
+CHANNEL_TMP_MB = 66
+
+
 def shared(**options: Any) -> Any:
+    options.setdefault("tmp_mb", CHANNEL_TMP_MB)
     options.setdefault("policy", UNGUARDED)
     options.setdefault("timeout", 30)
     options.setdefault("sessions_per_container", 4)
