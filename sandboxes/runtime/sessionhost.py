@@ -35,6 +35,12 @@ its parent, so taking a warm container costs no round trip to the host:
                                                      | {"nonce": N, "too_large": true} | {"nonce": N, "error", "missing"}
     (the runner exited)                           -> {"nonce": <the open's N>, "exited": status}
 
+With a local daemon the parent has each runner connect to a socket of its own instead (the open's
+``"channel"``: its directory's name in ``/run/kodeagent/channels``, bind-mounted read-only from the
+parent; `docker.channel`): that runner's bytes never pass this host or dockerd, and the stream
+carries only the host's requests and messages. The ready message's ``channels`` says whether this
+host sees the parent's directory (its token file, named by ``KODEAGENT_CHANNELS``).
+
 Files are placed and read *as the session's uid* below its working directory without following a
 symbolic link anywhere on the way (`proctools.open_beneath`), as on the host backend. End-of-file on
 stdin ends the host (and so the container).
@@ -56,6 +62,9 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SESSIONS = "/sessions"
+CHANNELS = "/run/kodeagent/channels"
+"""The parent's channels directory, bind-mounted read-only (`docker.channel`): one 0700 directory per
+session, its uid's, holding the socket the parent listens on."""
 WRITABLE = ("/tmp", "/dev/shm", "/dev/mqueue", SESSIONS)
 """Every place a session can write in the container (the root filesystem is read-only; /workspace
 and /forks belong to the container-per-session mode's user and are closed to session uids)."""
@@ -111,15 +120,31 @@ def become_user(uid: int) -> None:
                 raise OSError(f"the session still holds capabilities ({line.strip()})")
 
 
-def start_session(runner: Any, uid: int, channel: int, workdir: str, tmpdir: str) -> None:
-    """In a forked child of the host: become the session's user and then its runner."""
+def start_session(
+    runner: Any, uid: int, channel: int | None, workdir: str, tmpdir: str, socket_path: str | None = None
+) -> None:
+    """In a forked child of the host: become the session's user and then its runner, on `channel`
+    (the host's relay) or, with `socket_path`, on the parent's own socket (`docker.channel`),
+    connected *as the session's uid*: the parent checks that identity before it reads a byte."""
+    connected = socket_path is None
     try:
         os.setsid()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        os.dup2(channel, 0)
-        os.dup2(channel, 1)
+        if channel is not None:
+            os.dup2(channel, 0)
+            os.dup2(channel, 1)
         os.closerange(3, 1 << 16)  # the host's selector, pidfds and old sockets stay with the host
         become_user(uid)
+        if socket_path is not None:
+            import socket
+
+            link = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            link.connect(socket_path)
+            fd = link.detach()
+            os.dup2(fd, 0)
+            os.dup2(fd, 1)
+            os.close(fd)
+            connected = True
         # Dropping root without an exec left the process non-dumpable: its /proc entries (environ,
         # fd, mem) would be root's. Its own uid may read them, as in a container per session.
         _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
@@ -137,7 +162,8 @@ def start_session(runner: Any, uid: int, channel: int, workdir: str, tmpdir: str
         except OSError:
             pass
     finally:
-        os._exit(0)
+        # Not connected: nobody reads that message (fd 1 is /dev/null); the exit code says it.
+        os._exit(0 if connected else 3)
 
 
 # ---------------------------------------------------------------------- ending a session
@@ -246,23 +272,44 @@ def _remove_at(parent: int, name: str) -> None:
             os.close(fd)
 
 
+class _AccessAs:
+    """Within it, this (single-threaded) process reaches files as `uid` (its filesystem uid and
+    gid), so the clean-up removes a session's files with exactly the session's rights and no more:
+    whatever links or names a session left, it cannot make the clean-up remove anyone else's file.
+    No fork (a helper process cost 10-50 ms of a session's close under load); signals and ``/proc``
+    are not reached through the filesystem uid, so nothing of the session may act on this host."""
+
+    def __init__(self, uid: int) -> None:
+        self.uid = uid
+
+    def __enter__(self) -> None:
+        _libc.setfsgid(self.uid)
+        _libc.setfsuid(self.uid)
+        # setfsuid reports no error: ask again (an invalid id changes nothing and answers the current)
+        if _libc.setfsuid(-1) != self.uid or _libc.setfsgid(-1) != self.uid:
+            self.__exit__()
+            raise OSError(f"cannot act as uid {self.uid} (setfsuid refused)")
+
+    def __exit__(self, *_: object) -> None:
+        _libc.setfsuid(0)
+        _libc.setfsgid(0)
+
+
 def _sweep_as(uid: int, paths: list[str]) -> None:
-    """In a forked child: become `uid`, kill every process of it, remove its files and IPC objects."""
-    try:
-        become_user(uid)
-        for _ in range(1000):  # kill(-1) reaches every process of this uid but the caller
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except ProcessLookupError:
-                break
-            if not [pid for pid in processes_of(uid) if pid != os.getpid() and not _zombie(pid)]:
-                break
+    """Remove `uid`'s files with its rights (`_AccessAs`), then its System V IPC objects (as its
+    effective uid: IPC ownership is checked on that, not on the filesystem uid)."""
+    with _AccessAs(uid):
         for path in paths:
             try:
                 _remove_tree(path)
             except OSError:
                 pass  # the check after says so
-        for kind, ident in ipc_objects(uid):
+    objects = ipc_objects(uid)
+    if not objects:
+        return
+    os.seteuid(uid)  # its processes are dead: nothing of the session is there to act on this host
+    try:
+        for kind, ident in objects:
             if kind == "shm":
                 _libc.shmctl(ident, IPC_RMID, None)
             elif kind == "msg":
@@ -270,7 +317,7 @@ def _sweep_as(uid: int, paths: list[str]) -> None:
             else:
                 _libc.semctl(ident, 0, IPC_RMID)
     finally:
-        os._exit(0)
+        os.seteuid(0)
 
 
 def _zombie(pid: int) -> bool:
@@ -305,10 +352,7 @@ def clean(uid: int, extra: list[str]) -> list[str]:
     kill_all(uid)
     paths = sorted(set(owned_entries(uid)) | set(extra))  # listed as root: /sessions is not listable
     swept = time.perf_counter()
-    pid = os.fork()
-    if pid == 0:
-        _sweep_as(uid, paths)
-    os.waitpid(pid, 0)
+    _sweep_as(uid, paths)
     checked = time.perf_counter()
     deadline = time.monotonic() + REAP_DEADLINE
     while (left := processes_of(uid)) and time.monotonic() < deadline:
@@ -429,11 +473,16 @@ class Zygote:
         theirs.close()
         self.statuses: dict[int, int] = {}  # exits reported and not yet taken
 
-    def spawn(self, uid: int, workdir: str, tmpdir: str, channel: int) -> int:
+    def spawn(self, uid: int, workdir: str, tmpdir: str, channel: int | str) -> int:
+        """Start a runner on `channel`: a descriptor of the host's relay, or the path of the
+        parent's socket to connect to."""
         import socket
 
-        request = json.dumps({"uid": uid, "workdir": workdir, "tmpdir": tmpdir}).encode()
-        socket.send_fds(self.sock, [request], [channel])
+        order: dict[str, Any] = {"uid": uid, "workdir": workdir, "tmpdir": tmpdir}
+        if isinstance(channel, str):
+            self.sock.send(json.dumps({**order, "socket": channel}).encode())
+        else:
+            socket.send_fds(self.sock, [json.dumps(order).encode()], [channel])
         while True:
             message = self.receive()
             if "pid" in message:
@@ -487,12 +536,19 @@ def _zygote_main(runner: Any, control: Any) -> None:
                     if not message:
                         return  # the host is gone
                     request = json.loads(message)
+                    channel = fds[0] if fds else None
                     pid = os.fork()
                     if pid == 0:
                         start_session(
-                            runner, int(request["uid"]), fds[0], request["workdir"], request["tmpdir"]
+                            runner,
+                            int(request["uid"]),
+                            channel,
+                            request["workdir"],
+                            request["tmpdir"],
+                            request.get("socket"),
                         )
-                    os.close(fds[0])
+                    for fd in fds:
+                        os.close(fd)
                     selector.register(os.pidfd_open(pid), selectors.EVENT_READ, pid)
                     control.send(json.dumps({"pid": pid}).encode())
                 else:
@@ -507,7 +563,10 @@ def _zygote_main(runner: Any, control: Any) -> None:
 class Session:
     """The one session this host serves now."""
 
-    def __init__(self, nonce: str, uid: int, pid: int, channel: int, workdir: str, tmpdir: str) -> None:
+    def __init__(
+        self, nonce: str, uid: int, pid: int, channel: int | None, workdir: str, tmpdir: str
+    ) -> None:
+        # `channel`: the host's end of the runner's relay; None when the runner is on its own socket
         self.nonce, self.uid, self.pid, self.channel = nonce, uid, pid, channel
         self.workdir, self.tmpdir = workdir, tmpdir
         self.exited: int | None = None
@@ -524,7 +583,8 @@ class Session:
         else:
             zygote.statuses.pop(self.pid, None)
         PARTS["runner"] = time.perf_counter() - started
-        os.close(self.channel)
+        if self.channel is not None:
+            os.close(self.channel)
         return clean(self.uid, [self.workdir, self.tmpdir])
 
 
@@ -550,7 +610,11 @@ class Host:
         return self._zygote
 
     def serve(self) -> None:
-        say({"ready": True, "pid": os.getpid()})
+        token = os.environ.get("KODEAGENT_CHANNELS", "")
+        # The parent's channels directory is ours only if its token file is there (a daemon that
+        # does not see the parent's files mounts an empty directory of its own).
+        channels = bool(token.isalnum() and os.path.isfile(os.path.join(CHANNELS, token)))
+        say({"ready": True, "pid": os.getpid(), "channels": channels})
         while True:
             for key, _ in self.selector.select():
                 if key.data == "parent":
@@ -590,15 +654,17 @@ class Host:
             part = bytes(self.inbox) if end < 0 else bytes(self.inbox[: end + 1])
             del self.inbox[: len(part)]
             self.at_line_start = end >= 0
-            if self.session is not None and self.session.exited is None:
+            # A runner on its own socket gets nothing from the stream (and never a stray line).
+            session = self.session
+            if session is not None and session.exited is None and session.channel is not None:
                 try:
-                    _write_all(self.session.channel, part)
+                    _write_all(session.channel, part)
                 except OSError:
                     pass  # the runner is gone; its exit is reported
 
     def _from_runner(self) -> None:
         session = self.session
-        assert session is not None
+        assert session is not None and session.channel is not None
         try:
             data = os.read(session.channel, 1 << 20)
         except OSError:
@@ -606,26 +672,27 @@ class Host:
         if data:
             _write_all(1, data)
             return
-        self.selector.unregister(session.channel)  # its exit is the zygote's to report
+        _unregister(self.selector, session.channel)  # its exit is the zygote's to report
 
     def _runner_exited(self, status: int) -> None:
         session = self.session
         if session is None or session.exited is not None:
             return
-        _unregister(self.selector, session.channel)
-        os.set_blocking(session.channel, False)
-        try:  # what it wrote before it died goes first (not waiting for a child that still holds it)
-            while data := os.read(session.channel, 1 << 20):
-                _write_all(1, data)
-        except OSError:
-            pass
+        if session.channel is not None:
+            _unregister(self.selector, session.channel)
+            os.set_blocking(session.channel, False)
+            try:  # what it wrote before it died goes first (not waiting for a child that still holds it)
+                while data := os.read(session.channel, 1 << 20):
+                    _write_all(1, data)
+            except OSError:
+                pass
         session.exited = status
         say({"nonce": session.nonce, "exited": status})
 
     def _handle(self, request: dict[str, Any]) -> None:
         op, nonce = request.get("op"), request.get("nonce")
         if op == "open":
-            say({"nonce": nonce, **self._open(str(nonce), int(request["uid"]))})
+            say({"nonce": nonce, **self._open(str(nonce), int(request["uid"]), request.get("channel"))})
         elif op == "close":
             session, self.session = self.session, None
             started = time.perf_counter()
@@ -643,7 +710,9 @@ class Host:
             if not problems and isinstance(following, dict):  # the next session, ready before it is asked for
                 reply["next"] = {
                     "nonce": following.get("nonce"),
-                    **self._open(str(following.get("nonce")), int(following["uid"])),
+                    **self._open(
+                        str(following.get("nonce")), int(following["uid"]), following.get("channel")
+                    ),
                 }
             say(reply)
         elif op == "preload" and not self.served:
@@ -668,17 +737,30 @@ class Host:
             return {"error": f"preloading failed: {type(exc).__name__}: {exc}"}
         return {"ok": True}
 
-    def _open(self, nonce: str, uid: int) -> dict[str, Any]:
+    def _open(self, nonce: str, uid: int, socket_name: Any = None) -> dict[str, Any]:
+        """Start a session's runner as `uid`: relayed by this host, or, given `socket_name` (its
+        directory in the parent's channels directory), connected to the parent's socket itself."""
         self.served = True
         if self.session is not None:
             return {"error": "a session is already open in this container"}
         if uid < 1000:
             return {"error": f"uid {uid} is not a sandbox user's"}
+        if socket_name is not None and not (
+            isinstance(socket_name, str) and len(socket_name) == 24 and socket_name.isalnum()
+        ):
+            return {"error": "the channel's name is not one of the parent's"}
         import socket
 
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         name = secrets.token_hex(12)
         workdir, tmpdir = f"{SESSIONS}/{name}", f"/tmp/{name}"
+        if socket_name is not None:
+            try:
+                pid = self.zygote.spawn(uid, workdir, tmpdir, f"{CHANNELS}/{socket_name}/sock")
+            except OSError as exc:
+                return {"error": f"the session host cannot start sessions any more ({exc})"}
+            self.session = Session(nonce, uid, pid, None, workdir, tmpdir)
+            return {"pid": pid, "workdir": workdir, "tmpdir": tmpdir, "channel": True}
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             pid = self.zygote.spawn(uid, workdir, tmpdir, theirs.fileno())
         except OSError as exc:

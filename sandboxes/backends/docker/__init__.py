@@ -9,7 +9,7 @@ backend's process-wide ``resources("docker")``, removing a container), `stream` 
 demultiplexed), `container` (the worker: one container per session, and a fork inside it), `family`
 (the sessions sharing a container, and their ``docker exec`` relays), `pool` (the warm containers),
 `probe` (the usage probe: cgroup v1 or the daemon's stats), `shared` (several sessions in one
-container, behind its session host).
+container, behind its session host), `channel` (their sessions' own unix sockets, bypassing the daemon).
 """
 
 from .executor import (

@@ -514,14 +514,16 @@ def remove_later(container_id: str, sock: socket.socket) -> None:
         remove_container(container_id, None)
 
 
-def create_and_attach(settings: ContainerSettings) -> tuple[str, Any]:
+def create_and_attach(
+    settings: ContainerSettings, channels: tuple[str, str] | None = None
+) -> tuple[str, Any]:
     """Create a container and attach to its stdio before it starts, so no byte is missed (blocking):
-    its id and the SDK's attach socket."""
+    its id and the SDK's attach socket. `channels`: `ContainerSettings.create_arguments`'."""
     import docker.errors
 
     api = client().api
     try:
-        created = api.create_container(**settings.create_arguments(api))
+        created = api.create_container(**settings.create_arguments(api, channels))
     except docker.errors.ImageNotFound as exc:
         raise BackendUnavailable(image_missing_message(settings.image)) from exc
     except docker.errors.APIError as exc:

@@ -28,6 +28,8 @@ bounding sets, kill them. Sessions themselves hold no capability at all."""
 SESSIONS_DIR = "/sessions"
 """The working directories of a shared container's sessions (mode 1733 in the image: anyone may
 make an entry, nobody may list them)."""
+CHANNELS_DIR = "/run/kodeagent/channels"
+"""Where a shared container sees its sessions' channel sockets (`docker.channel`; read-only)."""
 MEMORY_HEADROOM_MB = 128
 """A shared container's memory above `memory_mb`: the session host's, and room for a session's
 ``MemoryError`` (its address-space rlimit) to come before the container's OOM killer."""
@@ -90,8 +92,10 @@ class ContainerSettings(BaseModel):
         """Whether these containers host successive sessions (`docker.shared`)."""
         return self.sessions_per_container > 1
 
-    def create_arguments(self, api: Any) -> dict[str, Any]:
-        """Keyword arguments of the low-level `create_container` call."""
+    def create_arguments(self, api: Any, channels: tuple[str, str] | None = None) -> dict[str, Any]:
+        """Keyword arguments of the low-level `create_container` call; `channels` (a shared
+        container's channels directory on this machine and its token, `docker.channel`) is
+        bind-mounted read-only at ``/run/kodeagent/channels``."""
         from docker.types import Mount, Ulimit
 
         if self.host_workdir is not None:
@@ -105,6 +109,10 @@ class ContainerSettings(BaseModel):
             mounts.append(Mount(SESSIONS_DIR, None, type="volume"))
             memory_mb += MEMORY_HEADROOM_MB
             command, user, cap_add = list(SESSION_HOST_COMMAND), "0:0", list(SESSION_HOST_CAPABILITIES)
+        environment = {"HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+        if channels is not None:
+            mounts.append(Mount(CHANNELS_DIR, channels[0], type="bind", read_only=True))
+            environment["KODEAGENT_CHANNELS"] = channels[1]
         file_size = self.file_size_mb * 1024 * 1024
         host_config = api.create_host_config(
             network_mode="none",  # with network on too: the egress gateway is the way out
@@ -136,7 +144,7 @@ class ContainerSettings(BaseModel):
             "user": user,
             "working_dir": WORKDIR,
             "hostname": "sandbox",
-            "environment": {"HOME": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"},
+            "environment": environment,
             "labels": {LABEL_SANDBOX: "1", LABEL_OWNER: owner_label()},
             "host_config": host_config,
         }

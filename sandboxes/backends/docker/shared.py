@@ -3,7 +3,9 @@
 The container's main process is the session host (`runtime/sessionhost.py`), reached over the
 container's attach stream exactly as a container-per-session runner is (`docker.container`); it forks
 each session's runner as a uid of its own (`SHARED_USERS`: unique among this process's sessions,
-from a range apart from the host backend's), relays its channel, and at the session's end kills
+from a range apart from the host backend's), whose channel is a unix socket of its own to this
+process when the daemon is local (`docker.channel`: no byte of it through dockerd) and else relayed
+by the host on the stream, and at the session's end kills
 and removes everything of that uid and *proves* it did (processes, files in every writable place,
 System V IPC objects). Only a container whose clean-up came back clean goes back to the pool; one
 that reports a problem, whose host died, that failed to answer, or that has served its
@@ -41,6 +43,8 @@ from ...worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExit
 from ..host.reap import PrivateUsers
 from ..resources import WarmPool
 from ..resources import fill as resources_fill
+from . import channel as channels_module
+from .channel import ChannelDir, Listener
 from .container import ForkedDockerWorker, container_exit_info, create_and_attach, remove_later
 from .daemon import RESOURCES, client, remove_container
 from .family import Family, drop_relay, listen_answer, run_helper, start_relay
@@ -77,8 +81,11 @@ def _nonce() -> str:
 class SharedContainer:
     """One container running the session host, and the attach stream to it (parent side)."""
 
-    def __init__(self, settings: ContainerSettings, container_id: str, attach: Any) -> None:
+    def __init__(
+        self, settings: ContainerSettings, container_id: str, attach: Any, channels: ChannelDir | None = None
+    ) -> None:
         self.settings = settings
+        self.channels = channels  # the sessions' own sockets (`docker.channel`); None: the stream
         self.container_id = container_id
         self._attach = attach
         raw: socket.socket = getattr(attach, "_sock", attach)
@@ -88,8 +95,9 @@ class SharedContainer:
         self.sessions = 0  # sessions started in it
         self.removed = False
         self.last_problems: list[str] = []  # what the last clean-up could not prove
-        # The next session, started by the host at the last close: (nonce, uid, its open answer).
-        self.ready: tuple[str, int, dict[str, Any]] | None = None
+        # The next session, started by the host at the last close: (nonce, uid, its open answer, its
+        # channel when it has a socket of its own).
+        self.ready: tuple[str, int, dict[str, Any], SocketLineReader | None] | None = None
         self._cgroups: tuple[str, str] | None | bool = False
         self._finalizer = weakref.finalize(self, remove_later, container_id, raw)
         self._finalizer.atexit = False
@@ -191,23 +199,59 @@ class SharedContainer:
             return SharedSessionWorker(self, *ready)
         uid = SHARED_USERS.take()
         nonce = _nonce()
+        link: SocketLineReader | None = None
+        listener: Listener | None = None
         try:
-            await self.channel.send(host_request({"op": "open", "nonce": nonce, "uid": uid}))
+            request: dict[str, Any] = {"op": "open", "nonce": nonce, "uid": uid}
+            listener = self._listen(request, uid)
+            await self.channel.send(host_request(request))
             while True:
                 message = host_message(await self.next_line(1 << 20))
                 if message is not None and message.get("nonce") == nonce:
                     break
+            if listener is not None and "error" not in message:
+                link = await anyio.to_thread.run_sync(self._accept, listener, nonce, message)
         except BaseException:
+            if listener is not None:
+                listener.close()
             SHARED_USERS.release(uid)  # never started, or the container goes: nothing of it lives on
             self.remove_now()
             raise
+        if listener is not None:
+            listener.close()  # accepted (its directory gone) or never to be
         if "error" in message:
             SHARED_USERS.release(uid)
             self.remove_now()
             raise WorkerStartError(f"the shared container could not start a session: {message['error']}")
         self.sessions += 1
         self.demux.stderr_tail.clear()
-        return SharedSessionWorker(self, nonce, uid, message)
+        return SharedSessionWorker(self, nonce, uid, message, link)
+
+    def _listen(self, request: dict[str, Any], uid: int) -> Listener | None:
+        """With socket channels: the session's listening socket, named in its open `request`."""
+        if self.channels is None:
+            return None
+        listener = self.channels.listen(uid)
+        request["channel"] = listener.name
+        return listener
+
+    def _accept(
+        self, listener: Listener | None, nonce: str, opened: dict[str, Any]
+    ) -> SocketLineReader | None:
+        """The connection of the runner the host started (`opened`), its peer checked (blocking)."""
+        if listener is None:
+            return None
+        if not opened.get("channel") or "pid" not in opened:
+            listener.close()
+            raise WorkerStartError("the session host did not start the runner on its channel")
+
+        def gone() -> str | None:
+            if not self.socket_open():
+                return "'s container ended"
+            status = self.exit_notice(nonce)
+            return None if status is None else f"exited (status {status})"
+
+        return SocketLineReader(listener.accept(int(opened["pid"]), gone=gone))
 
     def end_session(self, worker: SharedSessionWorker) -> None:
         """Ask the host to end `worker`'s session and wait, in the background, for its clean-up: the
@@ -215,26 +259,38 @@ class SharedContainer:
         nonce = _nonce()
         request: dict[str, Any] = {"op": "close", "nonce": nonce}
         following: tuple[str, int] | None = None
+        listener: Listener | None = None
         if self.sessions < self.settings.sessions_per_container:
             try:
                 following = (_nonce(), SHARED_USERS.take())
                 request["next"] = {"nonce": following[0], "uid": following[1]}
+                listener = self._listen(request["next"], following[1])
             except WorkerStartError:  # every uid is held: the next session asks for one itself
                 pass
+            except OSError:  # no socket for it: the next session is opened when it is asked for
+                request.pop("next", None)
+                if following is not None:
+                    SHARED_USERS.release(following[1])
+                following = None
+        worker.close_link()
         with _pool:
             _IN_USE.discard(self)
             _CLEANING.add(self)
         try:
             self.send_blocking(request)
-            RESOURCES.submit("clean", self._after_close, worker.uid, nonce, following)
+            RESOURCES.submit("clean", self._after_close, worker.uid, nonce, following, listener)
         except (WorkerExited, RuntimeError):  # a dead stream, or the interpreter is shutting down
+            if listener is not None:
+                listener.close()
             self.remove_now()
             SHARED_USERS.release(worker.uid)
             if following is not None:
                 SHARED_USERS.release(following[1])
             _give_back(self, reusable=False)
 
-    def _after_close(self, uid: int, nonce: str, following: tuple[str, int] | None) -> None:
+    def _after_close(
+        self, uid: int, nonce: str, following: tuple[str, int] | None, listener: Listener | None = None
+    ) -> None:
         reply: dict[str, Any] = {}
         try:
             reply = self.wait_for(nonce, CLOSE_TIMEOUT)
@@ -253,43 +309,75 @@ class SharedContainer:
         SHARED_USERS.release(uid)  # proved gone by the host, or gone with the container
         if following is not None:
             opened = reply.get("next")
+            link = None
+            if clean and isinstance(opened, dict) and "pid" in opened:
+                link = self._accept_quietly(listener, following[0], opened)
+            if listener is not None:
+                listener.close()
             if (
                 clean
                 and isinstance(opened, dict)
                 and opened.get("nonce") == following[0]
                 and "pid" in opened
-                and self._warm_up()
+                and (listener is None or link is not None)
+                and self._warm_up(link)
             ):
-                self.ready = (following[0], following[1], opened)
+                self.ready = (following[0], following[1], opened, link)
             elif clean and isinstance(opened, dict) and "pid" in opened:  # started, but not right
                 clean = False
                 self.remove_now()
                 SHARED_USERS.release(following[1])
             else:  # not started (or the container went): nothing of that uid exists
                 SHARED_USERS.release(following[1])
+        elif listener is not None:
+            listener.close()
         _give_back(self, reusable=clean)
+
+    def _accept_quietly(
+        self, listener: Listener | None, nonce: str, opened: dict[str, Any]
+    ) -> SocketLineReader | None:
+        """`_accept`, None for a runner that did not connect rightly (its container is not reused)."""
+        try:
+            return self._accept(listener, nonce, opened)
+        except WorkerStartError as exc:
+            self.last_problems = [str(exc)]
+            return None
 
     def open_ahead(self) -> None:
         """Start the first session of a new container now, warmed up, so that its first taker finds
         it ready as every later one does (blocking; without it the taker starts it, slower)."""
         nonce, uid = _nonce(), SHARED_USERS.take()
+        request: dict[str, Any] = {"op": "open", "nonce": nonce, "uid": uid}
+        link: SocketLineReader | None = None
+        listener = self._listen(request, uid)
         try:
-            self.send_blocking({"op": "open", "nonce": nonce, "uid": uid})
+            self.send_blocking(request)
             opened = self.wait_for(nonce, READY_TIMEOUT)
         except WorkerExited:
             opened = {}
-        if "pid" in opened and self._warm_up():
-            self.ready = (nonce, uid, opened)
+        if "pid" in opened:
+            link = self._accept_quietly(listener, nonce, opened)
+        if listener is not None:
+            listener.close()
+        if "pid" in opened and (listener is None or link is not None) and self._warm_up(link):
+            self.ready = (nonce, uid, opened, link)
             return
         if "pid" in opened:  # started but did not answer: nothing may reuse this container
             self.remove_now()
         SHARED_USERS.release(uid)
 
-    def _warm_up(self) -> bool:
+    def _warm_up(self, link: SocketLineReader | None = None) -> bool:
         """Have the next session's runner touch what a session uses (its first requests then run at
         full speed: a fork's copy-on-write pages, lazily built caches), here, off every caller's
-        path. True when it answered as a runner does."""
+        path. True when it answered as a runner does. On its own channel `link` if it has one."""
         deadline = time.monotonic() + CLOSE_TIMEOUT
+        if link is not None:
+            try:
+                answer = link.exchange_blocking(b'{"op": "warmup"}\n', CLOSE_TIMEOUT)
+                return bool(json.loads(answer).get("op") == "reply")
+            except (WorkerExited, ValueError, AttributeError):
+                link.sock.close()
+                return False
         try:
             self._send_blocking(b'{"op": "warmup"}\n')
             while (line := self._line_before(deadline, 1 << 20)) is not None:
@@ -323,8 +411,12 @@ class SharedContainer:
             except OSError:
                 pass
             remove_container(self.container_id, self.sock)
+            if self.channels is not None:
+                self.channels.remove()
             ready, self.ready = self.ready, None
             if ready is not None:  # its processes died with the container
+                if ready[3] is not None:
+                    ready[3].sock.close()
                 SHARED_USERS.release(ready[1])
 
 
@@ -354,12 +446,21 @@ def exit_status(message: dict[str, Any] | None, nonce: str) -> int | None:
 
 
 class SharedSessionWorker(Worker):
-    """One session in a `SharedContainer`: its runner, reached through the session host's relay."""
+    """One session in a `SharedContainer`: its runner, reached on its own socket (`link`,
+    `docker.channel`) or through the session host's relay on the attach stream."""
 
     isolation = "container"
 
-    def __init__(self, container: SharedContainer, nonce: str, uid: int, opened: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        container: SharedContainer,
+        nonce: str,
+        uid: int,
+        opened: dict[str, Any],
+        link: SocketLineReader | None = None,
+    ) -> None:
         self.container = container
+        self.link = link
         self.container_id = container.container_id
         self.nonce = nonce  # the host's exit notice for this session carries it
         self.uid = uid
@@ -388,9 +489,17 @@ class SharedSessionWorker(Worker):
     async def send(self, data: bytes) -> None:
         if self.ended or self.exit_status is not None:
             raise WorkerExited("this session has ended")
-        await self.container.channel.send(data)
+        await (self.link or self.container.channel).send(data)
 
     async def receive_line(self) -> bytes:
+        if self.link is not None:
+            if self.ended:
+                raise WorkerExited("this session has ended")
+            try:
+                return await self.link.receive_line(self.line_limit)
+            except WorkerExited:
+                await self._exit_status_soon()
+                raise
         while True:
             if self.ended:
                 raise WorkerExited("this session has ended")
@@ -406,6 +515,14 @@ class SharedSessionWorker(Worker):
                 raise WorkerExited("the session's runner exited")
             # anything else that looks like the host's was written by the session itself: dropped
 
+    async def _exit_status_soon(self, seconds: float = 2.0) -> None:
+        """The runner's channel ended: its exit status from the host's notice, when it comes soon."""
+        deadline = time.monotonic() + seconds
+        while self.exit_status is None and time.monotonic() < deadline and self.container.socket_open():
+            self.exit_status = self.container.exit_notice(self.nonce)
+            if self.exit_status is None:
+                await anyio.sleep(0.02)
+
     async def alive(self) -> bool:
         if self.ended or self.exit_status is not None:
             return False
@@ -414,11 +531,23 @@ class SharedSessionWorker(Worker):
         if status is not None:
             self.exit_status = status
             return False
+        if self.link is not None and not stream_open(self.link.sock):
+            return False
         return self.container.socket_open()
 
     async def kill(self) -> None:
         self.container.channel.wake_waiters()
+        if self.link is not None:
+            self.link.wake_waiters()
         await anyio.to_thread.run_sync(self.end)
+
+    def close_link(self) -> None:
+        """Close the runner's own channel (its end is the host's to see to)."""
+        if self.link is not None:
+            try:
+                self.link.sock.close()
+            except OSError:
+                pass
 
     def end(self) -> None:
         """End the session (the host kills and cleans it; the container's fate is decided in the
@@ -430,6 +559,7 @@ class SharedSessionWorker(Worker):
             if self.family is None or self.family.leave(self.member):
                 self.container.end_session(self)
                 return
+            self.close_link()
             ending = ("end", str(self.runner_pid), self.workdir)
             try:
                 RESOURCES.submit("shared", run_helper, self.container_id, self.user, ending)
@@ -437,6 +567,8 @@ class SharedSessionWorker(Worker):
                 run_helper(self.container_id, self.user, ending)
 
     async def exit_info(self) -> WorkerExit:
+        if self.link is not None and self.exit_status is None:
+            await self._exit_status_soon()
         if self.exit_status is not None and self.container.socket_open():
             status = self.exit_status
             if os.WIFSIGNALED(status):
@@ -587,8 +719,16 @@ _pool = SHARED.lock
 
 def start_shared(settings: ContainerSettings) -> SharedContainer:
     """Create and start a shared container and wait for its session host (blocking)."""
-    container_id, attach = create_and_attach(settings)
-    container = SharedContainer(settings, container_id, attach)
+    channels = ChannelDir() if channels_module.available() else None
+    try:
+        container_id, attach = create_and_attach(
+            settings, None if channels is None else (channels.path, channels.token)
+        )
+    except BaseException:
+        if channels is not None:
+            channels.remove()
+        raise
+    container = SharedContainer(settings, container_id, attach, channels)
     try:
         client().api.start(container_id)
         ready = container.wait_for(None, READY_TIMEOUT)
@@ -600,6 +740,8 @@ def start_shared(settings: ContainerSettings) -> SharedContainer:
     if not ready.get("ready"):
         container.remove_now()
         raise WorkerStartError(f"the shared container's session host failed: {ready.get('error')}")
+    if channels is not None:
+        _bind_channels(container, bool(ready.get("channels")))
     if settings.preload:
         nonce = _nonce()
         try:
@@ -614,6 +756,21 @@ def start_shared(settings: ContainerSettings) -> SharedContainer:
     if container.removed:
         raise WorkerStartError("the shared container's first session did not start")
     return container
+
+
+def _bind_channels(container: SharedContainer, seen: bool) -> None:
+    """Keep the container's socket channels if its host sees their directory and the container's
+    PID namespace is known here (its peers are checked against it); else use the attach stream."""
+    channels = container.channels
+    assert channels is not None
+    try:
+        if not seen:
+            raise OSError("the session host does not see this machine's channels directory")
+        pid = int(client().api.inspect_container(container.container_id)["State"]["Pid"])
+        channels.bind_to(pid)
+    except Exception:  # the attach stream works wherever the daemon is
+        container.channels = None
+        channels.remove()
 
 
 def take_shared(settings: ContainerSettings, wait: float = 0.0) -> SharedContainer | None:
