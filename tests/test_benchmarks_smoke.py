@@ -487,6 +487,26 @@ def test_serve_bench_smoke() -> None:
     assert len(names) == 6 and all(isinstance(t["met"], bool) for t in result["targets"])
 
 
+@pytest.mark.e2b
+@pytest.mark.docker
+def test_serve_bench_on_docker() -> None:
+    """The served sandboxes are containers, against the in-process Docker executor; no host target."""
+    pytest.importorskip("e2b_code_interpreter")
+    from support import backend_docker
+
+    from benchmarks import serve
+
+    backend_docker.require()
+    result = serve.measure(2, 0, stop=0, network=False, backend="docker")
+    rows = {r["what"]: r for r in result["rows"]}
+    assert result["backend"] == "docker"
+    assert rows["SDK create → first run_code (warm pool)"]["n"] == 2
+    assert rows["SDK create → first run_code (durable_home, a spare ready)"]["ratio_p50"] > 0
+    assert result["targets"] == [] and result["stops"] == []
+    with pytest.raises(ValueError, match="backend must be one of host, docker"):
+        serve.measure(1, 0, backend="ray")
+
+
 def test_bench_pools_through_the_cli(tmp_path: Path) -> None:
     """Both sizings measured in processes of their own (the fixed one with its sizing reported as
     fixed), every shape with its samples, and the floor."""
