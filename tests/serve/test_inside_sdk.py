@@ -339,3 +339,25 @@ def test_connect_reattaches_to_a_running_command(sandbox: Sandbox) -> None:
     assert ended.value.exit_code == 5 and "late" in ended.value.stdout
     with pytest.raises(SandboxException):
         sandbox.commands.connect(handle.pid)  # it ended: no such command any more
+
+
+def test_a_helper_call_on_a_sandbox_ended_meanwhile_is_envds_error(served: Served) -> None:
+    """A command's stream that outlives its sandbox (killed beside the client's own timeout) sends its
+    deadline's kill, or its next poll, to a closed session: that is envd's `unavailable`, the end of
+    the stream, not an exception out of the response (a traceback in the server's log)."""
+    from sandboxes.adapters.serve.connect import RpcError
+    from sandboxes.adapters.serve.envd import session
+
+    sandbox = Sandbox.create(timeout=300, **served.sdk_options())
+    try:
+        held = served.app.registry.get("alice", sandbox.sandbox_id)
+        served.call(held.sandbox.executor.close)
+
+        async def signal() -> Any:
+            return await session.call(held.sandbox, {"op": "signal", "pid": 1, "signal": 9})
+
+        with pytest.raises(RpcError, match="killed or ended") as raised:
+            served.call(signal)
+        assert raised.value.code == "unavailable"
+    finally:
+        sandbox.kill()

@@ -136,7 +136,10 @@ async def _follow(
     while True:
         remaining = expires - time.monotonic()
         if remaining <= 0:
-            await _shielded(sandbox, {"op": "signal", "pid": pid, "signal": 9})
+            try:
+                await _shielded(sandbox, {"op": "signal", "pid": pid, "signal": 9})
+            except RpcError:  # the sandbox ended meanwhile (a kill beside the client's own timeout)
+                pass
             yield end_of_stream(
                 RpcError("deadline_exceeded", "the command's timeout was reached; it was killed")
             )

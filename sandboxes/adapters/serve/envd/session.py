@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ....errors import ExecutorClosed
 from ....events import EventStream
 from ....models import ExecutionResult
 from ..connect import RpcError
@@ -92,8 +93,13 @@ def _code(sandbox: ServedSandbox, request: dict[str, Any]) -> str:
 
 
 async def call(sandbox: ServedSandbox, request: dict[str, Any]) -> Any:
-    """Run one helper operation in the session and return its answer, or raise its `RpcError`."""
-    return answer(await sandbox.executor.run(_code(sandbox, request)))
+    """Run one helper operation in the session and return its answer, or raise its `RpcError`
+    (also when the sandbox was killed or ended while the request was on its way)."""
+    try:
+        result = await sandbox.executor.run(_code(sandbox, request))
+    except ExecutorClosed:
+        raise RpcError("unavailable", "the sandbox was killed or ended during the operation") from None
+    return answer(result)
 
 
 @contextlib.asynccontextmanager
