@@ -46,3 +46,12 @@ def test_the_block_is_the_range_take_hands_out(tmp_path: Path) -> None:
     users = PrivateUsers(size=3, blocks=UidBlocks(first=300_000, size=3, count=2, lock_dir=str(tmp_path)))
     block = users.block()
     assert sorted(users.take() for _ in range(3)) == list(block)
+
+
+def test_a_lock_directory_open_to_others_is_refused(tmp_path: Path) -> None:
+    shared = tmp_path / "locks"
+    shared.mkdir(mode=0o777)
+    os.chmod(shared, 0o777)  # as another user's directory in a shared /tmp would let anyone in
+    with pytest.raises(WorkerStartError, match="not a directory of this user's alone"):
+        UidBlocks(first=300_000, size=1000, count=2, lock_dir=str(shared)).claim(0)
+    assert os.listdir(shared) == []  # no lock was taken in it

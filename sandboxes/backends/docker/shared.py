@@ -40,7 +40,7 @@ import anyio
 
 from ...errors import FileTooLarge, ForkError, ProtocolError, SandboxFileError, WorkerStartError
 from ...worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
-from ..host.reap import PrivateUsers
+from ..host.reap import PrivateUsers, UidBlocks
 from ..resources import WarmPool
 from ..resources import fill as resources_fill
 from . import channel as channels_module
@@ -52,9 +52,11 @@ from .probe import ContainerProbe, container_cgroup_dirs
 from .settings import SESSIONS_DIR, ContainerSettings
 from .stream import Demultiplexer, stream_line, stream_open
 
-SHARED_USERS = PrivateUsers(1_000_000 + (os.getpid() % 1000) * 1000)
-"""Session uids of shared containers: 1,000,001 and up, 1,000 per parent process (by pid), so two
-containers of this process never hold one uid and the host backend's range (200,000..) is apart."""
+SHARED_USERS = PrivateUsers(size=1000, blocks=UidBlocks(first=1_000_000, size=1000, count=1000))
+"""Session uids of shared containers: 1,000,001 and up, a block of 1,000 held by this parent process
+alone (`UidBlocks`, as the host backend's), so two containers of this process never hold one uid, nor
+do two processes' (their channel directories on this machine are owned by those uids), and the host
+backend's range (200,000..) is apart."""
 READY_TIMEOUT = 60.0
 """Seconds a new container's session host may take to say it is ready (imports, on a loaded machine)."""
 CLOSE_TIMEOUT = 15.0

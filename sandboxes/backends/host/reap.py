@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import os
 import queue
+import stat
 import tempfile
 import threading
 from collections.abc import Callable
@@ -88,12 +89,19 @@ class UidBlocks:
 
     def __init__(self, first: int, size: int, count: int, lock_dir: str | None = None) -> None:
         self.first, self.size, self.count = first, size, count
-        self.lock_dir = lock_dir or _default_lock_dir(first)
+        self.lock_dir = lock_dir or _default_lock_dir()
 
     def claim(self, preferred: int) -> tuple[int, int]:
         """The base uid of a free block (`preferred`'s first, then the ones after it) and the lock's
         descriptor, to be kept open for as long as the block's uids are in use."""
         os.makedirs(self.lock_dir, mode=0o700, exist_ok=True)
+        held = os.lstat(self.lock_dir)
+        if not stat.S_ISDIR(held.st_mode) or held.st_uid != os.geteuid() or held.st_mode & 0o077:
+            # Another user's directory (a shared /tmp) could hold every lock, or swap the files.
+            raise WorkerStartError(
+                f"{self.lock_dir} (the private users' block locks) is not a directory of this user's "
+                "alone (mode 0700); remove it and try again"
+            )
         for step in range(self.count):
             index = (preferred + step) % self.count
             path = os.path.join(self.lock_dir, f"{self.first}-{index}.lock")
@@ -110,7 +118,7 @@ class UidBlocks:
         )
 
 
-def _default_lock_dir(first: int) -> str:
+def _default_lock_dir() -> str:
     """Root's own directory for the block locks: /run when it is there, else the temporary directory."""
     root = "/run" if os.path.isdir("/run") and os.access("/run", os.W_OK) else tempfile.gettempdir()
     return os.path.join(root, f"kodeagent-uid-blocks-{os.getuid()}")
