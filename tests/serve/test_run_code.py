@@ -130,6 +130,23 @@ def test_no_key_or_a_wrong_key_runs_nothing(server: Served, how: str) -> None:
     assert started.none()
 
 
+@pytest.mark.parametrize("header", ["X-API-Key", "Authorization"])
+def test_a_repeated_key_header_runs_nothing(server: Served, header: str) -> None:
+    """Two keys in one request (one of them valid) are not read as either: 400, nothing ran."""
+    started = Started(server)
+    valid = server.keys["alice"] if header == "X-API-Key" else f"Bearer {server.keys['alice']}"
+    wrong = "e2b_" + "0" * 40 if header == "X-API-Key" else "Bearer nope"
+    for pair in ([(header, wrong), (header, valid)], [(header, valid), (header, wrong)]):
+        answer = httpx.post(
+            f"{server.url}/run_code",
+            json={"code": MARKER, "language": "python"},
+            headers=pair,
+            timeout=60,
+        )
+        assert answer.status_code == 400 and "repeats the header" in answer.text, answer.text
+    assert started.none()
+
+
 def test_every_key_form_is_accepted(server: Served) -> None:
     url, key = f"{server.url}/run_code", server.keys["bob"]
     for headers in ({"X-API-Key": key}, {"Authorization": f"Bearer {key}"}):
