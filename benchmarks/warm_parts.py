@@ -10,8 +10,8 @@ and goes on a shared machine falls on every row alike):
   the executor reads a reply (`SocketLineReader` on anyio): what any process boundary costs here.
 
 Parts (microseconds, medians, in this same run): of the default run, the runner's time (as it
-reports it) and the code's own; the usage probe's readings before and after, as the executor takes
-them; the two working-directory snapshots (`runtime/artifacts.py` on an empty directory, as the
+reports it) and the code's own; the usage probe's readings as the executor takes them (on the host,
+the previous run's 'after' is this run's 'before': one reading a run); the two working-directory snapshots (`runtime/artifacts.py` on an empty directory, as the
 session's is); the memory reserve's map and unmap; the capture's restart, a write and its collect
 through the drain thread. What is left of the run's wall time after the runner's time and the floor
 is the parent's side (static check, the request, the reply's checks and the result's model).
@@ -198,7 +198,7 @@ async def executor_samples(
                     await probe.start()
                 await _stop_probe(probe)
             probe_times.append(time.perf_counter() - started)
-        parts["usage readings before + after (parent)"] = probe_times
+        parts["usage readings (parent, as the executor takes them)"] = probe_times
     return rows, parts
 
 

@@ -63,7 +63,9 @@ class RunUsage(BaseModel):
     (``"session"``). `exact` says per figure (``cpu``, ``peak_memory``, ``wall``) whether it is the
     kernel's own accounting or an estimate (sampled metrics). `source` names where the figures come
     from: ``"proc"`` (the host's /proc), ``"cgroup"`` (the container's cgroup), ``"docker-stats"``,
-    ``"e2b-metrics"``. A figure that could not be measured is None.
+    ``"e2b-metrics"``. A figure that could not be measured is None. On the host, a run that follows
+    another with nothing between them counts from the end of that run's reading (the code's
+    background work in between included): see `UsageProbe.continues`.
     """
 
     cpu_user_seconds: float | None = None

@@ -241,6 +241,10 @@ class RunnerSession(Session):
         never ran): for a backend's work that would otherwise compete with that run for the CPU
         (host: topping its pools up). Must not block or raise."""
         worker.line_limit = bounds.line_limit(output_limit)
+        self._probe_asked = False  # for the run about to start
+        self._probe: UsageProbe | None = None
+        """The probe handed out for the last run, while it may measure the next one too
+        (`UsageProbe.continues`)."""
         self._tagged = True
         """Whether the last line received holds the codec's tag (else no value in it needs decoding)."""
 
@@ -281,7 +285,17 @@ class RunnerSession(Session):
         return await self.worker.alive()
 
     def usage_probe(self) -> UsageProbe | None:
-        return self.worker.usage_probe()
+        self._probe_asked = True
+        probe = self._probe
+        if probe is None:
+            probe = self.worker.usage_probe()
+            if probe is not None and probe.continues:
+                self._probe = probe
+        return probe
+
+    def _forget_usage(self) -> None:
+        """Something other than a run went on in the session: the next run's probe reads afresh."""
+        self._probe = None
 
     async def run(
         self,
@@ -290,6 +304,9 @@ class RunnerSession(Session):
         on_output: OutputHandler | None = None,
         stream: StreamOptions | None = None,
     ) -> ExecutionResult:
+        if not self._probe_asked:  # a run not measured: the next one cannot count from the last
+            self._forget_usage()
+        self._probe_asked = False
         request: RunRequest = {"op": "run", "code": code, "run": next_run_number()}
         if not self.track_artifacts:
             request["artifacts"] = False
@@ -314,14 +331,17 @@ class RunnerSession(Session):
         return result
 
     async def reset(self) -> None:
+        self._forget_usage()
         await self._exchange({"op": "reset"}, _no_tools)
 
     async def define(self, variables: dict[str, Any]) -> str | None:
+        self._forget_usage()
         request: DefineRequest = {"op": "define", "variables": variables}
         reply = cast(DefineReply, await self._exchange(request, _no_tools))
         return None if reply["error"] is None else bounds.clipped(reply["error"], bounds.ERROR_MESSAGE_LIMIT)
 
     async def upload(self, path: str, data: bytes) -> None:
+        self._forget_usage()
         try:
             await self.worker.write_file(path, data)
         except WorkerExited as exc:
@@ -330,6 +350,7 @@ class RunnerSession(Session):
             raise SandboxFileError(f"could not write {path!r} in the sandbox: {exc}") from exc
 
     async def download(self, path: str, max_bytes: int) -> bytes:
+        self._forget_usage()
         try:
             return await self.worker.read_file(path, max_bytes)
         except WorkerExited as exc:
@@ -375,6 +396,7 @@ class RunnerSession(Session):
                 "a network-on session cannot be forked: the fork would share its network namespace and "
                 "its egress gateway; open a new executor with the same policy instead"
             )
+        self._forget_usage()
         started = time.monotonic()
         worker = self.worker
         plan = await worker.prepare_fork()

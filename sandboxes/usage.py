@@ -36,6 +36,12 @@ class UsageProbe(ABC):
     local: bool = False
     """True for a probe whose readings are local reads that never wait (the host's /proc): the
     executor then takes them without the time limit and shield a remote reading needs."""
+    continues: bool = False
+    """True for a probe that can measure its session's next run from its last `stop`'s reading, so
+    the next `start` reads nothing (the host's /proc). A session hands such a probe out again only
+    when nothing else ran in the session since that run (no define, reset, file transfer or fork):
+    the next run's figures then count from the end of the previous one, the code's background work
+    in between included."""
 
     @abstractmethod
     async def start(self) -> None:
