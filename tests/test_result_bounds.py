@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import anyio
 import pytest
 from support.security_helpers import assert_usable
 
@@ -52,6 +53,42 @@ async def test_500_mb_printed_in_1_mb_chunks_runs_to_the_end(executor_factory: A
         assert result.truncated
         assert_bounded(result)
         await assert_usable(ex)
+
+
+async def test_many_small_writes_past_the_pipe_run_to_the_end_counted_exactly(executor_factory: Any) -> None:
+    # 4 MB in 16-byte lines: more than any capture pipe holds, written too slowly for one look of
+    # the drain to call it a flood. The drain must keep up on its timer, or the program would block.
+    code = (
+        "import sys\nfor i in range(250_000):\n    sys.stdout.write('%015d\\n' % i)\n    sys.stdout.flush()"
+    )
+    async with executor_factory(policy=OS, timeout=120, output_limit=LIMIT) as ex:
+        result = await ex.run(code)
+        assert result.ok, result.error
+        assert result.stdout.startswith("000000000000000\n") and result.stdout.endswith("000000000249999\n")
+        assert result.stdout_omitted == 250_000 * 16 - LIMIT == omitted_in_marker(result.stdout)
+        await assert_usable(ex)
+
+
+async def test_a_thread_printing_between_runs_past_the_pipe_neither_blocks_nor_leaks(
+    executor_factory: Any,
+) -> None:
+    # Between runs nobody collects: the drain empties the pipe on its own, so the thread finishes,
+    # and what it wrote before the next run started is not that run's output.
+    code = (
+        "import threading\n"
+        "def spam():\n"
+        "    for _ in range(64):\n"
+        "        print('t' * 65535)\n"
+        "worker = threading.Thread(target=spam)\n"
+        "worker.start()\n"
+    )
+    policy = Policy(allowed_imports=["threading", "time"])
+    async with executor_factory(policy=policy, timeout=60, output_limit=LIMIT) as ex:
+        started = await ex.run(code)
+        assert started.ok, started.error
+        await anyio.sleep(3)  # idle: only the drain empties the pipe now
+        later = await ex.run("print(worker.is_alive())")
+    assert later.ok and later.stdout == "False\n", (later.error, later.stdout[-200:])
 
 
 async def test_omitted_count_is_exact_in_characters(executor_factory: Any) -> None:

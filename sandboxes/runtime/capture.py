@@ -80,17 +80,17 @@ class Capture:
         self.tail_size = 0
         self.total = 0
 
-    def drain(self) -> bool:
-        """Read what is in the pipe now, without blocking; False once the pipe has no writer left."""
+    def drain(self) -> int:
+        """Read what is in the pipe now, without blocking; the number of bytes read."""
+        read = 0
         while True:
             try:
                 chunk = os.read(self.read_fd, READ_BYTES)
-            except BlockingIOError:
-                return True
-            except OSError:
-                return False
+            except OSError:  # BlockingIOError: empty for now
+                return read
             if not chunk:
-                return False
+                return read
+            read += len(chunk)
             self.add(self.decoder.decode(chunk))
 
     def add(self, text: str) -> None:
@@ -126,11 +126,26 @@ class Drain:
 
     `lock` orders it with the main thread: a collect drains what is left under the lock, so no chunk
     read before the collect can land after it.
+
+    It does not wake at every write: a Python thread woken by a write must take the interpreter's lock
+    from the code that wrote, and that hand-off cost a warm `print(1)` more than the rest of the
+    capture. The pipe holds what a run writes (`PIPE_BYTES`) until the collect reads it, so the thread
+    only looks every `RUN_SECONDS` during a run (`IDLE_SECONDS` between runs, for background threads'
+    output), and follows every write only while output floods (a look found at least `FLOOD_BYTES`)
+    or while a streamed run's output must go out as it is written (`restart(prompt=True)`). A writer
+    therefore never waits more than one look's interval for room.
     """
+
+    RUN_SECONDS = 0.005
+    IDLE_SECONDS = 0.25
+    FLOOD_BYTES = 16 << 10
 
     def __init__(self, captures: tuple[Capture, ...]) -> None:
         self.captures = captures
         self.lock = threading.Lock()
+        self.running = False
+        self.prompt = False
+        self.wake = threading.Event()
         self.thread = threading.Thread(target=self._loop, name="kodeagent-drain", daemon=True)
         self.thread.start()
 
@@ -138,26 +153,37 @@ class Drain:
         poller = select.poll()
         for capture in self.captures:
             poller.register(capture.read_fd, select.POLLIN)
+        flooding = False
         while True:
             try:
-                poller.poll()
+                if flooding or self.prompt:
+                    poller.poll(int(self.IDLE_SECONDS * 1000))  # bounded: a change of mode is seen
+                else:
+                    self.wake.wait(self.RUN_SECONDS if self.running else self.IDLE_SECONDS)
+                    self.wake.clear()
                 with self.lock:
-                    for capture in self.captures:
-                        capture.drain()
+                    read = sum(capture.drain() for capture in self.captures)
+                flooding = read >= self.FLOOD_BYTES
             except Exception:  # never let the drain stop: a writer would then block for ever
                 time.sleep(0.01)
 
-    def restart(self, limit: int) -> None:
-        """Drop what was written before this run (a background thread's output) and start counting."""
+    def restart(self, limit: int, prompt: bool = False, running: bool = True) -> None:
+        """Drop what was written before this run (a background thread's output) and start counting;
+        `prompt`: hand on every write as it comes (a streamed run). `running=False` only drops it
+        (the looks stay at the idle interval)."""
         with self.lock:
             for capture in self.captures:
                 capture.drain()
                 capture.clear(limit)
+            self.running, self.prompt = running, prompt
+        if prompt:
+            self.wake.set()
 
     def collect(self) -> list[tuple[str, int]]:
         with self.lock:
             for capture in self.captures:
                 capture.drain()
+            self.running = self.prompt = False
             return [capture.collect() for capture in self.captures]
 
 

@@ -179,7 +179,7 @@ class Runner:
         capture.flush_streams()
         artifacts.snapshot(self.workdir)
         self.drain.collect()
-        self.drain.restart(self.output_limit)
+        self.drain.restart(self.output_limit, running=False)
 
     def init(self, message: InitRequest) -> None:
         policy = message["policy"]
@@ -340,8 +340,8 @@ class Runner:
         with self.system.trusted():
             for pipe in (self.stdout, self.stderr):
                 pipe.attach()
-            self.drain.restart(self.output_limit)
             self.streamer.start(stream)
+            self.drain.restart(self.output_limit, prompt=bool(stream))
             before = artifacts.snapshot(self.workdir) if track_files else None
         error: RunError | None = None
         oom = False
