@@ -79,12 +79,21 @@ def parse_stat(text: str) -> tuple[str, int, float, float, int]:
 
 
 def parse_status_kib(text: str, key: str) -> int | None:
-    """A ``kB`` figure of /proc/<pid>/status (``VmHWM``, ``VmRSS``), in bytes."""
-    for line in text.splitlines():
-        if line.startswith(key + ":"):
-            parts = line.split()
-            if len(parts) >= 2 and parts[1].isdigit():
-                return int(parts[1]) * 1024
+    """A ``kB`` figure of /proc/<pid>/status (``VmHWM``, ``VmRSS``), in bytes. Only a line that
+    starts with the key counts (the kernel escapes a newline in the process's name)."""
+    # A find, not a split of every line: the host probe reads this after every run.
+    label = key + ":"
+    if text.startswith(label):
+        at = 0
+    else:
+        at = text.find("\n" + label)
+        if at < 0:
+            return None
+        at += 1
+    end = text.find("\n", at)
+    parts = text[at + len(label) : end if end >= 0 else None].split()
+    if parts and parts[0].isdigit():
+        return int(parts[0]) * 1024
     return None
 
 

@@ -41,6 +41,9 @@ def test_status_figures_and_namespace_pids() -> None:
     assert parse_status_kib(status, "VmHWM") == 204800 * 1024
     assert parse_status_kib(status, "VmRSS") == 1024 * 1024
     assert parse_status_kib(status, "VmSwap") is None
+    assert parse_status_kib("VmHWM:\t 8 kB", "VmHWM") == 8 * 1024  # first line, no newline after
+    assert parse_status_kib("Name:\tVmHWM: 9 kB\nVmHWM:\t 7 kB\n", "VmHWM") == 7 * 1024  # a name
+    assert parse_status_kib("VmHWMx:\t 5 kB\n", "VmHWM") is None
     assert parse_nspid(status) == [31337, 5]
     assert parse_nspid("Name:\tx\n") == []
 
