@@ -242,6 +242,8 @@ class RunnerSession(Session):
         (host: topping its pools up). Must not block or raise."""
         worker.line_limit = bounds.line_limit(output_limit)
         self._probe_asked = False  # for the run about to start
+        self._only_runs = False
+        """Whether nothing but runs went on since the last run's reply (`artifacts_from_last`)."""
         self._probe: UsageProbe | None = None
         """The probe handed out for the last run, while it may measure the next one too
         (`UsageProbe.continues`)."""
@@ -294,8 +296,10 @@ class RunnerSession(Session):
         return probe
 
     def _forget_usage(self) -> None:
-        """Something other than a run went on in the session: the next run's probe reads afresh."""
+        """Something other than a run went on in the session: the next run's probe reads afresh, and
+        its runner lists the working directory afresh before it."""
         self._probe = None
+        self._only_runs = False
 
     async def run(
         self,
@@ -310,6 +314,9 @@ class RunnerSession(Session):
         request: RunRequest = {"op": "run", "code": code, "run": next_run_number()}
         if not self.track_artifacts:
             request["artifacts"] = False
+        elif self._only_runs:
+            request["artifacts_from_last"] = True
+        self._only_runs = False
         gate = None
         if on_output is not None:
             request["stream"] = stream or {
@@ -326,6 +333,7 @@ class RunnerSession(Session):
             gate.flush()
         # checked by `_request`; the reply was the last line received
         result = result_from_reply(cast(RunReply, reply), self.output_limit, self._tagged)
+        self._only_runs = True
         self.exec_seconds = reported_seconds(reply.get("exec_seconds"))
         self.runner_seconds = reported_seconds(reply.get("runner_seconds"))
         return result

@@ -106,6 +106,11 @@ class RunRequest(TypedDict):
     artifacts: NotRequired[bool]
     """False: the runner does not look at the working directory for this run (the reply's
     ``artifacts`` is None); absent or True: it lists the files the run created or changed."""
+    artifacts_from_last: NotRequired[bool]
+    """True: nothing but runs went on in the session since the last run's reply (no define, reset,
+    file transfer or fork), so the runner may take that run's closing listing of the working
+    directory as this run's opening one instead of listing it again; what changed in between (a
+    background thread's files) is then this run's."""
 
 
 class ResetRequest(TypedDict):

@@ -123,6 +123,8 @@ class Runner:
         self.final: Any = None
         self.has_final = False
         self.workdir = os.path.realpath(os.getcwd())
+        self.closing_listing: dict[str, tuple[int, int]] | None = None
+        """The last run's listing of the working directory after it ran (None: none to trust)."""
         self.reserve = limits.MemoryReserve(0, self.system)
         self.subreaper = False  # set by `main` when the runner took orphans (a fork restores it)
 
@@ -142,7 +144,10 @@ class Runner:
                 self.channel.begin_run(message.get("run"))
                 try:
                     reply = self.run(
-                        message.get("code", ""), message.get("stream"), message.get("artifacts") is not False
+                        message.get("code", ""),
+                        message.get("stream"),
+                        message.get("artifacts") is not False,
+                        message.get("artifacts_from_last") is True,
                     )
                 except MemoryError:  # even the reserve did not suffice: a reply that needs next to nothing
                     self.reserve.release()
@@ -288,6 +293,7 @@ class Runner:
     def moved_to(self, workdir: str) -> None:
         """The session now lives in `workdir` (a fork's copy): files and protected descriptors follow."""
         self.workdir = os.path.realpath(workdir)
+        self.closing_listing = None
         self.system.workdir = self.workdir
         self.system.protected_fds = self.private_fds()
 
@@ -326,9 +332,17 @@ class Runner:
 
     # ------------------------------------------------------------------ running code
 
-    def run(self, source: str, stream: Mapping[str, Any] | None = None, track_files: bool = True) -> RunReply:
+    def run(
+        self,
+        source: str,
+        stream: Mapping[str, Any] | None = None,
+        track_files: bool = True,
+        from_last: bool = False,
+    ) -> RunReply:
         """Run one cell. `track_files` False (the request's ``"artifacts": false``): the working
-        directory is not looked at, and the reply's ``artifacts`` is None (not looked at), never []."""
+        directory is not looked at, and the reply's ``artifacts`` is None (not looked at), never [].
+        `from_last` (``artifacts_from_last``): the last run's closing listing, where there is one, is
+        this run's opening listing."""
         started = _clock()
         self.cell += 1
         filename = f"<cell {self.cell}>"
@@ -342,7 +356,13 @@ class Runner:
                 pipe.attach()
             self.streamer.start(stream)
             self.drain.restart(self.output_limit, prompt=bool(stream))
-            before = artifacts.snapshot(self.workdir) if track_files else None
+            closing, self.closing_listing = self.closing_listing, None
+            if not track_files:
+                before = None
+            elif from_last and closing is not None:
+                before = closing
+            else:
+                before = artifacts.snapshot(self.workdir)
         error: RunError | None = None
         oom = False
         # The audit hook stays active from here on (see SystemGuard): describe() may run the code's
@@ -389,9 +409,9 @@ class Runner:
         written: list[dict[str, Any]] | None = None
         written_omitted = 0
         if before is not None:
-            written, written_omitted = bounds.bound_artifacts(
-                artifacts.changed_files(before, self._snapshot_trusted())
-            )
+            after = self._snapshot_trusted()
+            written, written_omitted = bounds.bound_artifacts(artifacts.changed_files(before, after))
+            self.closing_listing = after
         final, final_omitted = self.final, 0
         if self.has_final and isinstance(final, str):
             final, final_omitted = bounds.clip(final, self.output_limit)

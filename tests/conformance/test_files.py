@@ -161,3 +161,27 @@ async def test_track_artifacts_false_does_not_look_and_says_so(executor_factory)
     assert quiet.ok and quiet.artifacts is None and produced == b"xy"
     assert [(a.path, a.size) for a in listed.artifacts or []] == [("out.txt", 2)]
     assert none_written.artifacts == [], none_written
+
+
+async def test_the_last_runs_listing_opens_the_next_run_only_when_nothing_else_happened(executor_factory):
+    """A run's opening listing of the working directory may be the last run's closing one (nothing
+    else went on in between): a file written in one run is not the next run's, a file rewritten is,
+    and a file uploaded or left by a run with tracking off between two runs is never a run's."""
+    async with executor_factory(timeout=10) as ex:
+        first = await ex.run("open('a.txt', 'w').write('1')")
+        again = await ex.run("print(1)")
+        rewritten = await ex.run("open('a.txt', 'w').write('22')")
+        await ex.upload("up.txt", "uploaded")
+        after_upload = await ex.run("print(2)")
+        ex.track_artifacts = False
+        await ex.run("open('quiet.txt', 'w').write('q')")
+        ex.track_artifacts = True
+        after_untracked = await ex.run("print(3)")
+        await ex.send_variables({"n": 1})
+        after_define = await ex.run("open('b.txt', 'w').write(str(n))")
+    assert [(a.path, a.size) for a in first.artifacts or []] == [("a.txt", 1)]
+    assert again.artifacts == []
+    assert [(a.path, a.size) for a in rewritten.artifacts or []] == [("a.txt", 2)]
+    assert after_upload.artifacts == [], after_upload.artifacts
+    assert after_untracked.artifacts == [], after_untracked.artifacts
+    assert [(a.path, a.size) for a in after_define.artifacts or []] == [("b.txt", 1)]
