@@ -295,9 +295,9 @@ class RunnerSession(Session):
                 self._probe = probe
         return probe
 
-    def _forget_usage(self) -> None:
-        """Something other than a run went on in the session: the next run's probe reads afresh, and
-        its runner lists the working directory afresh before it."""
+    def _not_only_runs(self) -> None:
+        """Something other than a measured run went on in the session: the next run's probe reads
+        afresh, and its runner lists the working directory afresh before it."""
         self._probe = None
         self._only_runs = False
 
@@ -309,7 +309,7 @@ class RunnerSession(Session):
         stream: StreamOptions | None = None,
     ) -> ExecutionResult:
         if not self._probe_asked:  # a run not measured: the next one cannot count from the last
-            self._forget_usage()
+            self._not_only_runs()
         self._probe_asked = False
         request: RunRequest = {"op": "run", "code": code, "run": next_run_number()}
         if not self.track_artifacts:
@@ -339,17 +339,17 @@ class RunnerSession(Session):
         return result
 
     async def reset(self) -> None:
-        self._forget_usage()
+        self._not_only_runs()
         await self._exchange({"op": "reset"}, _no_tools)
 
     async def define(self, variables: dict[str, Any]) -> str | None:
-        self._forget_usage()
+        self._not_only_runs()
         request: DefineRequest = {"op": "define", "variables": variables}
         reply = cast(DefineReply, await self._exchange(request, _no_tools))
         return None if reply["error"] is None else bounds.clipped(reply["error"], bounds.ERROR_MESSAGE_LIMIT)
 
     async def upload(self, path: str, data: bytes) -> None:
-        self._forget_usage()
+        self._not_only_runs()
         try:
             await self.worker.write_file(path, data)
         except WorkerExited as exc:
@@ -358,7 +358,7 @@ class RunnerSession(Session):
             raise SandboxFileError(f"could not write {path!r} in the sandbox: {exc}") from exc
 
     async def download(self, path: str, max_bytes: int) -> bytes:
-        self._forget_usage()
+        self._not_only_runs()
         try:
             return await self.worker.read_file(path, max_bytes)
         except WorkerExited as exc:
@@ -404,7 +404,7 @@ class RunnerSession(Session):
                 "a network-on session cannot be forked: the fork would share its network namespace and "
                 "its egress gateway; open a new executor with the same policy instead"
             )
-        self._forget_usage()
+        self._not_only_runs()
         started = time.monotonic()
         worker = self.worker
         plan = await worker.prepare_fork()

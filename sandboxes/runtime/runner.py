@@ -354,8 +354,9 @@ class Runner:
         with self.system.trusted():
             for pipe in (self.stdout, self.stderr):
                 pipe.attach()
-            self.streamer.start(stream)
+            # before the stream starts: what a background thread wrote before this run is not its
             self.drain.restart(self.output_limit, prompt=bool(stream))
+            self.streamer.start(stream)
             closing, self.closing_listing = self.closing_listing, None
             if not track_files:
                 before = None

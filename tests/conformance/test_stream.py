@@ -215,3 +215,20 @@ def test_the_sync_facade_streams_as_an_iterator(executor_factory) -> None:
             assert next(stream) == OutputEvent(stream="stdout", text="first\n")
         after = ex.run("print(2)")
         assert after.state_lost and after.stdout == "2\n", after
+
+
+async def test_what_a_thread_wrote_before_a_streamed_run_is_not_streamed(executor_factory: Any) -> None:
+    """Output a background thread wrote between two runs, still in the capture pipe when a streamed
+    run starts, is dropped with that run's start: it is neither streamed nor the run's output."""
+    policy = Policy(allowed_imports=["threading", "time"])
+    async with executor_factory(policy=policy, timeout=20) as ex:
+        for _ in range(3):  # the drain's idle look may empty the pipe first: try a few times
+            started = await ex.run(
+                "import threading, time\n"
+                "t = threading.Thread(target=lambda: (time.sleep(0.05), print('early')))\n"
+                "t.start()"
+            )
+            assert started.ok, started.error
+            await anyio.sleep(0.1)
+            seen, result = await watch(ex, "t.join()\nprint('late')")
+            assert "early" not in text_of(seen) and result.stdout == "late\n", (seen, result)
