@@ -23,6 +23,7 @@ import httpx2  # noqa: E402  (the MCP SDK's HTTP client)
 from mcp import ClientSession  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from mcp.shared.exceptions import MCPError  # noqa: E402
+from support.raw_http import RawConnection  # noqa: E402
 from test_mcp_server import ALICE, BOB, HttpServer, call, descendants, refused, run  # noqa: E402
 
 pytestmark = pytest.mark.anyio
@@ -335,6 +336,24 @@ async def _gone(pids: set[int]) -> bool:
 
 
 LOOP = "while True:\n    pass"
+
+
+async def test_a_body_over_the_cap_is_answered_once_it_is_in(server: HttpServer) -> None:
+    """The head of a request over the cap sent alone: no answer until its body is in (a client still
+    writing is not answered mid-write), and then the 413."""
+    path = "/" + server.url.split("/", 3)[3]
+    body = b"x" * 2_500_000
+
+    def exchange() -> tuple[bool, int]:
+        with RawConnection(server.url) as conn:
+            head = {"Authorization": f"Bearer {ALICE}", **ACCEPT, "Content-Length": str(len(body))}
+            conn.send_head("POST", path, head)
+            quiet = conn.nothing_within(0.5)
+            conn.send(body)
+            return quiet, conn.answer()[0]
+
+    quiet, status = await anyio.to_thread.run_sync(exchange)
+    assert quiet and status == 413
 
 
 async def test_a_run_cancelled_by_its_client_ends(server: HttpServer) -> None:

@@ -1,6 +1,6 @@
 """What every HTTP adapter (`kodeagent mcp --http`, `kodeagent serve`) checks before it reads a
 request, and how it listens: the Host and Origin checks against DNS rebinding, refusing repeated
-headers, loopback addresses, the listening socket.
+headers, an answer that waits for the body it refuses, loopback addresses, the listening socket.
 
 DNS rebinding needs a domain name that resolves to this machine, so a Host that is an IP literal or
 ``localhost`` is accepted, and any other name only when listed. A request with an Origin (a browser)
@@ -11,7 +11,19 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from typing import Any
+
+import anyio
+
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+DISCARD_BYTES = 8 * 1024 * 1024
+"""The most of a request's unread body read and dropped before its answer starts (see `body_first`)."""
+DISCARD_SECONDS = 2.0
+"""How long reading it may take; past either bound the connection closes with the body unread."""
 
 
 def is_ip_literal(host: str) -> bool:
@@ -83,6 +95,64 @@ def repeated_header(headers: Iterable[tuple[str, str]], names: Iterable[str]) ->
                 return name
             seen.add(name)
     return None
+
+
+def body_first(receive: Receive, send: Send, headers: Iterable[tuple[str, str]]) -> tuple[Receive, Send]:
+    """`receive` and `send` for one request, where the answer starts only once the request's body,
+    if the app left some unread, is read and dropped.
+
+    An answer given while the client is still sending (a 413, a 401) races the body: HTTP clients
+    that read the answer while they write (hyper's, under the E2B SDK) can fail the whole exchange,
+    and a connection closed on unread bytes is reset, the answer lost with it. Reading the rest
+    first makes the refusal an ordinary answer, on a connection that can carry the next request.
+
+    What is read is bounded: at most `DISCARD_BYTES`, for at most `DISCARD_SECONDS`, so a flood
+    costs no more than that. A body declared larger than `DISCARD_BYTES` is not waited for (it could
+    not be read whole anyway), nor one the client holds back until ``100 Continue``, which the app
+    never asked for. Where the rest stays unread, the answer says ``Connection: close``, so the
+    server stops reading there instead of taking the rest at line speed. `headers` are the
+    request's, with lower-case names."""
+    declared = ""
+    expects_continue = False
+    for name, value in headers:
+        if name == "content-length":
+            declared = value.strip()
+        elif name == "expect":
+            expects_continue = value.strip().lower() == "100-continue"
+    too_big = declared.isdigit() and (len(declared) > 18 or int(declared) > DISCARD_BYTES)
+    settled = False  # the body was read to its end, or the answer has begun
+    asked = False
+
+    async def receiving() -> Message:
+        nonlocal settled, asked
+        asked = True
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            settled = True
+        return message
+
+    async def sending(message: Message) -> None:
+        nonlocal settled
+        if message["type"] == "http.response.start" and not settled:
+            settled = True
+            waited = not too_big and (asked or not expects_continue)
+            if not (waited and await _discard(receive)):  # the rest stays unread: end the connection
+                message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+        await send(message)
+
+    return receiving, sending
+
+
+async def _discard(receive: Receive) -> bool:
+    """Whether the rest of the body was read (and dropped) within the bounds."""
+    read = 0
+    with anyio.move_on_after(DISCARD_SECONDS):
+        while read <= DISCARD_BYTES:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                return True
+            read += len(message.get("body", b""))
+    return False
 
 
 def bind(host: str, port: int) -> socket.socket:

@@ -14,9 +14,11 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from support.raw_http import RawConnection
 from support.served import Served
 
 from sandboxes.adapters.serve import ENVD_PORT, INTERPRETER_PORT
+from sandboxes.adapters.web import DISCARD_BYTES
 
 
 class Recorder:
@@ -337,6 +339,76 @@ def test_a_streamed_body_over_the_cap_is_cut_off(serve_with: Any) -> None:
         assert served.app.registry.count() == 0
         small = c.post("/v2/sandboxes", content=chunks(1024), headers={"X-API-KEY": served.key})
         assert small.status_code == 201
+
+
+@pytest.mark.parametrize("refusal", ["over the cap", "a wrong key"])
+def test_a_refusal_waits_for_the_body_it_refuses_and_the_connection_goes_on(
+    serve_with: Any, refusal: str
+) -> None:
+    """The head of a refused request sent alone: no answer until its body is in (a client still
+    writing is not answered mid-write, which the E2B SDK's client can fail on), and then the same
+    connection serves the next request."""
+    served = serve_with(max_control_bytes=4096)
+    body = b"x" * (8192 if refusal == "over the cap" else 2048)
+    key = served.key if refusal == "over the cap" else "e2b_" + "f" * 40
+    head = {"X-API-KEY": key, "Content-Type": "application/json", "Content-Length": str(len(body))}
+    with RawConnection(served.url) as conn:
+        conn.send_head("POST", "/v2/sandboxes", head)
+        assert conn.nothing_within(0.5)
+        conn.send(body)
+        status, _ = conn.answer()
+        assert status == (413 if refusal == "over the cap" else 401)
+        conn.send_head("GET", "/v2/sandboxes", {"X-API-KEY": served.key})
+        assert conn.answer() == (200, b"[]")
+    assert served.app.registry.count() == 0
+
+
+def test_a_client_waiting_for_100_continue_is_refused_without_sending_its_body(serve_with: Any) -> None:
+    served = serve_with(max_control_bytes=4096)
+    head = {"X-API-KEY": served.key, "Content-Length": "8192", "Expect": "100-continue"}
+    with RawConnection(served.url) as conn:
+        conn.send_head("POST", "/v2/sandboxes", head)
+        status, _ = conn.answer()  # not 100 Continue: the server does not ask for what it refuses
+    assert status == 413
+
+
+def test_a_body_that_stops_coming_is_waited_for_only_so_long(serve_with: Any) -> None:
+    served = serve_with(max_control_bytes=4096)
+    head = {"X-API-KEY": served.key, "Content-Length": "1000000"}
+    with RawConnection(served.url) as conn:
+        conn.send_head("POST", "/v2/sandboxes", head)
+        conn.send(b"x" * 5000)  # past the cap, then nothing more
+        status, _ = conn.answer()  # before the socket's own 30 s timeout
+    assert status == 413
+
+
+def test_an_endless_body_is_read_only_so_far(serve_with: Any) -> None:
+    """A chunked body that never ends: the refusal comes after at most `DISCARD_BYTES` were read and
+    dropped, and the server then ends the connection (it does not go on taking the body at line
+    speed)."""
+    served = serve_with(max_control_bytes=4096)
+    sent = 0
+    chunk = b"10000\r\n" + b"x" * 0x10000 + b"\r\n"
+    with RawConnection(served.url) as conn:
+        conn.send_head("POST", "/v2/sandboxes", {"X-API-KEY": served.key, "Transfer-Encoding": "chunked"})
+
+        def flood() -> None:
+            nonlocal sent
+            try:
+                while True:
+                    conn.send(chunk)
+                    sent += len(chunk)
+            except OSError:  # the server ended the connection
+                pass
+
+        sender = threading.Thread(target=flood, daemon=True)
+        sender.start()
+        status, _ = conn.answer()
+        assert status == 413
+        sender.join(10)
+        assert not sender.is_alive()
+    buffers = 32 * 1024 * 1024  # what the kernel's and the server's buffers can take beyond what was read
+    assert sent <= DISCARD_BYTES + 4096 + buffers
 
 
 def test_control_plane_bodies_that_are_not_what_the_sdk_sends_get_400(

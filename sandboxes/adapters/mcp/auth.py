@@ -19,7 +19,7 @@ from typing import Any
 
 import anyio
 
-from ..web import bind, host_allowed, is_loopback, origin_allowed, repeated_header, url_of
+from ..web import bind, body_first, host_allowed, is_loopback, origin_allowed, repeated_header, url_of
 from .config import HttpConfig, TokenConfig
 
 logger = logging.getLogger("sandboxes.adapters.mcp")
@@ -219,6 +219,7 @@ class HttpGuard:
             await send({"type": "websocket.close", "code": 1008})
             return
         raw = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        receive, send = body_first(receive, send, raw)
         repeated = _repeated(raw)
         if repeated is not None:
             logger.warning("refused a request repeating the header %s", repeated)

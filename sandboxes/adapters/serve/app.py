@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ..mcp.auth import TokenTable
-from ..web import host_allowed, origin_allowed, repeated_header
+from ..web import body_first, host_allowed, origin_allowed, repeated_header
 from .config import ServeConfig
 from .control import TENANT_KEY, ControlPlane
 from .errors import ServeError, TooLarge
@@ -125,6 +125,7 @@ class ServeApp:
             await send({"type": "websocket.close", "code": 1008})
             return
         raw = [(k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in scope.get("headers", [])]
+        receive, send = body_first(receive, send, raw)
         repeated = repeated_header(raw, SINGLE_HEADERS)
         if repeated is not None:
             logger.warning("refused a request repeating the header %s", repeated)
