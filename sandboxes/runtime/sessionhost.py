@@ -488,12 +488,13 @@ class Zygote:
             if "pid" in message:
                 return int(message["pid"])
 
-    def receive(self, timeout: float | None = None) -> dict[str, Any]:
-        """The zygote's next message ({} when `timeout` passed); exits are also kept in `statuses`."""
-        self.sock.settimeout(timeout)
+    def receive(self, timeout: float | None = None, block: bool = True) -> dict[str, Any]:
+        """The zygote's next message ({} when `timeout` passed, or none is waiting and not `block`);
+        exits are also kept in `statuses`."""
+        self.sock.settimeout(timeout if block else 0.0)
         try:
             data = self.sock.recv(1 << 16)
-        except TimeoutError:
+        except (TimeoutError, BlockingIOError):
             return {}
         finally:
             self.sock.settimeout(None)
@@ -617,6 +618,12 @@ class Host:
         say({"ready": True, "pid": os.getpid(), "channels": channels})
         while True:
             for key, _ in self.selector.select():
+                # One wake-up can report several sources, and handling one may change another: a
+                # close takes the zygote's report of the runner's exit itself (`wait_exit`) and
+                # drops or replaces the runner's relay. Such an event is stale: acting on it would
+                # block on a read nothing will ever answer.
+                if self.selector.get_map().get(key.fd) is not key:
+                    continue
                 if key.data == "parent":
                     data = os.read(0, 1 << 20)
                     if not data:
@@ -628,7 +635,8 @@ class Host:
                     self._from_runner()
                 elif key.data == "zygote":
                     try:
-                        self.zygote.receive()
+                        if not self.zygote.receive(block=False):
+                            continue  # its message was taken meanwhile (a close's `wait_exit`)
                     except OSError:  # killed from outside: no more sessions here, so end the container
                         if self.session is not None:
                             self.session.exited = self.session.exited or 0

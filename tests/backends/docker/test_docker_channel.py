@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import socket
 import textwrap
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ import pytest
 from support import backend_docker
 
 from sandboxes import Policy
-from sandboxes.errors import WorkerStartError
+from sandboxes.errors import SandboxFileError, WorkerStartError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.docker]
 
@@ -415,3 +416,86 @@ async def test_with_the_attach_stream_asked_for_sessions_work_as_before(
             assert result.stdout == f"own-{each}\n", result
             containers.add(ex.container_id)
     assert len(containers) < 3, "no two sessions shared a container: the stream's relay was not exercised"
+
+
+def children(pid: int) -> list[int]:
+    """The pids (this machine's) whose parent is `pid`."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    fields = stat.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(name))
+    return found
+
+
+def state_of(pid: int) -> tuple[str, str]:
+    """A process's state letter and kernel wait channel ("gone" once reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            letter = stat.read().rpartition(")")[2].split()[0]
+        with open(f"/proc/{pid}/wchan") as wchan:
+            return letter, wchan.read()
+    except OSError:
+        return "gone", ""
+
+
+async def until(condition: Any, what: str, seconds: float = 60.0) -> None:
+    with anyio.fail_after(seconds):
+        while not condition():
+            await anyio.sleep(0.02)
+
+
+async def test_a_close_that_finds_the_runners_exit_waiting_leaves_the_host_answering() -> None:
+    """A runner on its own socket ends when its channel closes, which the parent does just before
+    it asks the host to close the session, so the host can wake to both at once: the close request
+    first, the zygote's report of that exit second. The close takes the report; the host must not
+    then wait for it again (it would never come: the host answers nobody from then on, and the next
+    session's first file transfer, which goes through the host, waits for good). Here the host and
+    its zygote are stopped to make that order certain: the close is sent, the runner ends, the
+    zygote reports it, and only then does the host run."""
+    from sandboxes.backends.docker import client
+    from sandboxes.backends.docker import shared as shared_module
+
+    stopped: list[int] = []
+    try:
+        async with shared() as a:
+            container = container_of(a)
+            container_id = a.container_id
+            assert (await a.run("print('first')")).stdout == "first\n"
+            init = int(client().api.inspect_container(container_id)["State"]["Pid"])
+            (host,) = children(init)
+            (zygote,) = children(host)
+            (runner,) = children(zygote)
+            for pid in (host, zygote):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        # closed: its channel first (the runner ends), then the close request (waiting for the host)
+        await until(lambda: state_of(runner)[0] == "Z", "the runner to end")
+        os.kill(zygote, signal.SIGCONT)
+        await until(
+            lambda: state_of(runner)[0] == "gone" and state_of(zygote)[1] == "do_epoll_wait",
+            "the zygote to report the runner's exit",
+        )
+        os.kill(host, signal.SIGCONT)
+        stopped.clear()
+        await until(lambda: container not in shared_module._CLEANING, "the clean-up")
+    finally:
+        for pid in stopped:
+            os.kill(pid, signal.SIGCONT)
+    assert not container.last_problems and not container.removed, container.last_problems
+    for _ in range(6):  # the pool may hand out another idle container first
+        async with shared() as b:
+            if b.container_id != container_id:
+                continue
+            with anyio.fail_after(60):
+                with pytest.raises(SandboxFileError, match="no file"):
+                    await b.download("nothing-here.txt")
+                await b.upload("here.txt", "kept")
+                assert await b.download("here.txt") == b"kept"
+            return
+    pytest.fail("the container hosted nobody after that close in 6 tries")
