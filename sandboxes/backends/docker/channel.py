@@ -16,7 +16,7 @@ a socket this process listens on, in a directory bind-mounted into its container
 
 It needs a daemon on this machine that sees this machine's files (its socket, not TCP or SSH) and a
 parent that may give a directory to another uid (root); otherwise (`available`) the shared
-containers use the attach stream as before. For now it is opt-in: ``KODEAGENT_DOCKER_CHANNEL=socket``.
+containers use the attach stream as before, as they do when asked: ``KODEAGENT_DOCKER_CHANNEL=attach``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ ACCEPT_TIMEOUT = 90.0
 """Seconds a session's runner may take to connect once its host started it: a fork, dropping to its
 uid and a ``connect`` (milliseconds), generous for a loaded 2-core machine."""
 ENV_SWITCH = "KODEAGENT_DOCKER_CHANNEL"
-"""``socket`` turns the channel on (`available`); anything else keeps the attach stream."""
+"""``attach`` keeps Docker's attach stream (`available`); unset, or anything else, the channel where it can be."""
 
 _UCRED = struct.Struct("3i")
 _base_lock = threading.Lock()
@@ -51,12 +51,11 @@ _base: str | None = None
 
 
 def available() -> bool:
-    """Whether shared containers of this process use socket channels: asked for
-    (``KODEAGENT_DOCKER_CHANNEL=socket``; opt-in for now: under the conformance suite it once left a
-    download waiting for good, not yet explained), the daemon is reached by a local unix socket (so
+    """Whether shared containers of this process use socket channels: nobody asked for the attach
+    stream (``KODEAGENT_DOCKER_CHANNEL=attach``), the daemon is reached by a local unix socket (so
     it bind-mounts this machine's directories), and this process may give a directory to a
     session's uid (root)."""
-    if os.environ.get(ENV_SWITCH, "").strip().lower() != "socket":
+    if os.environ.get(ENV_SWITCH, "").strip().lower() == "attach":
         return False
     host = os.environ.get("DOCKER_HOST", "")
     if host and not host.startswith("unix://"):
@@ -137,7 +136,7 @@ class Listener:
                     refused = f" (refused: {'; '.join(self.refused[-3:])})" if self.refused else ""
                     raise WorkerStartError(
                         f"the session's runner did not connect to its channel within {timeout:.0f} s"
-                        f"{refused}; on a machine this loaded, retry later, or unset {ENV_SWITCH} "
+                        f"{refused}; on a machine this loaded, retry later, or set {ENV_SWITCH}=attach "
                         "to use Docker's attach stream instead"
                     )
                 readable, _, _ = select.select([self.sock], [], [], min(left, 0.25))

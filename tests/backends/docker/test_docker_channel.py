@@ -43,8 +43,8 @@ def _docker() -> None:
 
 @pytest.fixture(autouse=True)
 def _channel_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The channel is opt-in: on for these tests (their containers have settings of their own,
-    `CHANNEL_TMP_MB`, so none started on the attach stream by another test is taken)."""
+    """The channel is on by default; these tests say so whatever the environment (their containers
+    have settings of their own, `CHANNEL_TMP_MB`, so none started on the attach stream is taken)."""
     monkeypatch.setenv("KODEAGENT_DOCKER_CHANNEL", "socket")
 
 
