@@ -445,9 +445,11 @@ def state_of(pid: int) -> tuple[str, str]:
 
 
 async def until(condition: Any, what: str, seconds: float = 60.0) -> None:
-    with anyio.fail_after(seconds):
+    with anyio.move_on_after(seconds):
         while not condition():
             await anyio.sleep(0.02)
+        return
+    pytest.fail(f"waited {seconds:.0f} s for {what}")
 
 
 async def test_a_close_that_finds_the_runners_exit_waiting_leaves_the_host_answering() -> None:
@@ -458,6 +460,15 @@ async def test_a_close_that_finds_the_runners_exit_waiting_leaves_the_host_answe
     session's first file transfer, which goes through the host, waits for good). Here the host and
     its zygote are stopped to make that order certain: the close is sent, the runner ends, the
     zygote reports it, and only then does the host run."""
+    for _ in range(4):
+        if await close_then_next():
+            return
+    pytest.fail("the pool dropped the container after the close in 4 tries (it had no room to keep it)")
+
+
+async def close_then_next() -> bool:
+    """One try of the test above: False when the pool dropped the (clean) container, which a
+    pool with no room for another idle one does."""
     from sandboxes.backends.docker import client
     from sandboxes.backends.docker import shared as shared_module
 
@@ -487,7 +498,9 @@ async def test_a_close_that_finds_the_runners_exit_waiting_leaves_the_host_answe
     finally:
         for pid in stopped:
             os.kill(pid, signal.SIGCONT)
-    assert not container.last_problems and not container.removed, container.last_problems
+    assert not container.last_problems, container.last_problems
+    if container.removed:
+        return False
     for _ in range(6):  # the pool may hand out another idle container first
         async with shared() as b:
             if b.container_id != container_id:
@@ -497,5 +510,5 @@ async def test_a_close_that_finds_the_runners_exit_waiting_leaves_the_host_answe
                     await b.download("nothing-here.txt")
                 await b.upload("here.txt", "kept")
                 assert await b.download("here.txt") == b"kept"
-            return
+            return True
     pytest.fail("the container hosted nobody after that close in 6 tries")
