@@ -26,7 +26,6 @@ from __future__ import annotations
 import base64
 import binascii
 import collections
-import functools
 import json
 import os
 import secrets
@@ -42,7 +41,6 @@ from ...errors import FileTooLarge, ForkError, ProtocolError, SandboxFileError, 
 from ...worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 from ..host.reap import PrivateUsers, UidBlocks
 from ..resources import WarmPool
-from ..resources import fill as resources_fill
 from . import channel as channels_module
 from .channel import ChannelDir, Listener
 from .container import ForkedDockerWorker, container_exit_info, create_and_attach, remove_later
@@ -814,19 +812,33 @@ def _give_back(container: SharedContainer, reusable: bool) -> None:
 
 
 def refill_shared(settings: ContainerSettings, size: int) -> None:
-    """Top up the idle containers of `settings` to `size`, in the background."""
+    """Top up the containers of `settings` that are idle or on their way back (being cleaned, with
+    sessions left) to `size`, in the background."""
     _POOL_SIZE[settings] = max(_POOL_SIZE.get(settings, 0), size)
 
     def fill() -> None:
-        # Idle ones only: a container being cleaned is back in tens of milliseconds, but the next
-        # session may come sooner (a judge's loop), and then it would wait for it.
-        resources_fill(SHARED, settings, size, functools.partial(_started_shared, settings))
+        # One being cleaned is back in tens of milliseconds, while a start costs hundreds of
+        # milliseconds of the daemon's and the cores' time: counting only idle ones, sessions opened
+        # back to back (a grader) started a container every few programs and waited anyway.
+        while SHARED.count(settings) + _cleaning_count(settings) < size:
+            container = _started_shared(settings)
+            if container is None:
+                return
+            SHARED.put(settings, container)
 
     if size > 0:
         try:
             RESOURCES.submit("shared", fill)
         except RuntimeError:
             pass
+
+
+def _cleaning_count(settings: ContainerSettings) -> int:
+    """Containers of `settings` being cleaned that have sessions left (the pool's if clean)."""
+    with _pool:
+        return sum(
+            1 for c in _CLEANING if c.settings == settings and c.sessions < settings.sessions_per_container
+        )
 
 
 def _started_shared(settings: ContainerSettings) -> SharedContainer | None:

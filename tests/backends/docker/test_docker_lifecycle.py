@@ -246,3 +246,63 @@ def test_daemon_unreachable_is_a_clear_error(tmp_path):
     )
     assert done.stdout.startswith("unavailable: cannot reach the Docker daemon"), done.stdout + done.stderr
     assert "start it" in done.stdout
+
+
+REFILL_TMP_MB = 73
+"""/tmp size of the refill test's containers: settings (a pool) of their own."""
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    if int(stat.read().rpartition(")")[2].split()[1]) == pid:
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+async def test_the_shared_pool_counts_a_container_being_cleaned_as_coming_back(monkeypatch):
+    """A refill while a shared container is being cleaned starts none: that one is back in
+    milliseconds, a start costs hundreds of them (sessions opened back to back, as a grader opens
+    them, started a container every few programs). The clean-up is held here by stopping the
+    container's session host, so the refill surely comes while it is under way."""
+    from sandboxes.backends.docker import shared as shared_module
+
+    starts = []
+    real_start = shared_module.start_shared
+
+    def counted(settings):
+        starts.append(settings)
+        return real_start(settings)
+
+    ex = backend_docker.make_executor(
+        policy=Policy(python_guards=False), sessions_per_container=4, pool_size=0, tmp_mb=REFILL_TMP_MB
+    )
+    stopped = None
+    try:
+        async with ex:
+            assert (await ex.run("print(1)")).ok
+            container = shared_module._LIVE[ex.container_id]
+            settings = ex.settings
+            (host,) = _children(int(api().inspect_container(ex.container_id)["State"]["Pid"]))
+            monkeypatch.setattr(shared_module, "start_shared", counted)
+            os.kill(host, signal.SIGSTOP)
+            stopped = host
+        assert container in shared_module._CLEANING
+        shared_module.refill_shared(settings, 1)
+        await anyio.sleep(1.0)
+        assert starts == [], "the refill started a container while one was on its way back"
+        os.kill(host, signal.SIGCONT)
+        stopped = None
+        with anyio.fail_after(30):
+            while container in shared_module._CLEANING:
+                await anyio.sleep(0.02)
+        assert shared_module.idle_count(settings) == 1 and not container.removed, container.last_problems
+        assert starts == []
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
