@@ -230,10 +230,17 @@ class WarmPool(Generic[Key, Item]):
         return items
 
 
-def fill(pool: WarmPool[Key, Item], key: Key, size: int, make: Callable[[], Item | None]) -> None:
+def fill(
+    pool: WarmPool[Key, Item],
+    key: Key,
+    size: int,
+    make: Callable[[], Item | None],
+    returning: Callable[[], int] | None = None,
+) -> None:
     """Top `pool`'s `key` up to `size` items made by `make` (blocking: run it in a background thread);
-    stops at the first item `make` could not make (None), leaving the problem to the next cold start."""
-    while pool.count(key) < size:
+    stops at the first item `make` could not make (None), leaving the problem to the next cold start.
+    `returning` counts items on their way back to the pool, which count as there."""
+    while pool.count(key) + (returning() if returning is not None else 0) < size:
         item = make()
         if item is None:
             return

@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import binascii
 import collections
+import functools
 import json
 import os
 import secrets
@@ -41,6 +42,7 @@ from ...errors import FileTooLarge, ForkError, ProtocolError, SandboxFileError, 
 from ...worker import ForkPlan, SocketLineReader, Worker, WorkerExit, WorkerExited, take_line
 from ..host.reap import PrivateUsers, UidBlocks
 from ..resources import WarmPool
+from ..resources import fill as resources_fill
 from . import channel as channels_module
 from .channel import ChannelDir, Listener
 from .container import ForkedDockerWorker, container_exit_info, create_and_attach, remove_later
@@ -820,11 +822,13 @@ def refill_shared(settings: ContainerSettings, size: int) -> None:
         # One being cleaned is back in tens of milliseconds, while a start costs hundreds of
         # milliseconds of the daemon's and the cores' time: counting only idle ones, sessions opened
         # back to back (a grader) started a container every few programs and waited anyway.
-        while SHARED.count(settings) + _cleaning_count(settings) < size:
-            container = _started_shared(settings)
-            if container is None:
-                return
-            SHARED.put(settings, container)
+        resources_fill(
+            SHARED,
+            settings,
+            size,
+            functools.partial(_started_shared, settings),
+            returning=functools.partial(_cleaning_count, settings),
+        )
 
     if size > 0:
         try:
