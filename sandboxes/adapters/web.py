@@ -16,9 +16,12 @@ from typing import Any
 
 import anyio
 
+# The ASGI shapes every adapter speaks (plain aliases: no ASGI framework is needed for them).
+Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DISCARD_BYTES = 8 * 1024 * 1024
 """The most of a request's unread body read and dropped before its answer starts (see `body_first`)."""

@@ -13,22 +13,30 @@ import hmac
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 
-from ..web import bind, body_first, host_allowed, is_loopback, origin_allowed, repeated_header, url_of
+from ..web import (
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    bind,
+    body_first,
+    host_allowed,
+    is_loopback,
+    origin_allowed,
+    repeated_header,
+    url_of,
+)
 from .config import HttpConfig, TokenConfig
 
 logger = logging.getLogger("sandboxes.adapters.mcp")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 TENANT_KEY = "kodeagent.tenant"
 """Where the guard leaves the caller's tenant in the ASGI scope."""

@@ -13,11 +13,21 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
 
 from ..mcp.auth import TokenTable
-from ..web import body_first, host_allowed, origin_allowed, repeated_header
+from ..web import (
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    body_first,
+    host_allowed,
+    origin_allowed,
+    repeated_header,
+)
 from .config import ServeConfig
 from .control import TENANT_KEY, ControlPlane
 from .errors import ServeError, TooLarge
@@ -29,11 +39,6 @@ from .sandbox import ENVD_PORT, INTERPRETER_PORT, Resolve
 
 logger = logging.getLogger("sandboxes.adapters.serve")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 API_KEY_HEADER = "x-api-key"
 SINGLE_HEADERS = (

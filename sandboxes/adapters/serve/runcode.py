@@ -25,7 +25,7 @@ import binascii
 import json
 import logging
 import posixpath
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any, Literal
 
 import anyio
@@ -34,15 +34,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ...grading import Grading, Program, ProgramStatus, SandboxFailure, Verdict, opened_and_judged
 from ...policy import Limits, Policy
 from ..mcp.auth import TokenTable
+from ..web import Receive, Scope, Send
 from .config import ServeConfig
 from .errors import BadRequest, ServeError, TooLarge, Unauthorized
 
 logger = logging.getLogger("sandboxes.adapters.serve.runcode")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
 
 PATH = "/run_code"
 MAX_RUN_CODE_BYTES = 16 * 1024 * 1024
