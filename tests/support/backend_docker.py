@@ -52,3 +52,19 @@ def require(image: str = IMAGE, variant: str = "py") -> None:
     from support.needs import require as need
 
     need(image_unavailable(image, variant), "the docker backend")
+
+
+def children(pid: int) -> list[int]:
+    """The pids (this machine's) whose parent is `pid`: a container's processes seen from outside it
+    (its init's pid from ``inspect_container``)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as stat:
+                    fields = stat.read().rpartition(")")[2].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(name))
+    return found

@@ -418,21 +418,6 @@ async def test_with_the_attach_stream_asked_for_sessions_work_as_before(
     assert len(containers) < 3, "no two sessions shared a container: the stream's relay was not exercised"
 
 
-def children(pid: int) -> list[int]:
-    """The pids (this machine's) whose parent is `pid`."""
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as stat:
-                    fields = stat.read().rpartition(")")[2].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.append(int(name))
-    return found
-
-
 def state_of(pid: int) -> tuple[str, str]:
     """A process's state letter and kernel wait channel ("gone" once reaped)."""
     try:
@@ -479,9 +464,9 @@ async def close_then_next() -> bool:
             container_id = a.container_id
             assert (await a.run("print('first')")).stdout == "first\n"
             init = int(client().api.inspect_container(container_id)["State"]["Pid"])
-            (host,) = children(init)
-            (zygote,) = children(host)
-            (runner,) = children(zygote)
+            (host,) = backend_docker.children(init)
+            (zygote,) = backend_docker.children(host)
+            (runner,) = backend_docker.children(zygote)
             for pid in (host, zygote):
                 os.kill(pid, signal.SIGSTOP)
                 stopped.append(pid)

@@ -252,19 +252,6 @@ REFILL_TMP_MB = 73
 """/tmp size of the refill test's containers: settings (a pool) of their own."""
 
 
-def _children(pid: int) -> list[int]:
-    found = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as stat:
-                    if int(stat.read().rpartition(")")[2].split()[1]) == pid:
-                        found.append(int(name))
-            except OSError:
-                continue
-    return found
-
-
 async def test_the_shared_pool_counts_a_container_being_cleaned_as_coming_back(monkeypatch):
     """A refill while a shared container is being cleaned starts none: that one is back in
     milliseconds, a start costs hundreds of them (sessions opened back to back, as a grader opens
@@ -288,7 +275,7 @@ async def test_the_shared_pool_counts_a_container_being_cleaned_as_coming_back(m
             assert (await ex.run("print(1)")).ok
             container = shared_module._LIVE[ex.container_id]
             settings = ex.settings
-            (host,) = _children(int(api().inspect_container(ex.container_id)["State"]["Pid"]))
+            (host,) = backend_docker.children(int(api().inspect_container(ex.container_id)["State"]["Pid"]))
             monkeypatch.setattr(shared_module, "start_shared", counted)
             os.kill(host, signal.SIGSTOP)
             stopped = host
