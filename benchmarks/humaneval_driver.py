@@ -213,10 +213,32 @@ class _Pipe:
 
     def append(self, verdict: str) -> None:
         """What the harness's `result.append(...)` does: record the verdict (bounded)."""
-        if self.length(verdict) > MAX_VERDICT_CHARS + _MARKER_ROOM:
-            omitted = self.length(verdict) - MAX_VERDICT_CHARS
-            verdict = verdict[:MAX_VERDICT_CHARS] + f" ... [{omitted:,} characters omitted]"
-        self.send("V", verdict)
+        self.send("V", _bounded(verdict, self.length))
+
+
+class _Record:
+    """`_Pipe`'s stand-in where the program runs in the checking process itself: the first verdict and
+    the temporary directory, kept in memory (with its own reference to `len`, as `_Pipe`)."""
+
+    def __init__(self) -> None:
+        self.verdict: str | None = None
+        self.tempdir: str | None = None
+        self.length = len
+
+    def send(self, kind: str, text: str) -> None:
+        if kind == "D" and self.tempdir is None:
+            self.tempdir = text
+
+    def append(self, verdict: str) -> None:
+        if self.verdict is None:
+            self.verdict = _bounded(verdict, self.length)
+
+
+def _bounded(verdict: str, length: Any = len) -> str:
+    if length(verdict) > MAX_VERDICT_CHARS + _MARKER_ROOM:
+        omitted = length(verdict) - MAX_VERDICT_CHARS
+        verdict = verdict[:MAX_VERDICT_CHARS] + f" ... [{omitted:,} characters omitted]"
+    return verdict
 
 
 @contextlib.contextmanager
@@ -363,3 +385,58 @@ def check_program(program: str, timeout: float) -> str:
     if tempdir and os.path.isdir(tempdir) and os.path.dirname(tempdir) == tempfile.gettempdir():
         shutil.rmtree(tempdir, ignore_errors=True)
     return verdict if verdict is not None else "timed out"
+
+
+# ---------------------------------------------------------------- the checking process as the child
+
+_GUARDED_MODULES = (os, shutil, subprocess, builtins)
+_GUARDED_IMPORTS = ("ipdb", "joblib", "resource", "psutil", "tkinter")
+_MISSING = object()
+
+
+def check_in_process(program: str, timeout: float) -> str:
+    """`check_program`'s verdict with this process as the harness's forked child, for a session that
+    runs this one program and is then thrown away: the fresh session is already the process per
+    program that `check_correctness` forks, so forking once more would pay for a second one.
+
+    The harness's parent is re-enacted around it: the session's own timeout (past `timeout + 1`)
+    kills a program that never ends, a verdict that comes later than `timeout + 1` seconds is
+    "timed out" (the harness has killed its child by then), and a child that dies without a verdict
+    (an exception whose `str` raises, `os._exit`) is "timed out". What `reliability_guard` and the
+    program changed in the modules it guards, and the working directory, are put back afterwards, so the session can report."""
+    started = time.monotonic()
+    cwd = os.getcwd()
+    saved = [(module, dict(module.__dict__)) for module in _GUARDED_MODULES]
+    imports = {name: sys.modules.get(name, _MISSING) for name in _GUARDED_IMPORTS}
+    threads = os.environ.get("OMP_NUM_THREADS")
+    alarm = signal.getsignal(signal.SIGALRM)
+    handler_on = faulthandler.is_enabled()
+    record = _Record()
+    try:
+        unsafe_execute(program, timeout, record)  # type: ignore[arg-type]  # _Record is _Pipe's shape
+    except BaseException:  # noqa: BLE001, S110 - the harness's child dies here; its verdict (if any) stands
+        pass
+    finally:
+        for module, names in saved:
+            current = module.__dict__
+            for name in [n for n in current if n not in names]:
+                del current[name]
+            current.update(names)
+        for name, entry in imports.items():
+            if entry is _MISSING:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = entry  # type: ignore[assignment]  # a module, or the None of a refused import
+        if threads is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = threads
+        signal.signal(signal.SIGALRM, alarm)
+        os.chdir(cwd)  # where the harness's own restoring was skipped (an exception out of its handler)
+        if handler_on:
+            faulthandler.enable()
+    if record.tempdir and os.path.isdir(record.tempdir):
+        shutil.rmtree(record.tempdir, ignore_errors=True)
+    if record.verdict is None or time.monotonic() - started > timeout + 1:
+        return "timed out"
+    return record.verdict
