@@ -548,12 +548,40 @@ def _preload_root() -> pathlib.Path:
 
 def _remove_preload_root(root: pathlib.Path) -> None:
     _preload_root.cache_clear()  # a later preload stages into a new root
+    _staged.clear()
     shutil.rmtree(root, True)
+
+
+_staged: dict[tuple[str, ...], tuple[tuple[int, ...], tuple[str, ...]]] = {}
+"""Paths given to `stage_preload` -> (their files' identity and change times, the copies staged):
+an executor per program (a grader's fresh sessions) then costs a stat per file, not a read and a hash."""
+
+
+def _file_identity(path: str) -> tuple[int, ...] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None  # `read_preload` says why
+    return (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns)
 
 
 def stage_preload(paths: Iterable[str | os.PathLike[str]]) -> tuple[str, ...]:
     """Copies of trusted module files where every sandbox can read them (never write them), named
     by content: what `HostExecutor(preload=...)` imports in the fork server before any session."""
+    given = tuple(os.fspath(path) for path in paths)
+    if not given:
+        return ()
+    identities = [_file_identity(path) for path in given]
+    identity = tuple(part for found in identities if found is not None for part in found)
+    known = _staged.get(given)
+    if known is not None and known[0] == identity and None not in identities:
+        return known[1]
+    staged = tuple(_stage(given))
+    _staged[given] = (identity, staged)
+    return staged
+
+
+def _stage(paths: tuple[str, ...]) -> list[str]:
     staged = []
     for name, data in read_preload(paths):
         folder = _preload_root() / hashlib.sha256(data).hexdigest()[:16]
@@ -565,7 +593,7 @@ def stage_preload(paths: Iterable[str | os.PathLike[str]]) -> tuple[str, ...]:
             os.chmod(partial, 0o644)
             os.replace(partial, target)
         staged.append(str(target))
-    return tuple(staged)
+    return staged
 
 
 def _preload_flags(preload: tuple[str, ...]) -> list[str]:

@@ -166,6 +166,21 @@ async def test_preloaded_modules_are_imported_once_and_each_session_has_its_own_
         HostExecutor(preload=[tmp_path / "not-a-module.txt"])
 
 
+async def test_a_preload_file_edited_between_executors_is_staged_again(tmp_path):
+    # staging is cached by the file's identity and change times: an edit must not serve the old copy
+    module = tmp_path / "edited_helpers.py"
+    allowed = Policy(allowed_imports=["edited_helpers"])
+    versions = []
+    for version in ("first", "second-and-longer", "third"):
+        module.write_text(f"VERSION = {version!r}\n")
+        async with HostExecutor(timeout=10, preload=[module], policy=allowed) as ex:
+            versions.append((await ex.run("import edited_helpers\nprint(edited_helpers.VERSION)")).stdout)
+    assert versions == ["first\n", "second-and-longer\n", "third\n"]
+    module.unlink()
+    with pytest.raises(ValueError, match="cannot read"):
+        HostExecutor(preload=[module])
+
+
 def _processes_of(uid: int) -> list[int]:
     """Every host process one of whose uids (real, effective, saved) is `uid` (read from its status,
     not from its /proc entry's owner, which the kernel may give to root for a non-dumpable one)."""
@@ -210,3 +225,4 @@ async def test_a_pooled_session_leaves_no_process_of_its_user_even_non_dumpable_
         assert len(_processes_of(uid)) >= 2, "control: the runner and the escaped grandchild run"
     await ex.wait_closed()
     assert _processes_of(uid) == []
+
