@@ -225,4 +225,3 @@ async def test_a_pooled_session_leaves_no_process_of_its_user_even_non_dumpable_
         assert len(_processes_of(uid)) >= 2, "control: the runner and the escaped grandchild run"
     await ex.wait_closed()
     assert _processes_of(uid) == []
-
