@@ -174,9 +174,9 @@ HARNESS_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/tmp",
     "LANG": "C.UTF-8",
-    "TMPDIR": "/tmp",
 }
-"""What a program sees of its environment: an ordinary process's variables and none of the host's."""
+"""What a program sees of its environment: an ordinary process's variables and none of the host's
+(``TMPDIR`` is the backend's: on the host the session's own directory, where ``/tmp`` is not writable)."""
 
 SESSION_SLACK = 2.0
 """Seconds past the driver's own `timeout + 1` before the session's supervisor kills the worker."""

@@ -269,15 +269,17 @@ def test_tools_run_in_the_parent_and_their_secrets_stay_out(llm, monkeypatch):
     ex = KodeagentExecutor(["os"])
     llm.add(
         step(
-            "import os\nprint(os.environ.get('KODEAGENT_TEST_SECRET'), sorted(os.environ), secret_length())"
+            "import os\nprint(os.environ.get('KODEAGENT_TEST_SECRET'), sorted(os.environ.keys() - {'TMPDIR'}),"
+            " os.environ.get('TMPDIR', os.getcwd()) == os.getcwd(), secret_length())"
         ),
         step("final_answer('done')"),
     )
     with agent(llm, ex, tools=[SecretLength()], imports=["os"]) as a:
         a.run("How long is the key?")
     seen = shown_after(llm, 1)
-    # The tool read the key here, in the parent; the sandbox has no environment at all.
-    assert "Execution logs:\nNone [] 12\n" in seen
+    # The tool read the key here, in the parent; the sandbox has no environment but, where /tmp is
+    # not its to write, a TMPDIR naming its own directory.
+    assert "Execution logs:\nNone [] True 12\n" in seen
     assert "s3cr3t" not in seen
 
 

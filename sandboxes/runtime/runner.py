@@ -191,6 +191,7 @@ class Runner:
         self.initialised = True
         os.environ.clear()
         os.environ.update(message.get("env", {}))
+        self.offer_temporary_directory()
         wanted = policy.get("limits", {})
         if wanted.get("memory_mb"):
             self.reserve = limits.MemoryReserve(limits.RESERVE_BYTES, self.system)
@@ -290,9 +291,25 @@ class Runner:
             )
         )
 
+    def offer_temporary_directory(self) -> None:
+        """``TMPDIR`` is the working directory when the caller set none and ``/tmp`` is not this
+        session's to write (bubblewrap's private ``/tmp`` belongs to root: sessions of one fork
+        server, each its own uid, must not share a writable place). So `tempfile`, and any program
+        the code starts, writes where the session may, at once: without it `tempfile` probes
+        ``/tmp``, ``/var/tmp`` and ``/usr/tmp`` before it falls back to the working directory, and
+        other programs fail."""
+        if "TMPDIR" in os.environ or os.access("/tmp", os.W_OK | os.X_OK):
+            return
+        os.environ["TMPDIR"] = self.workdir
+        _forget_temporary_directory()
+
     def moved_to(self, workdir: str) -> None:
-        """The session now lives in `workdir` (a fork's copy): files and protected descriptors follow."""
-        self.workdir = os.path.realpath(workdir)
+        """The session now lives in `workdir` (a fork's copy): files, protected descriptors and a
+        ``TMPDIR`` that named the old directory follow."""
+        previous, self.workdir = self.workdir, os.path.realpath(workdir)
+        if os.environ.get("TMPDIR") == previous:
+            os.environ["TMPDIR"] = self.workdir
+            _forget_temporary_directory(cached=previous)
         self.closing_listing = None
         self.system.workdir = self.workdir
         self.system.protected_fds = self.private_fds()
@@ -579,6 +596,14 @@ class Runner:
         if mode not in ("exec", "eval"):
             raise ValueError("compile() mode must be 'exec' or 'eval'")
         return self._compile_text(source, mode)
+
+
+def _forget_temporary_directory(cached: str | None = None) -> None:
+    """Make a loaded `tempfile` read ``TMPDIR`` again on its next use (it caches the directory);
+    with `cached`, only when that is the directory it holds (not one the code chose)."""
+    module: Any = sys.modules.get("tempfile")
+    if module is not None and (cached is None or module.tempdir == cached):
+        module.tempdir = None
 
 
 def _library_roots() -> list[str]:

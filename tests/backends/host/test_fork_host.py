@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from support.needs import require
 from support.wire_helpers import pids_of
 
 from sandboxes import ForkError, HostExecutor, Policy
@@ -75,3 +76,23 @@ async def test_unrelated_sessions_stay_separated_from_a_fork_at_the_os_layer() -
     assert attempts.stdout.count("PermissionError") + attempts.stdout.count("ProcessLookupError") == 3
     assert listing.stdout == "['secret.txt']\n"  # nothing was planted
     assert shared.stdout == "family\n"  # (the control: the fork itself reads its own copy)
+
+
+async def test_a_forks_temporary_files_go_to_its_own_directory() -> None:
+    require(None if os.getuid() == 0 else "only as root is /tmp closed to a session (its own uid)", "root")
+    policy = Policy(allowed_imports=["os", "os.path", "tempfile"])
+    async with HostExecutor(isolation="namespaces", timeout=10, policy=policy) as parent:
+        # A first temporary file: `tempfile` now holds the parent's directory, which a fork must not use.
+        opened = await parent.run("import os, tempfile\nfd, first = tempfile.mkstemp()\nos.close(fd)")
+        assert opened.ok, opened.error
+        async with await parent.fork() as child:
+            result = await child.run(
+                "fd, made = tempfile.mkstemp()\n"
+                "os.close(fd)\n"
+                "here = os.getcwd()\n"
+                "print(os.path.dirname(made) == here, os.environ['TMPDIR'] == here,"
+                " os.path.dirname(first) != here)"
+            )
+            assert result.stdout == "True True True\n", result.error
+        listed = await parent.run("print(len(os.listdir('.')))")
+    assert listed.stdout == "1\n"  # only the parent's own file: the fork wrote nothing here

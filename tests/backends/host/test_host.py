@@ -56,6 +56,49 @@ async def test_namespace_level_hides_the_host():
     assert "home" not in root_listing
 
 
+def _tmp_not_writable() -> str | None:
+    if not namespaces_available():
+        return "bubblewrap cannot create namespaces here"
+    return None if os.getuid() == 0 else "only as root is /tmp closed to a session (its own uid)"
+
+
+async def test_temporary_files_land_in_the_working_directory_where_tmp_is_closed():
+    require(_tmp_not_writable(), "namespaces")
+    guarded = Policy(allowed_imports=["os", "os.path", "tempfile"])
+    unguarded = Policy(python_guards=False)
+    for policy in (guarded, unguarded):
+        async with HostExecutor(isolation="namespaces", timeout=10, policy=policy) as ex:
+            result = await ex.run(
+                "import os, tempfile\n"
+                "fd, made = tempfile.mkstemp()\n"
+                "os.close(fd)\n"
+                "with tempfile.TemporaryDirectory() as d:\n"
+                "    inside = os.path.dirname(d)\n"
+                "here = os.getcwd()\n"
+                "print(os.access('/tmp', os.W_OK), os.path.dirname(made) == here, inside == here,"
+                " os.environ['TMPDIR'] == here)"
+            )
+            assert result.ok, result.error
+            assert result.stdout == "False True True True\n"
+    async with HostExecutor(isolation="namespaces", timeout=10, policy=unguarded) as ex:
+        shell = await ex.run(
+            "import os, subprocess\n"
+            "made = subprocess.run(['mktemp'], capture_output=True, text=True, check=True).stdout\n"
+            "print(os.path.dirname(made.strip()) == os.getcwd())"
+        )
+    assert shell.stdout == "True\n", shell.error  # a program the code starts finds it too
+
+
+async def test_a_tmpdir_the_caller_set_is_kept():
+    require(_tmp_not_writable(), "namespaces")
+    policy = Policy(allowed_imports=["os"])
+    async with HostExecutor(
+        isolation="namespaces", timeout=10, env={"TMPDIR": "/nowhere"}, policy=policy
+    ) as ex:
+        result = await ex.run("import os\nprint(sorted(os.environ.items()))")
+    assert result.stdout == "[('TMPDIR', '/nowhere')]\n", result.error
+
+
 async def test_process_level_drops_root_when_the_interpreter_is_reachable():
     import sys
 
