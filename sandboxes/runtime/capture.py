@@ -207,13 +207,16 @@ class Streamer:
         self.queued = 0
         self.dropped = {"stdout": 0, "stderr": 0}
         self.bucket: Any = None
-        # Started before any code runs (the audit hook then has nothing to say about it).
-        self.thread = threading.Thread(target=self._loop, name="kodeagent-stream", daemon=True)
-        self.thread.start()
+        self.thread: threading.Thread | None = None
+        """Started by the first streamed run (a session that never streams, most of them, pays for no
+        thread); `start` is called with the audit hook trusting the runner."""
 
     def start(self, options: Mapping[str, Any] | None) -> None:
         if not options:
             return
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._loop, name="kodeagent-stream", daemon=True)
+            self.thread.start()
         with self.cond:
             self.queue, self.queued = [], 0
             self.dropped = {"stdout": 0, "stderr": 0}

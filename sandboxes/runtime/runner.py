@@ -278,6 +278,11 @@ class Runner:
         self.streamer = Streamer(self.channel)
         self.stdout.sink = self.stderr.sink = self.streamer.offer
 
+    def own_threads(self) -> int:
+        """How many of this process's threads are the runner's: the main one, the drain and, once a
+        run streamed, the stream sender."""
+        return 2 + (self.streamer.thread is not None)
+
     def private_fds(self) -> frozenset[int]:
         """The runner's own descriptors (the channel, the capture pipes), which the code may not use."""
         return frozenset(

@@ -41,16 +41,16 @@ import stat
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
-OWN_THREADS = 3  # the runner's main, drain and stream threads
 LISTEN_TIMEOUT = 30.0
 """Seconds the runner waits for the relay of a ``listen`` channel to connect and send its secret."""
 SECRET_BYTES = 32
 
 
-def census(channel_fds: tuple[int, ...]) -> dict[str, int]:
-    """What a fork of this process cannot copy: the code's threads, child processes, open sockets."""
+def census(channel_fds: tuple[int, ...], own_threads: int) -> dict[str, int]:
+    """What a fork of this process cannot copy: the code's threads (past the runner's `own_threads`),
+    child processes, open sockets."""
     try:
-        threads = max(0, len(os.listdir("/proc/self/task")) - OWN_THREADS)
+        threads = max(0, len(os.listdir("/proc/self/task")) - own_threads)
     except OSError:
         threads = 0
     processes = 0
@@ -202,7 +202,7 @@ def fork(runner: Any, message: dict[str, Any], subreaper: bool) -> dict[str, Any
         return {"op": "reply", "error": f"unknown fork channel {mode!r}"}
     if not os.path.isdir(workdir):
         return {"op": "reply", "error": f"the fork's working directory {workdir!r} does not exist"}
-    report = census((channel.reader.fileno(), channel.write_fd))
+    report = census((channel.reader.fileno(), channel.write_fd), runner.own_threads())
     if mode == "listen":
         try:
             new_fd = listen_channel(runner, workdir)

@@ -96,3 +96,23 @@ async def test_a_forks_temporary_files_go_to_its_own_directory() -> None:
             assert result.stdout == "True True True\n", result.error
         listed = await parent.run("print(len(os.listdir('.')))")
     assert listed.stdout == "1\n"  # only the parent's own file: the fork wrote nothing here
+
+
+async def test_a_fork_counts_the_codes_threads_whether_or_not_a_run_streamed() -> None:
+    # The runner's stream sender starts with its first streamed run: the census counts past it either way.
+    for streamed in (False, True):
+        async with HostExecutor(timeout=10, policy=POLICY) as parent:
+            if streamed:
+                seen: list[str] = []
+                await parent.run(
+                    "print('streamed')", on_stdout=lambda event, out=seen: out.append(event.text)
+                )
+                assert seen == ["streamed\n"]
+            await parent.run(
+                "import threading\nstop = threading.Event()\n"
+                "worker = threading.Thread(target=stop.wait, daemon=True)\nworker.start()"
+            )
+            async with await parent.fork() as child:
+                report = child.fork_report
+            await parent.run("stop.set()")
+        assert report is not None and report.threads_not_copied == 1, (streamed, report)
