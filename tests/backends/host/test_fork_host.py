@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from support.backend_host import tmp_left_open
 from support.needs import require
 from support.wire_helpers import pids_of
 
@@ -79,7 +80,7 @@ async def test_unrelated_sessions_stay_separated_from_a_fork_at_the_os_layer() -
 
 
 async def test_a_forks_temporary_files_go_to_its_own_directory() -> None:
-    require(None if os.getuid() == 0 else "only as root is /tmp closed to a session (its own uid)", "root")
+    require(tmp_left_open(), "a /tmp closed to sessions")
     policy = Policy(allowed_imports=["os", "os.path", "tempfile"])
     async with HostExecutor(isolation="namespaces", timeout=10, policy=policy) as parent:
         # A first temporary file: `tempfile` now holds the parent's directory, which a fork must not use.

@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import pytest
+from support.backend_host import tmp_left_open
 from support.needs import require
 
 from sandboxes import HostExecutor, Policy, UnknownBackend, open_executor, open_executor_sync
@@ -56,14 +57,8 @@ async def test_namespace_level_hides_the_host():
     assert "home" not in root_listing
 
 
-def _tmp_not_writable() -> str | None:
-    if not namespaces_available():
-        return "bubblewrap cannot create namespaces here"
-    return None if os.getuid() == 0 else "only as root is /tmp closed to a session (its own uid)"
-
-
 async def test_temporary_files_land_in_the_working_directory_where_tmp_is_closed():
-    require(_tmp_not_writable(), "namespaces")
+    require(tmp_left_open(), "a /tmp closed to sessions")
     guarded = Policy(allowed_imports=["os", "os.path", "tempfile"])
     unguarded = Policy(python_guards=False)
     for policy in (guarded, unguarded):
@@ -90,7 +85,7 @@ async def test_temporary_files_land_in_the_working_directory_where_tmp_is_closed
 
 
 async def test_a_tmpdir_the_caller_set_is_kept():
-    require(_tmp_not_writable(), "namespaces")
+    require(tmp_left_open(), "a /tmp closed to sessions")
     policy = Policy(allowed_imports=["os"])
     async with HostExecutor(
         isolation="namespaces", timeout=10, env={"TMPDIR": "/nowhere"}, policy=policy
