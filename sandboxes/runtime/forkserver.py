@@ -139,6 +139,8 @@ def main(argv: list[str]) -> None:
     error = _probe(netns) if netns is not None else None
     if error is not None:
         netns = None  # the parent starts each session in a sandbox of its own instead
+    elif netns is not None:
+        netns.prepare()
     control = socket.socket(fileno=os.dup(0))
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)

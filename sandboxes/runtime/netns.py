@@ -59,6 +59,13 @@ def _c() -> ctypes.CDLL:
     return _libc
 
 
+def prepare() -> None:
+    """Load libc and look up ``unshare`` now, in the fork server, so that every child inherits them
+    instead of paying for the lookup itself (in a just-forked process, copy-on-write faults
+    included)."""
+    _c().unshare  # noqa: B018 - ctypes keeps the function on the library object once looked up
+
+
 def _check(result: int, what: str) -> None:
     if result != 0:
         errno = ctypes.get_errno()
