@@ -106,9 +106,8 @@ def main(argv: list[str], make_runner: RunnerFactory) -> None:
         drop_privileges(uid, gid or uid)
         guard_module = _siblings.load("guard")
         audit_module = _siblings.load("audit")
-        guard_module.make_transformer(
-            frozenset(), frozenset()
-        )  # import RestrictedPython before the first run
+        if "RestrictedPython.transformer" not in sys.modules:  # a fork server's child has it (`preimport`)
+            guard_module.make_transformer(frozenset(), frozenset())  # import it before the first run
         runner = make_runner(link, guard_module, audit_module)
         runner.subreaper = subreaper
     except BaseException as exc:
