@@ -66,9 +66,11 @@ class PolicyConfig(TypedDict):
 
 
 class WarmupRequest(TypedDict):
-    """Touch what a session will use, before `init` (pooled workers only)."""
+    """Touch what a session will use, before `init` (pooled workers only); `python_guards` False
+    when the session's `init` will turn the guards off (absent: on)."""
 
     op: Literal["warmup"]
+    python_guards: NotRequired[bool]
 
 
 class InitRequest(TypedDict):

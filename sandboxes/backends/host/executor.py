@@ -284,13 +284,15 @@ class HostPools:
         """Make the worker `_next_job` chose and pool it; False when that failed."""
         counted = (kind, want.ready_key if kind == "ready" else want.key)
         try:
-            worker = _started_worker(want.key)
+            # a started worker's session is not known yet: it is warmed up for the default, guarded
+            init = cast(InitRequest, json.loads(want.ready_key[1])) if kind == "ready" else None
+            guarded = init is None or init["policy"].get("python_guards", True) is not False
+            worker = _started_worker(want.key, guarded)
             if worker is None:
                 return False
-            if kind == "started":
+            if init is None:
                 self.started.put(want.key, worker)
                 return True
-            init = cast(InitRequest, json.loads(want.ready_key[1]))  # exactly the key's request
             if not (_initialise(worker, init) and self.ready.put(want.ready_key, worker, only_wanted=True)):
                 worker.kill_now()  # a failed handshake (or evicted meanwhile): never handed out
                 return False
@@ -377,13 +379,14 @@ def pooled_workers() -> list[HostWorker]:
     return POOLS.idle()
 
 
-def _started_worker(key: PoolKey) -> HostWorker | None:
-    """A new worker, warmed up (in the spawner thread); None if it could not start or warm up."""
+def _started_worker(key: PoolKey, python_guards: bool = True) -> HostWorker | None:
+    """A new worker, warmed up (in the spawner thread) for a session with or without the Python
+    guards; None if it could not start or warm up."""
     try:
         worker = make_worker(key[0], None, key[1], key[2])
     except WorkerStartError:
         return None
-    if not worker.warm_up():
+    if not worker.warm_up(python_guards=python_guards):
         worker.kill_now()
         return None
     return worker

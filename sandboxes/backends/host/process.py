@@ -311,14 +311,16 @@ class HostWorker(Worker):
             and start_time(self.pid) == self.start_time
         )
 
-    def warm_up(self, timeout: float = 20.0) -> bool:
+    def warm_up(self, timeout: float = 20.0, python_guards: bool = True) -> bool:
         """Blocking: have an idle, not yet initialised runner touch what a session uses (pool only),
         and find its host process for the usage probe here rather than on the first run's path
-        (under namespaces that walks the fork server's children)."""
+        (under namespaces that walks the fork server's children). `python_guards` False: for a
+        session that will run plain Python (`WarmupRequest`)."""
         sock = self.channel.sock
+        request = b'{"op": "warmup"}\n' if python_guards else b'{"op": "warmup", "python_guards": false}\n'
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            reply = self.exchange_blocking(b'{"op": "warmup"}\n', timeout)
+            reply = self.exchange_blocking(request, timeout)
         except (OSError, WorkerExited):
             return False
         finally:

@@ -289,3 +289,50 @@ async def test_a_burst_of_opens_leaves_the_ready_pool_sized_for_it_then_it_shrin
         with anyio.fail_after(60):
             while _private_user_processes() > len(host.pooled_workers()):
                 await anyio.sleep(0.2)
+
+
+async def _refuse_tools(call: Any) -> Any:
+    raise AssertionError(f"no tool is offered here, but the runner called {call!r}")
+
+
+async def test_a_plain_warm_up_leaves_a_guarded_session_fully_guarded() -> None:
+    """The warm-up for plain Python (`WarmupRequest.python_guards` False) only picks what it touches:
+    the session's guards come from its `init` alone. A worker warmed up that way, then started with
+    the default (guarded) policy, refuses at run time what the guards refuse; the code goes to the
+    runner directly, past the parent's static check, so that only the runner's guards stand."""
+    worker = host.make_worker("namespaces", None, False)
+    try:
+        assert await anyio.to_thread.run_sync(lambda: worker.warm_up(python_guards=False))
+        init = HostExecutor(timeout=20)._runner_init()
+        assert init["policy"]["python_guards"] is True
+        session = await RunnerSession.start(worker, init)
+        imported = await session.run("import os\nprint(os.getpid())", _refuse_tools)
+        assert imported.error is not None and imported.error.type == "PolicyViolation", imported
+        assert imported.stdout == ""
+        escaped = await session.run("print(().__class__.__base__.__subclasses__())", _refuse_tools)
+        assert escaped.error is not None and escaped.stdout == "", escaped
+        ran = await session.run("print(sum(i * i for i in range(4)))", _refuse_tools)
+        assert ran.ok and ran.stdout == "14\n", ran
+    finally:
+        await worker.kill()
+
+
+async def test_workers_made_ahead_for_plain_python_serve_only_their_own_options() -> None:
+    """Workers initialised ahead for sessions without the Python guards are warmed up for plain
+    Python; they serve those sessions (the full language), and a guarded session opened beside
+    them, with otherwise the same options, still gets a guarded worker."""
+    plain = {"timeout": 20, "policy": Policy(python_guards=False), "env": {"WARMED": "plain"}}
+    guarded = {"timeout": 20, "env": {"WARMED": "plain"}}
+    for _ in range(2):  # the second open is a hit: the ready pool of these options fills
+        async with HostExecutor(**plain):
+            pass
+        await _settled()
+    async with HostExecutor(**plain) as ex:
+        assert isinstance(ex.session, RunnerSession) and ex.session.handshake_seconds == 0.0
+        result = await ex.run("import os\nprint(type(os.getpid).__name__, ().__class__.__base__.__name__)")
+        assert result.ok and result.stdout == "builtin_function_or_method object\n", result
+    async with HostExecutor(**guarded) as ex:
+        refused = await ex.run("import os")
+        assert refused.error is not None and refused.error.type == "PolicyViolation", refused
+        escaped = await ex.run("print(().__class__.__base__)")
+        assert escaped.error is not None and escaped.stdout == "", escaped
