@@ -35,6 +35,11 @@ class MemoryReserve:
         self.block: mmap.mmap | None = None
         self.limit = 0
         """The address-space limit the reserve lives under (RLIMIT_AS, read at `init`); 0: none."""
+        self.size_fd: int | None = None
+        """This process's /proc/<pid>/statm, opened once and re-read after every run (a run then pays
+        a read and an fstat, not an audited open, a read and a close); None: none open (the check
+        releases)."""
+        self._size_file: tuple[int, int] | None = None  # (st_dev, st_ino) of what `size_fd` opened
 
     def read_limit(self) -> None:
         """After the limits are set: the address-space limit the room is measured against."""
@@ -42,20 +47,38 @@ class MemoryReserve:
 
         soft = resource.getrlimit(resource.RLIMIT_AS)[0]
         self.limit = 0 if soft == resource.RLIM_INFINITY else soft
+        self.reopen()
+
+    def reopen(self) -> None:
+        """Open this process's statm afresh: at `init`, and in a forked session's runner (a
+        descriptor of /proc/self stays bound to the process that opened it)."""
+        if self.size_fd is not None:
+            try:
+                os.close(self.size_fd)
+            except OSError:
+                pass  # (closed by the code)
+            self.size_fd = self._size_file = None
+        if self.limit and self.size:
+            try:
+                with self.system.trusted():
+                    fd = os.open("/proc/self/statm", os.O_RDONLY)
+                opened = os.fstat(fd)
+            except OSError:
+                return  # (out of descriptors under the code's limit) each run releases the reserve
+            self.size_fd, self._size_file = fd, (opened.st_dev, opened.st_ino)
 
     def release_unless_room(self) -> None:
         """After a run: release the reserve unless at least its size of address space is still free
         under the limit (the process's size is read from /proc; any doubt releases it)."""
         if self.block is None:
             return
-        if self.limit:
+        if self.limit and self.size_fd is not None:
             try:
-                with self.system.trusted():
-                    fd = os.open("/proc/self/statm", os.O_RDONLY)
-                    try:
-                        pages = int(os.read(fd, 64).split()[0])
-                    finally:
-                        os.close(fd)
+                # the code may have closed the number or put a file of its own there (os.dup2)
+                found = os.fstat(self.size_fd)
+                if (found.st_dev, found.st_ino) != self._size_file:
+                    raise ValueError("not the statm the reserve opened")
+                pages = int(os.pread(self.size_fd, 64, 0).split()[0])
                 if self.limit - pages * mmap.PAGESIZE >= self.size:
                     return
             except (OSError, ValueError, IndexError, MemoryError):

@@ -290,17 +290,19 @@ class Runner:
         return 2 + (self.streamer.thread is not None)
 
     def private_fds(self) -> frozenset[int]:
-        """The runner's own descriptors (the channel, the capture pipes), which the code may not use."""
-        return frozenset(
-            (
-                self.channel.reader.fileno(),
-                self.channel.write_fd,
-                self.stdout.fd,
-                self.stderr.fd,
-                self.stdout.read_fd,
-                self.stderr.read_fd,
-            )
-        )
+        """The runner's own descriptors (the channel, the capture pipes, the reserve's reading of the
+        process's size), which the code may not use."""
+        own = {
+            self.channel.reader.fileno(),
+            self.channel.write_fd,
+            self.stdout.fd,
+            self.stderr.fd,
+            self.stdout.read_fd,
+            self.stderr.read_fd,
+        }
+        if self.reserve.size_fd is not None:
+            own.add(self.reserve.size_fd)
+        return frozenset(own)
 
     def offer_temporary_directory(self) -> None:
         """``TMPDIR`` is the working directory when the caller set none and ``/tmp`` is not this
@@ -322,6 +324,7 @@ class Runner:
             os.environ["TMPDIR"] = self.workdir
             _forget_temporary_directory(cached=previous)
         self.closing_listing = None
+        self.reserve.reopen()
         self.system.workdir = self.workdir
         self.system.protected_fds = self.private_fds()
 
