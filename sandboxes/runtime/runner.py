@@ -125,6 +125,9 @@ class Runner:
         self.workdir = os.path.realpath(os.getcwd())
         self.closing_listing: dict[str, tuple[int, int]] | None = None
         """The last run's listing of the working directory after it ran (None: none to trust)."""
+        self.empty_stamp: tuple[int, int, int] | None = None
+        """The working directory's `artifacts.empty_stamp` from a listing that found it empty: while
+        it reads the same, the directory is still empty and a listing need not scan it."""
         self.reserve = limits.MemoryReserve(0, self.system)
         self.subreaper = False  # set by `main` when the runner took orphans (a fork restores it)
 
@@ -323,7 +326,7 @@ class Runner:
         if os.environ.get("TMPDIR") == previous:
             os.environ["TMPDIR"] = self.workdir
             _forget_temporary_directory(cached=previous)
-        self.closing_listing = None
+        self.closing_listing = self.empty_stamp = None
         self.reserve.reopen()
         self.system.workdir = self.workdir
         self.system.protected_fds = self.private_fds()
@@ -394,7 +397,7 @@ class Runner:
             elif from_last and closing is not None:
                 before = closing
             else:
-                before = artifacts.snapshot(self.workdir)
+                before = self._listing()
         error: RunError | None = None
         oom = False
         # The audit hook stays active from here on (see SystemGuard): describe() may run the code's
@@ -441,7 +444,8 @@ class Runner:
         written: list[dict[str, Any]] | None = None
         written_omitted = 0
         if before is not None:
-            after = self._snapshot_trusted()
+            with self.system.trusted():
+                after = self._listing()
             written, written_omitted = bounds.bound_artifacts(artifacts.changed_files(before, after))
             self.closing_listing = after
         final, final_omitted = self.final, 0
@@ -506,9 +510,16 @@ class Runner:
         finally:
             self.final, self.has_final = final
 
-    def _snapshot_trusted(self) -> dict[str, tuple[int, int]]:
-        with self.system.trusted():
-            return artifacts.snapshot(self.workdir)
+    def _listing(self) -> dict[str, tuple[int, int]]:
+        """The working directory's files (`artifacts.snapshot`), without a scan while it is provably
+        still empty (`empty_stamp`). Call it trusted."""
+        stamp = self.empty_stamp
+        if stamp is not None and artifacts.unchanged(self.workdir, stamp):
+            return {}
+        stamp = artifacts.empty_stamp(self.workdir)  # before the scan: a change during it shows
+        listing, bare = artifacts.scan(self.workdir)
+        self.empty_stamp = stamp if bare else None  # a subdirectory's changes do not show in ours
+        return listing
 
     def describe(self, exc: BaseException, filename: str) -> dict[str, Any]:
         kind = type(exc).__name__

@@ -185,3 +185,29 @@ async def test_the_last_runs_listing_opens_the_next_run_only_when_nothing_else_h
     assert after_upload.artifacts == [], after_upload.artifacts
     assert after_untracked.artifacts == [], after_untracked.artifacts
     assert [(a.path, a.size) for a in after_define.artifacts or []] == [("b.txt", 1)]
+
+
+async def test_files_made_in_a_working_directory_left_empty_and_quiet_are_found(executor_factory):
+    """A listing that finds the working directory empty, its last change 50 ms back or more, keeps
+    the directory's change time, and while that reads the same the next listing does not scan: a
+    file made then is still found, and so is one whose maker set the directory's times back, and one
+    made in a subdirectory (a directory holding only an empty subdirectory is never taken as empty)."""
+    settle = "import time\ntime.sleep(0.2)\n"  # the directory's last change 50 ms behind the listing
+    async with executor_factory(timeout=10, policy=policy("os", "time")) as ex:
+        await ex.run(settle)
+        await ex.run("print(1)")
+        quiet = await ex.run("print(2)")
+        made = await ex.run("open('a.txt', 'w').write('1')")
+        await ex.run("import os\nos.remove('a.txt')\n" + settle)
+        await ex.run("print(3)")
+        hidden = await ex.run(
+            "import os\nbefore = os.stat('.')\nopen('b.txt', 'w').write('22')\n"
+            "os.utime('.', ns=(before.st_atime_ns, before.st_mtime_ns))\n"
+        )
+        await ex.run("os.remove('b.txt')\nos.mkdir('sub')\n" + settle)
+        await ex.run("print(4)")
+        inside = await ex.run("open('sub/c.txt', 'w').write('333')")
+    assert quiet.ok and quiet.artifacts == [], quiet
+    assert [(a.path, a.size) for a in made.artifacts or []] == [("a.txt", 1)], made
+    assert [(a.path, a.size) for a in hidden.artifacts or []] == [("b.txt", 2)], hidden
+    assert [(a.path, a.size) for a in inside.artifacts or []] == [("sub/c.txt", 3)], inside
