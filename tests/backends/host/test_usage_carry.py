@@ -71,3 +71,38 @@ async def test_background_work_between_runs_counts_in_the_next_run() -> None:
         finished = await ex.run("worker.join()\nprint('done')")
     assert started.ok and finished.stdout == "done\n", (started.error, finished.error)
     assert cpu(finished) >= 0.3, (started.usage, finished.usage)
+
+
+async def test_a_child_of_a_thread_that_took_an_ended_threads_place_is_counted() -> None:
+    # The probe lists the runner's threads afresh only when their count changed or one of those it
+    # knows ended: here one thread ends and another starts in its place (the count stays), and the
+    # new one's child burns CPU, alive at the reading. Its CPU is the run's.
+    async with HostExecutor(timeout=30, policy=PLAIN) as ex:
+        first = await ex.run(
+            "import threading\n"
+            "stop, hold = threading.Event(), threading.Event()\n"
+            "old = threading.Thread(target=stop.wait)\n"
+            "old.start()\n"
+            "count = threading.active_count()\n"
+        )
+        await ex.run("print(1)")  # a reading with the old thread known
+        replaced = await ex.run(
+            "import subprocess, sys, time\n"
+            "burn = 'import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.4:\\n"
+            "    pass\\ntime.sleep(30)'\n"
+            "def start_child():\n"
+            "    child = subprocess.Popen([sys.executable, '-c', burn])\n"
+            "    hold.wait()\n"
+            "    child.kill()\n"
+            "    child.wait()\n"
+            "stop.set()\n"
+            "old.join()\n"
+            "new = threading.Thread(target=start_child)\n"
+            "new.start()\n"
+            "time.sleep(1.2)\n"
+            "print(threading.active_count() == count)\n"
+        )
+        await ex.run("hold.set()\nnew.join()")
+    assert first.ok and replaced.ok, (first.error, replaced.error)
+    assert replaced.stdout == "True\n"  # the same number of threads at the reading
+    assert cpu(replaced) >= 0.3, replaced.usage
