@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
+import anyio.lowlevel
 
+from . import polling
 from .errors import FileTooLarge
 
 if TYPE_CHECKING:
@@ -165,6 +167,9 @@ class SocketLineReader:
         self.sock = sock
         self.sock.setblocking(False)
         self._buffer = bytearray()
+        self.quick = True
+        """Whether the last wait for bytes ended within `polling.POLL_SECONDS` (the next one may poll)."""
+        self._woken = 0  # `wake_waiters` calls: a wait that began before the last one ends
         self.sender: int | None = None
         """The sender's pid of the last `exchange_blocking` answer, where the socket passes credentials."""
 
@@ -207,16 +212,48 @@ class SocketLineReader:
             self.sock.setblocking(False)
 
     async def receive_some(self) -> bytes:
-        while True:
-            try:
-                return self.sock.recv(1 << 20)
-            except BlockingIOError:
+        """The next bytes on the socket (b"" at end-of-file): read at once, else after a short poll
+        where `polling` allows one, else once the socket is readable."""
+        try:
+            return self.sock.recv(1 << 20)
+        except BlockingIOError:
+            pass
+        except OSError:  # reset, or closed by a kill
+            return b""
+        started = time.perf_counter()
+        woken = self._woken
+        may_poll = polling.begin_wait()
+        try:
+            if may_poll and self.quick:
+                deadline = started + polling.POLL_SECONDS
+                while True:
+                    await anyio.lowlevel.checkpoint()  # the loop's other tasks run between looks
+                    if self._woken != woken:  # `wake_waiters` while this wait polled
+                        return b""
+                    try:
+                        return self.sock.recv(1 << 20)
+                    except BlockingIOError:
+                        if time.perf_counter() > deadline or not polling.sole_waiter():
+                            break
+                    except OSError:
+                        return b""
+            while True:
+                if self._woken != woken:
+                    return b""
                 try:
                     await anyio.wait_readable(self.sock)
                 except anyio.ClosedResourceError:  # `wake_waiters`: the socket is being closed
                     return b""
-            except (ConnectionResetError, OSError):
-                return b""
+                try:
+                    chunk = self.sock.recv(1 << 20)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return b""
+                self.quick = time.perf_counter() - started <= polling.POLL_SECONDS
+                return chunk
+        finally:
+            polling.end_wait()
 
     def wake_waiters(self) -> None:
         """End a wait on this socket (it then reads as end-of-file): call it on the event loop's thread
@@ -227,6 +264,7 @@ class SocketLineReader:
         the number could not be read on that event loop at all ("Another task is already reading").
         A killed runner's own end does not always close first (a large process takes a while to die).
         """
+        self._woken += 1  # a wait that polls (not registered with the loop) ends at its next look
         if self.sock.fileno() >= 0:
             anyio.notify_closing(self.sock)
 
