@@ -5,16 +5,20 @@
 End to end (medians and p95, ms; measured in alternating blocks of `WARM_BLOCK`, so load that comes
 and goes on a shared machine falls on every row alike):
 - the default warm run, `measure_usage=False`, `track_artifacts=False`, and both off (the lean path);
+- the default warm run with the channel's short poll off (`sandboxes.polling`): what the poll saves;
 - smolagents' `LocalPythonExecutor` on the same snippet (its AST interpreter, which isolates nothing);
 - the floor: one JSON line to a Python process over a socketpair and its JSON line back, read the way
-  the executor reads a reply (`SocketLineReader` on anyio): what any process boundary costs here.
+  the executor reads a reply (`SocketLineReader` on anyio, its poll included): what any process
+  boundary costs here.
 
 Parts (microseconds, medians, in this same run): of the default run, the runner's time (as it
 reports it) and the code's own; the usage probe's readings as the executor takes them (on the host,
-the previous run's 'after' is this run's 'before': one reading a run); the two working-directory snapshots (`runtime/artifacts.py` on an empty directory, as the
-session's is); the memory reserve's map and unmap; the capture's restart, a write and its collect
-through the drain thread. What is left of the run's wall time after the runner's time and the floor
-is the parent's side (static check, the request, the reply's checks and the result's model).
+the previous run's 'after' is this run's 'before': one reading a run); the working-directory
+listing (`runtime/artifacts.py` on an empty directory, as the session's is: a scan and its diff, and
+the one stat that stands in for them while the directory stays empty and quiet); the memory
+reserve's map and unmap; the capture's restart, a write and its collect through the drain thread.
+What is left of the run's wall time after the runner's time and the floor is the parent's side
+(static check, the request, the reply's checks and the result's model).
 
 The first run in a just-forked process (`--fresh N` sessions from the pool, each opened once the
 pool refilled): its runner time and minor page faults (read from /proc), beside a second run of a
@@ -60,7 +64,10 @@ EXECUTOR_ROWS: dict[str, dict[str, Any]] = {
     "warm run, measure_usage=False": {"measure_usage": False},
     "warm run, track_artifacts=False": {"track_artifacts": False},
     "warm run, lean (both off)": {"measure_usage": False, "track_artifacts": False},
+    "warm run, default, sleeping at once (no poll)": {},
 }
+SLEEPING_ROWS = {"warm run, default, sleeping at once (no poll)"}
+"""Rows measured with the channel's short poll off (`sandboxes.polling`): what the poll saves."""
 
 
 def _runtime(name: str) -> Any:
@@ -101,9 +108,15 @@ def runner_part_samples(n: int) -> dict[str, list[float]]:
     capture = _runtime("capture")
     found: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as root:
-        found["working-directory snapshots (2, empty directory)"] = _timed(
-            lambda: artifacts.changed_files(artifacts.snapshot(root), artifacts.snapshot(root)), n
+        found["working-directory scan + diff (empty directory)"] = _timed(
+            lambda: artifacts.changed_files({}, artifacts.snapshot(root)), n
         )
+        time.sleep(2 * artifacts.QUIET_NS / 1e9)
+        stamp = artifacts.empty_stamp(root)
+        if stamp is not None:  # a filesystem whose change times vouch for it (see artifacts.py)
+            found["of it what a quiet empty directory costs (one stat)"] = _timed(
+                lambda: artifacts.unchanged(root, stamp), n
+            )
     reserve = limits.MemoryReserve(limits.RESERVE_BYTES, _Trusted())
 
     def map_and_unmap() -> None:
@@ -157,9 +170,10 @@ async def executor_samples(
     the default session's parts (runner, code, usage probe)."""
     from contextlib import AsyncExitStack
 
-    from sandboxes import HostExecutor
+    from sandboxes import HostExecutor, polling
     from sandboxes.executor import USAGE_TIMEOUT, _stop_probe
 
+    spare_cpu = polling.SPARE_CPU
     rows: dict[str, list[float]] = {name: [] for name in EXECUTOR_ROWS}
     if beside is not None:
         rows["smolagents LocalPythonExecutor (unisolated)"] = []
@@ -176,6 +190,7 @@ async def executor_samples(
         while len(rows["warm run, default"]) < n:
             block = min(WARM_BLOCK, n - len(rows["warm run, default"]))
             for name, executor in executors.items():
+                polling.SPARE_CPU = spare_cpu and name not in SLEEPING_ROWS
                 for _ in range(block):
                     started = time.perf_counter()
                     result = await executor.run(SNIPPET)
@@ -186,6 +201,7 @@ async def executor_samples(
                         session: Any = default.session
                         parts["runner's time (reported)"].append(session.runner_seconds or 0.0)
                         parts["of it the code's own (reported)"].append(session.exec_seconds or 0.0)
+            polling.SPARE_CPU = spare_cpu
             if beside is not None:
                 rows["smolagents LocalPythonExecutor (unisolated)"].extend(beside() for _ in range(block))
         session = default.session
