@@ -7,7 +7,8 @@ CPU takes tens of microseconds (in a VM a trip through the hypervisor: here abou
 letting the loop's other tasks run between looks, for up to `POLL_SECONDS`, and sleeps only after
 that. It polls only where the CPU it spends would otherwise idle:
 
-- this process may run on at least two CPUs (one is left for the sandbox to answer on);
+- this process may run on at least two CPUs (one is left for the sandbox to answer on): its
+  affinity mask, read once at import (a CPU quota, such as a container's ``cpu.max``, is not seen);
 - it is the only reader waiting in this process (a batch of sessions, or a server's many, sleep as
   before: there the CPU has other work, and every wake-up is shared by many answers);
 - the reader's last wait ended within `POLL_SECONDS` (a session whose runs take longer does not
