@@ -12,7 +12,10 @@ that. It polls only where the CPU it spends would otherwise idle:
 - it is the only reader waiting in this process (a batch of sessions, or a server's many, sleep as
   before: there the CPU has other work, and every wake-up is shared by many answers);
 - the reader's last wait ended within `POLL_SECONDS` (a session whose runs take longer does not
-  poll in vain run after run; one quick answer brings the polling back).
+  poll in vain run after run; one quick answer brings the polling back);
+- it is the first wait since the reader last sent: it polls for the answer to a message, once. The
+  other side may send its answer a byte at a time (a runner the code replaced), and a poll per wait
+  would keep this process's loop polling as long as it trickles.
 
 The CPU spent polling is the parent's, never the sandbox's: a run's `usage` does not count it.
 """

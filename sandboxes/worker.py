@@ -170,6 +170,10 @@ class SocketLineReader:
         self.quick = True
         """Whether the last wait for bytes ended within `polling.POLL_SECONDS` (the next one may poll)."""
         self._woken = 0  # `wake_waiters` calls: a wait that began before the last one ends
+        self._poll_owed = False
+        # One poll per message sent: an answer to it is what comes quickly. The other side may send
+        # a byte at a time (a runner the code replaced), and a poll per wait would then keep this
+        # process's loop polling as long as it trickles.
         self.sender: int | None = None
         """The sender's pid of the last `exchange_blocking` answer, where the socket passes credentials."""
 
@@ -224,7 +228,8 @@ class SocketLineReader:
         woken = self._woken
         may_poll = polling.begin_wait()
         try:
-            if may_poll and self.quick:
+            if may_poll and self.quick and self._poll_owed:
+                self._poll_owed = False
                 deadline = started + polling.POLL_SECONDS
                 while True:
                     await anyio.lowlevel.checkpoint()  # the loop's other tasks run between looks
@@ -282,6 +287,7 @@ class SocketLineReader:
             except (BrokenPipeError, ConnectionResetError, OSError) as exc:
                 raise WorkerExited(f"the runner's channel is closed ({exc})") from exc
             view = view[sent:]
+        self._poll_owed = True
 
 
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid

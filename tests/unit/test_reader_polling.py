@@ -1,11 +1,14 @@
 """A channel reader's short poll before it sleeps (`sandboxes/polling.py`): it lets the event loop's
 other tasks run between its looks, steps aside once another reader waits, ends when its waiters are
-woken for a close, and leaves the process-wide count of waiting readers as it found it, however its
-wait ends. Over real socketpairs, in this process."""
+woken for a close, polls once per message it sent (a peer that trickles its answer cannot keep it
+polling), and leaves the process-wide count of waiting readers as it found it, however its wait
+ends. Over real socketpairs, in this process."""
 
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from collections.abc import Iterator
 
 import anyio
@@ -45,6 +48,7 @@ async def test_the_loop_runs_other_tasks_while_a_reader_polls(
         ran.append("answer")
         theirs.sendall(b"reply\n")
 
+    await reader.send(b"request\n")
     with anyio.fail_after(10):
         async with anyio.create_task_group() as group:
             group.start_soon(answer)
@@ -59,6 +63,7 @@ async def test_a_wake_for_a_close_ends_a_wait_that_polls(
 ) -> None:
     reader, _theirs = pair
     got: list[bytes] = []
+    await reader.send(b"request\n")
 
     async def wait() -> None:
         got.append(await reader.receive_some())
@@ -112,6 +117,7 @@ async def test_a_cancelled_wait_is_no_longer_counted(
 ) -> None:
     reader, _theirs = pair
     for _ in range(2):  # polling, then (the poll given up) sleeping
+        await reader.send(b"request\n")
         with anyio.move_on_after(0.05):
             await reader.receive_some()
         assert polling._waiting == 0
@@ -129,12 +135,39 @@ async def test_a_slow_answer_stops_the_polling_and_a_quick_one_brings_it_back(
         await anyio.sleep(seconds)
         theirs.sendall(b"x\n")
 
+    await reader.send(b"request\n")
     async with anyio.create_task_group() as group:
         group.start_soon(answer_after, 0.2)  # far past the poll
         assert await reader.receive_line() == b"x\n"
     assert reader.quick is False
     monkeypatch.setattr(polling, "POLL_SECONDS", 60.0)
+    await reader.send(b"request\n")
     async with anyio.create_task_group() as group:
         group.start_soon(answer_after, 0.01)  # within it (the reader sleeps: its last wait was slow)
         assert await reader.receive_line() == b"x\n"
     assert reader.quick is True
+
+
+async def test_a_peer_that_trickles_its_answer_does_not_keep_the_reader_polling(
+    pair: tuple[SocketLineReader, socket.socket], long_polls: None
+) -> None:
+    # A byte every 10 ms for 0.4 s, each one within the (here endless) poll: a poll per wait would
+    # look at the socket the whole time, one per message sent only until the first byte.
+    reader, theirs = pair
+
+    def trickle() -> None:
+        for _ in range(40):
+            time.sleep(0.01)
+            theirs.sendall(b"x")
+        theirs.sendall(b"\n")
+
+    await reader.send(b"request\n")
+    sender = threading.Thread(target=trickle)
+    cpu = time.thread_time()
+    sender.start()
+    with anyio.fail_after(10):
+        line = await reader.receive_line()
+    spent = time.thread_time() - cpu
+    sender.join()
+    assert line == b"x" * 40 + b"\n"
+    assert spent < 0.15, f"the reader spent {spent:.3f} s of CPU on a 0.4 s trickle"
