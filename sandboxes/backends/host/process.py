@@ -41,7 +41,7 @@ from ...worker import CappedBytes, ForkPlan, SocketLineReader, Worker, WorkerExi
 from ..resources import resources
 from .bubblewrap import Bubblewrap, choose
 from .probe import ProcessProbe
-from .reap import REAPER, PrivateUsers, UidBlocks
+from .reap import REAPER, PrivateUsers, UidBlocks, Unconfirmed
 from .sweep import kill_user_processes, process_uids, signal_user, start_time, wait_until_reaped
 
 RUNNER = RUNTIME_DIR / "runner.py"
@@ -83,7 +83,6 @@ class HostWorker(Worker):
         # that sweeps a user's processes runs only for the last of them; the others end by their tree.
         self.family: set[HostWorker] = {self}
         self.reaped = threading.Event()  # set once killed and reaped (`kill_now` has finished)
-        self._free_uid = False
         # A fork's runner names its child's pid, which the code can forge: the child is nobody's
         # until its greeting's credentials prove which process it is (`_prove_fork`).
         self._claimed: int | None = None
@@ -185,61 +184,93 @@ class HostWorker(Worker):
             return False
 
     def kill_now(self) -> None:
-        """Synchronous kill and reap, for `atexit`, `kill()` and the reaper thread (`retire`)."""
+        """Synchronous kill and reap, for `atexit`, `kill()` and discarded pool workers."""
         try:
-            self._kill_now()
+            kill = self._signal()
+            if kill is None:  # killed before (its own kill frees what it holds)
+                self._clean_up(None, gone=False)
+            else:
+                self._clean_up(kill, gone=not kill.waits() or wait_until_reaped(*kill.watch()))
         finally:
-            _LIVE_WORKERS.discard(self)
-            self.reaped.set()
+            self._ended()
 
-    def _kill_now(self) -> None:
-        if not self._killed:
-            self.family.discard(self)
-            last = not self.family  # no fork shares this session's user any more
-            own_tree = not last and self.process is None and self.isolation == "namespaces"
-            tree = self.process_tree() if own_tree else None
-            self._killed = True
-            sweep = self.uid is not None and last and (self.isolation == "process" or self.process is None)
-            # One kill(-1) as the session's user ends all it started without a walk; the reap's wait
-            # below confirms. Only under namespaces: for that call this thread is the session's user,
-            # and only there can none of the session's processes name it (our pid is not in their
-            # PID namespace) to signal it back; at the process level they could, so they are walked.
-            swept = (
-                sweep and self.uid is not None and self.isolation == "namespaces" and signal_user(self.uid)
-            )
-            if self.pid is not None and (self.process is not None or self._still_ours()):
-                if self.isolation == "process":
-                    kill_process_tree(self.pid)
-                signal_group(self.pid, signal.SIGKILL)
-            elif tree is not None and not last and tree.alive():
-                kill_process_tree(tree.pid, include_root=True)  # its own tree: not its forks'
-                signal_group(tree.pid, signal.SIGKILL)
-            if sweep and not swept and self.uid is not None:
-                kill_user_processes(self.uid, self.server_pid)
-            self.channel.sock.close()
-            gone = True
-            if self.process is None:
-                if self.isolation == "process":
-                    watched, start = self.pid, self.start_time
-                elif self._tree is not None:  # its host pid: waiting on it is cheaper than on its user
-                    watched, start = self._tree.pid, self._tree.start_time
-                else:
-                    watched = start = None
-                gone = wait_until_reaped(watched, start, self.uid if last else None, self.server_pid)
-            self._free_uid = self.uid is not None and last and gone
-            if self._tree is not None:
-                self._tree.close()
+    def kill_then_confirm(self) -> Unconfirmed | None:
+        """The reaper's kill: every process is signalled now; showing them gone (and so freeing the
+        private uid) is left to the reaper's next look at all the sessions it killed, which calls
+        `Unconfirmed.confirmed`. None when there is nothing to wait for (then the worker is done)."""
+        try:
+            kill = self._signal()
+        except BaseException:
+            self._ended()
+            raise
+        if kill is None or not kill.waits():
+            self._confirmed(kill, gone=kill is not None)
+            return None
+        kill.confirmed = functools.partial(self._confirmed, kill)
+        return kill
+
+    def _confirmed(self, kill: Unconfirmed | None, gone: bool) -> None:
+        try:
+            self._clean_up(kill, gone)
+        finally:
+            self._ended()
+
+    def _ended(self) -> None:
+        _LIVE_WORKERS.discard(self)
+        self.reaped.set()
+
+    def _signal(self) -> Unconfirmed | None:
+        """Kill every process of this session, once: what is then left to show gone (None if this
+        worker was killed before)."""
+        if self._killed:
+            return None
+        self.family.discard(self)
+        last = not self.family  # no fork shares this session's user any more
+        own_tree = not last and self.process is None and self.isolation == "namespaces"
+        tree = self.process_tree() if own_tree else None
+        self._killed = True
+        sweep = self.uid is not None and last and (self.isolation == "process" or self.process is None)
+        # One kill(-1) as the session's user ends all it started without a walk; the reap's wait
+        # confirms. Only under namespaces: for that call this thread is the session's user, and
+        # only there can none of the session's processes name it (our pid is not in their PID
+        # namespace) to signal it back; at the process level they could, so they are walked.
+        swept = sweep and self.uid is not None and self.isolation == "namespaces" and signal_user(self.uid)
+        if self.pid is not None and (self.process is not None or self._still_ours()):
+            if self.isolation == "process":
+                kill_process_tree(self.pid)
+            signal_group(self.pid, signal.SIGKILL)
+        elif tree is not None and not last and tree.alive():
+            kill_process_tree(tree.pid, include_root=True)  # its own tree: not its forks'
+            signal_group(tree.pid, signal.SIGKILL)
+        if sweep and not swept and self.uid is not None:
+            kill_user_processes(self.uid, self.server_pid)
+        self.channel.sock.close()
+        uid = self.uid if last else None
+        if self.process is not None:  # our own child, waited for by `_clean_up`: no walk
+            return Unconfirmed(None, None, None, None, frees=uid)
+        if self.isolation == "process":
+            watched, start = self.pid, self.start_time
+        elif self._tree is not None:  # its host pid: waiting on it is cheaper than on its user
+            watched, start = self._tree.pid, self._tree.start_time
+        else:
+            watched = start = None
+        return Unconfirmed(watched, start, uid, self.server_pid, frees=uid)
+
+    def _clean_up(self, kill: Unconfirmed | None, gone: bool) -> None:
+        """After `kill` (None: the kill was another call's): the directory removed, and the uid
+        freed when `gone` was shown."""
+        if self._tree is not None:
+            self._tree.close()
         if self.process is not None:
             try:
                 self.process.wait(timeout=5)
             except subprocess.TimeoutExpired:
-                self._free_uid = False
+                gone = False
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             _RETIRED_BASES.remove_if_empty(os.path.dirname(self.workdir))
-        if self._free_uid and self.uid is not None:
-            self._free_uid = False
-            PRIVATE_USERS.release(self.uid)
+        if gone and kill is not None and kill.frees is not None:
+            PRIVATE_USERS.release(kill.frees)
 
     # ------------------------------------------------------------------ fork (runtime/sessionfork.py)
 
@@ -356,7 +387,7 @@ class HostWorker(Worker):
     async def retire(self) -> None:
         """End an idle worker off the caller's path: the reaper thread kills and reaps it
         (`host/reap.py`); `wait_reaped` waits for that."""
-        await REAPER.submit(self.kill_now)
+        await REAPER.submit(self.kill_then_confirm)
 
     async def wait_reaped(self, timeout: float = 30.0) -> bool:
         return await anyio.to_thread.run_sync(self.reaped.wait, timeout)

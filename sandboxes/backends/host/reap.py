@@ -2,8 +2,12 @@
 
 Killing a worker and waiting until the kernel has reaped everything it started is mostly waiting (a
 few milliseconds of /proc scans and signals), so `close()` hands the worker to one reaper thread and
-returns. The backlog is bounded (`BACKLOG`): past it a `close()` waits for room, so a loop that opens
-sessions faster than they can die slows down instead of piling up dying processes.
+returns. The reaper signals each worker's processes at once, and shows them gone in batches: every
+`SETTLE_EVERY` seconds one walk of the fork server's processes confirms every session it killed
+since (a walk per session cost a grader opening a session per program half a millisecond of CPU
+each). The backlog is bounded (`BACKLOG`, killed and unconfirmed alike): past it a `close()` waits
+for room, so a loop that opens sessions faster than they can die slows down instead of piling up
+dying processes.
 
 A private uid is handed out again only after every process of the session that held it is gone
 (`PrivateUsers.release` runs after the reap), so a new session never shares a user with what is left
@@ -20,26 +24,93 @@ import queue
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 
 import anyio
 
 from ...errors import WorkerStartError
 from ..resources import resources
+from .sweep import start_time, users_present
 
 BACKLOG = 64
-"""Closed workers at most waiting to be killed and reaped before `close()` waits for room."""
+"""Closed workers at most waiting to be killed, or killed and not yet shown gone, before `close()`
+waits for room."""
+SETTLE_EVERY = 0.01
+"""Seconds between the reaper's looks at the sessions it killed: one walk shows all of them gone."""
+SETTLE_LIMIT = 2.0
+"""Seconds a killed session's processes have to be shown gone; past it its uid is never handed out
+again (`PrivateUsers`)."""
+
+
+class Unconfirmed:
+    """A killed worker whose processes are not yet shown gone: its runner's host pid (with its
+    start time, so a reused pid is not taken for it) and its private user's processes below the
+    fork server `within` (every process on the machine when None)."""
+
+    __slots__ = ("pid", "start", "uid", "within", "frees", "deadline", "confirmed")
+
+    def __init__(
+        self, pid: int | None, start: int | None, uid: int | None, within: int | None, frees: int | None
+    ) -> None:
+        self.pid, self.start, self.uid, self.within = pid, start, uid, within
+        self.frees = frees
+        """The uid to hand out again once shown gone (this session was the last of its family)."""
+        self.deadline = time.monotonic() + SETTLE_LIMIT
+        self.confirmed: Callable[[bool], None] = lambda gone: None
+        """Called once, with whether the processes were shown gone (set by the worker)."""
+
+    def waits(self) -> bool:
+        return self.pid is not None or self.uid is not None
+
+    def watch(self) -> tuple[int | None, int | None, int | None, int | None]:
+        """`sweep.wait_until_reaped`'s arguments, for a caller that waits for this one alone."""
+        return self.pid, self.start, self.uid, self.within
+
+
+def settle(pending: list[Unconfirmed]) -> list[Unconfirmed]:
+    """Confirm each of `pending` whose runner has left the process table and whose user has no
+    process left (one walk per fork server for all of them), give up on those past their deadline,
+    and return the rest."""
+    running = {id(p) for p in pending if p.pid is not None and start_time(p.pid) == p.start}
+    users: dict[int | None, set[int]] = {}
+    for p in pending:
+        if p.uid is not None and id(p) not in running:
+            users.setdefault(p.within, set()).add(p.uid)
+    present = {within: users_present(uids, within) for within, uids in users.items()}
+    now, left = time.monotonic(), []
+    for p in pending:
+        gone = id(p) not in running and (p.uid is None or p.uid not in present[p.within])
+        if gone or now >= p.deadline:
+            try:
+                p.confirmed(gone)
+            except Exception:  # noqa: BLE001, S110 - one clean-up must not stop the others
+                pass
+        else:
+            left.append(p)
+    return left
+
+
+class _Mark:
+    """`drain`'s place in the queue: reached once everything before it is killed and settled."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
 
 
 class Reaper:
-    """One daemon thread that runs the kills handed to it, in order."""
+    """One daemon thread that runs the kills handed to it, in order, and confirms them in batches.
+
+    A kill returns None (done) or an `Unconfirmed`, which the thread settles with the others."""
 
     def __init__(self, backlog: int = BACKLOG) -> None:
-        self._queue: queue.Queue[Callable[[], None]] = queue.Queue(maxsize=backlog)
+        self.backlog = backlog
+        self._queue: queue.Queue[Callable[[], Unconfirmed | None] | _Mark] = queue.Queue(maxsize=backlog)
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._pending: list[Unconfirmed] = []
 
-    async def submit(self, kill: Callable[[], None]) -> None:
+    async def submit(self, kill: Callable[[], Unconfirmed | None]) -> None:
         """Queue `kill`; returns at once unless the backlog is full."""
         self._start()
         try:
@@ -48,20 +119,16 @@ class Reaper:
             await anyio.to_thread.run_sync(self._queue.put, kill)
 
     def drain(self, timeout: float = 30.0) -> bool:
-        """Block until every queued kill has run (at exit, and for callers that must see nothing left);
-        False if that took longer than `timeout`."""
-        done = threading.Event()
-
-        def mark() -> None:
-            done.set()
-
+        """Block until every queued kill has run and been confirmed or given up on (at exit, and for
+        callers that must see nothing left); False if that took longer than `timeout`."""
         if self._thread is None:
             return True
+        mark = _Mark()
         try:
             self._queue.put(mark, timeout=timeout)
         except queue.Full:
             return False
-        return done.wait(timeout)
+        return mark.done.wait(timeout)
 
     def _start(self) -> None:
         with self._lock:
@@ -70,12 +137,32 @@ class Reaper:
                 self._thread.start()
 
     def _loop(self) -> None:
+        settled = time.monotonic()
         while True:
-            kill = self._queue.get()
             try:
-                kill()
-            except Exception:  # noqa: BLE001 - a failed kill must not stop the ones queued behind it
-                pass
+                job = self._queue.get(timeout=SETTLE_EVERY if self._pending else None)
+            except queue.Empty:
+                job = None
+            if isinstance(job, _Mark):
+                while self._pending:
+                    self._pending = settle(self._pending)
+                    if self._pending:
+                        time.sleep(0.001)
+                job.done.set()
+                continue
+            if job is not None:
+                try:
+                    left = job()
+                except Exception:  # noqa: BLE001 - a failed kill must not stop the ones queued behind it
+                    left = None
+                if left is not None:
+                    self._pending.append(left)
+            if self._pending and time.monotonic() - settled >= SETTLE_EVERY:
+                self._pending = settle(self._pending)
+                settled = time.monotonic()
+            while len(self._pending) >= self.backlog:  # no more kills until some are shown gone
+                time.sleep(0.001)
+                self._pending = settle(self._pending)
 
 
 class UidBlocks:

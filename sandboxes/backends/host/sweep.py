@@ -18,6 +18,7 @@ import platform
 import signal
 import threading
 import time
+from collections.abc import Collection
 
 from ...usage import children, read_text
 
@@ -72,10 +73,27 @@ def user_processes(
     return []
 
 
-def _namespace_processes(uid: int, within: int) -> list[tuple[int, str]]:
-    """(pid, state letter) of `uid`'s processes below `within`, pruned as `user_processes` says."""
-    mine = str(uid)
-    found: list[tuple[int, str]] = []
+def users_present(uids: Collection[int], within: int | None = None) -> set[int]:
+    """Which of `uids` still have a process, zombies included: `user_processes` for many users in
+    one walk instead of one each (the reaper confirms the sessions it killed in batches). A user is
+    absent only when two listings agree; `within` as in `user_processes`."""
+    wanted = {str(uid) for uid in uids}
+    present: set[str] = set()
+    for _ in range(2):
+        if within is None:
+            found = {str(_owner(e)) for e in os.scandir("/proc") if e.name.isdigit()}
+        else:
+            found = {owner for _pid, owners, _state in _namespace_walk(wanted, within) for owner in owners}
+        present |= found & wanted
+        if present == wanted:
+            break  # all found: a second listing could not clear any of them
+    return {int(uid) for uid in present}
+
+
+def _namespace_walk(wanted: set[str], within: int) -> list[tuple[int, list[str], str]]:
+    """(pid, uids, state) of every process below `within` that runs as one of `wanted` or as root,
+    pruned below any other user's process (see `user_processes`)."""
+    found: list[tuple[int, list[str], str]] = []
     queue = [within]
     seen = {within}
     while queue:
@@ -84,15 +102,20 @@ def _namespace_processes(uid: int, within: int) -> list[tuple[int, str]]:
         if owner is None:
             continue  # gone
         uids, state = owner
-        if mine in uids:
-            found.append((pid, state))
-        elif "0" not in uids:
-            continue  # another session's process: nothing of ours lies below it
+        if "0" not in uids and wanted.isdisjoint(uids):
+            continue  # another session's process: nothing of these users lies below it
+        found.append((pid, uids, state))
         for child in children(pid):
             if child not in seen:
                 seen.add(child)
                 queue.append(child)
     return found
+
+
+def _namespace_processes(uid: int, within: int) -> list[tuple[int, str]]:
+    """(pid, state letter) of `uid`'s processes below `within`, pruned as `user_processes` says."""
+    mine = str(uid)
+    return [(pid, state) for pid, uids, state in _namespace_walk({mine}, within) if mine in uids]
 
 
 def _uids_and_state(pid: int) -> tuple[list[str], str] | None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sandboxes import HostExecutor, Policy
-from sandboxes.backends.host import process, sweep
+from sandboxes.backends.host import reap, sweep
 from sandboxes.backends.host.process import PRIVATE_USERS, HostWorker, namespaces_available
 from sandboxes.backends.host.reap import REAPER
 
@@ -68,20 +68,21 @@ def test_signal_user_kills_every_process_of_that_user_only_and_gives_root_back()
 async def test_a_closed_session_is_killed_without_a_walk_then_confirmed_gone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The kill walks nothing (it walked its user's processes twice before); the reap's wait walks
-    until two listings agree that nothing is left (twice at the least, more while processes die)."""
+    """The kill walks nothing (it walked its user's processes twice before); the reaper's settling
+    walks until two listings agree that nothing is left (twice at the least, more while processes
+    die), and only then hands the uid out again."""
     walks = {"kill": 0, "wait": 0}
     phase = "kill"
-    real_walk, real_wait = sweep._namespace_processes, process.wait_until_reaped
+    real_walk, real_settle = sweep._namespace_walk, reap.settle
 
-    def walk(uid: int, within: int) -> Any:
+    def walk(wanted: set[str], within: int) -> Any:
         walks[phase] += 1
-        return real_walk(uid, within)
+        return real_walk(wanted, within)
 
-    def wait(*args: Any, **kwargs: Any) -> bool:
+    def settle(pending: list[reap.Unconfirmed]) -> list[reap.Unconfirmed]:
         nonlocal phase
         phase = "wait"
-        return real_wait(*args, **kwargs)
+        return real_settle(pending)
 
     code = (
         "import subprocess\n"
@@ -94,10 +95,87 @@ async def test_a_closed_session_is_killed_without_a_walk_then_confirmed_gone(
         assert isinstance(worker, HostWorker) and worker.uid is not None and worker.process is None
         assert len(_living(worker.uid)) >= 4  # the runner, the shell and its sleepers, one setsid
         REAPER.drain()
-        monkeypatch.setattr(sweep, "_namespace_processes", walk)
-        monkeypatch.setattr(process, "wait_until_reaped", wait)
+        monkeypatch.setattr(sweep, "_namespace_walk", walk)
+        monkeypatch.setattr(reap, "settle", settle)
     assert REAPER.drain()
     assert worker.reaped.is_set()
     assert _living(worker.uid) == []  # the setsid sleeper too
     assert walks["kill"] == 0 and walks["wait"] >= 2, walks
     assert not PRIVATE_USERS.held(worker.uid)  # shown gone: the uid may be handed out again
+
+
+def _calls() -> tuple[list[bool], Any]:
+    seen: list[bool] = []
+    return seen, seen.append
+
+
+@pytest.mark.skipif(not ROOT, reason="processes of another user need root")
+def test_a_user_with_a_process_left_is_not_confirmed_until_it_is_gone() -> None:
+    """`reap.settle` keeps an entry whose user still has a process (zombies count) and confirms it
+    once the process is gone; past its deadline it gives up, saying so (the uid is then never freed)."""
+    uid = 299_911
+    straggler = subprocess.Popen(["sleep", "60"], user=uid)
+    try:
+        pending = reap.Unconfirmed(None, None, uid, None, frees=uid)
+        seen, pending.confirmed = _calls()
+        assert reap.settle([pending]) == [pending] and seen == []  # still there: not confirmed
+        straggler.kill()
+        straggler.wait()
+        assert reap.settle([pending]) == [] and seen == [True]
+        survivor = subprocess.Popen(["sleep", "60"], user=uid)
+        late = reap.Unconfirmed(None, None, uid, None, frees=uid)
+        late.deadline = time.monotonic() - 1
+        seen, late.confirmed = _calls()
+        assert reap.settle([late]) == [] and seen == [False]  # given up on, never shown gone
+        survivor.kill()
+        survivor.wait()
+    finally:
+        if straggler.poll() is None:
+            straggler.kill()
+            straggler.wait()
+
+
+@pytest.mark.skipif(
+    not (ROOT and namespaces_available()), reason="pooled namespaced sessions as private users"
+)
+async def test_sessions_killed_together_are_shown_gone_by_one_pair_of_listings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the batching is for: three killed sessions are confirmed by two walks of the fork
+    server's processes (two listings that agree), not two each; their uids are free afterwards, and
+    a live session of the same server is left alone."""
+    executors = [HostExecutor(isolation="namespaces", timeout=20) for _ in range(4)]
+    for ex in executors:
+        await ex.open()
+    try:
+        workers = [ex.session.worker for ex in executors]  # type: ignore[union-attr]
+        assert all(isinstance(w, HostWorker) and w.uid is not None for w in workers)
+        killed = [w.kill_then_confirm() for w in workers[:3]]  # type: ignore[union-attr]
+        assert all(k is not None for k in killed)
+        pending = [k for k in killed if k is not None]
+        deadline = time.monotonic() + 10
+        while (
+            any(k.pid is not None and sweep.start_time(k.pid) == k.start for k in pending)
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.005)
+        walks = 0
+        real_walk = sweep._namespace_walk
+
+        def walk(wanted: set[str], within: int) -> Any:
+            nonlocal walks
+            walks += 1
+            return real_walk(wanted, within)
+
+        monkeypatch.setattr(sweep, "_namespace_walk", walk)
+        while pending and time.monotonic() < deadline:  # the kernel may still be tearing one down
+            walks = 0
+            pending = reap.settle(pending)
+        assert pending == [] and walks == 2
+        for worker in workers[:3]:
+            assert worker.reaped.is_set()  # type: ignore[union-attr]
+            assert not PRIVATE_USERS.held(worker.uid)  # type: ignore[union-attr, arg-type]
+        assert (await executors[3].run("print(6 * 7)")).stdout == "42\n"
+    finally:
+        for ex in executors:
+            await ex.close()
