@@ -145,8 +145,9 @@ async def test_sessions_killed_together_are_shown_gone_by_one_pair_of_listings(
     server's processes (two listings that agree), not two each; their uids are free afterwards, and
     a live session of the same server is left alone."""
     executors = [HostExecutor(isolation="namespaces", timeout=20) for _ in range(4)]
-    for ex in executors:
-        await ex.open()
+    for ex in executors:  # each run at once: an open counts as starting until its first run, and
+        await ex.open()  # four starting together would size the pools up for the tests after this
+        assert (await ex.run("pass")).ok
     try:
         workers = [ex.session.worker for ex in executors]  # type: ignore[union-attr]
         assert all(isinstance(w, HostWorker) and w.uid is not None for w in workers)
