@@ -390,6 +390,8 @@ class HostWorker(Worker):
         await REAPER.submit(self.kill_then_confirm)
 
     async def wait_reaped(self, timeout: float = 30.0) -> bool:
+        if self.reaped.is_set():  # a batch's clean-up waits on each in turn: most are done by then
+            return True
         return await anyio.to_thread.run_sync(self.reaped.wait, timeout)
 
     async def exit_info(self) -> WorkerExit:
@@ -547,10 +549,13 @@ def _path_is_world_traversable(path: str) -> bool:
 
 def _private_user(directory: str, isolation: str) -> int | None:
     """A fresh unprivileged uid owning `directory`, when we are root and the worker can use it."""
-    reachable = _path_is_world_traversable(sys.executable) and _path_is_world_traversable(
-        os.path.dirname(directory)
-    )
-    if os.getuid() != 0 or not (isolation == "namespaces" or reachable):
+    if os.getuid() != 0:
+        return None
+    # Under namespaces the sandbox mounts what the worker needs; at the process level the worker
+    # must reach the interpreter and its directory through the host's own permissions.
+    if isolation != "namespaces" and not (
+        _path_is_world_traversable(sys.executable) and _path_is_world_traversable(os.path.dirname(directory))
+    ):
         return None
     uid = PRIVATE_USERS.take()
     for root, dirs, files in os.walk(directory):
