@@ -25,6 +25,7 @@ from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Iterab
 from typing import Annotated, Any, Literal
 
 import anyio
+from anyio.streams.memory import MemoryObjectSendStream
 from pydantic import BaseModel, ConfigDict, Field, field_serializer, field_validator
 
 from .errors import SandboxError
@@ -408,29 +409,40 @@ async def grade_all(
     running = anyio.CapacityLimiter(width)
     send, receive = anyio.create_memory_object_stream[tuple[int, Graded | None]](math.inf)
     done: dict[int, Graded] = {}
+    # The batch ends once every session is gone (on the host, close() returns before the reap):
+    # what a batch costs includes its clean-up, and none is left behind it. One task waits for the
+    # closed sessions in turn, so that most waits find the session already gone (a wait for each
+    # session on its own cost a thread hand-off per program).
+    closed_send, closed_receive = anyio.create_memory_object_stream[Any](4 * width)
 
-    async def one(index: int, program: Program) -> None:
-        async with running:
-            executor, graded = await opened_and_judged(program, grading)
-        await send.send((index, graded))
-        if executor is not None:  # after the slot is handed on and the result is out
-            await executor.close()
-            # The batch ends once every worker is gone (on the host, close() returns before the
-            # reap): what a batch costs includes its clean-up, and none is left behind it.
-            await executor.wait_closed()
+    async def one(index: int, program: Program, closed: MemoryObjectSendStream[Any]) -> None:
+        async with closed:
+            async with running:
+                executor, graded = await opened_and_judged(program, grading)
+            await send.send((index, graded))
+            if executor is not None:  # after the slot is handed on and the result is out
+                await executor.close()
+                await closed.send(executor)
+
+    async def wait_closed() -> None:
+        async with closed_receive:
+            async for executor in closed_receive:
+                await executor.wait_closed()
 
     async def feed(group: anyio.abc.TaskGroup) -> None:
-        index = 0
-        async for item in _items(programs):
-            program = _as_program(item, index)  # a bad item fails the batch here, before it runs
-            await window.acquire()
-            group.start_soon(one, index, program)
-            index += 1
-        total[0] = index
-        await send.send((-1, None))  # the count is known now
+        async with closed_send:
+            index = 0
+            async for item in _items(programs):
+                program = _as_program(item, index)  # a bad item fails the batch here, before it runs
+                await window.acquire()
+                group.start_soon(one, index, program, closed_send.clone())
+                index += 1
+            total[0] = index
+            await send.send((-1, None))  # the count is known now
 
     total = [-1]
     async with anyio.create_task_group() as group, receive:
+        group.start_soon(wait_closed)
         group.start_soon(feed, group)
         following, received, ended = 0, 0, False
         while not ended or received < total[0]:
@@ -454,7 +466,7 @@ async def grade_all(
                     # come out wrapped in a group, which an async generator may not do).
                     group.cancel_scope.cancel()
                     return
-        group.cancel_scope.cancel()  # nothing is left but the finished feed
+        # Every result is out: the task group ends once the last sessions are closed and gone.
 
 
 def grade_sync(

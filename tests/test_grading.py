@@ -242,6 +242,25 @@ async def test_strings_get_their_index_as_id_and_an_async_input_works() -> None:
     ]
 
 
+async def test_a_batch_ends_with_every_session_gone() -> None:
+    """The clean-up is part of the batch: once its last result is taken, no session's working
+    directory is left and (as root) no session still holds its private user."""
+    from sandboxes.backends.host.executor import pooled_workers
+    from sandboxes.backends.host.process import PRIVATE_USERS
+
+    code = "import os\nprint(os.getcwd(), os.getuid())"
+    grading = Grading(backend="host", policy=Policy(python_guards=False))
+    results = [g async for g in grade_all([code] * 6, grading, concurrency=2)]
+    places = [_verdict(g).stdout.split() for g in results]
+    assert len(places) == 6 and all(len(p) == 2 for p in places), places
+    for directory, _uid in places:
+        assert not os.path.exists(directory), directory
+    if os.getuid() == 0:
+        pooled = {w.uid for w in pooled_workers()}
+        for _directory, uid in places:
+            assert not PRIVATE_USERS.held(int(uid)) or int(uid) in pooled, uid
+
+
 async def test_an_empty_batch() -> None:
     assert [g async for g in grade_all([])] == []
 
