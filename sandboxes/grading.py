@@ -411,8 +411,7 @@ async def grade_all(
     done: dict[int, Graded] = {}
     # The batch ends once every session is gone (on the host, close() returns before the reap):
     # what a batch costs includes its clean-up, and none is left behind it. One task waits for the
-    # closed sessions in turn, so that most waits find the session already gone (a wait for each
-    # session on its own cost a thread hand-off per program).
+    # closed sessions in turn, so that most waits find the session already gone and cost nothing.
     closed_send, closed_receive = anyio.create_memory_object_stream[Any](4 * width)
 
     async def one(index: int, program: Program, closed: MemoryObjectSendStream[Any]) -> None:

@@ -37,8 +37,8 @@ BACKLOG = 64
 """Closed workers at most waiting to be killed, or killed and not yet shown gone, before `close()`
 waits for room."""
 SETTLE_EVERY = 0.03
-"""Seconds between the reaper's looks at the sessions it killed: one walk shows all of them gone (a
-grader closing 130 sessions a second had 2 per walk at 10 ms, 4 at 30 ms)."""
+"""Seconds between the reaper's looks at the sessions it killed: one walk shows all of them gone (for
+a grader closing 130 sessions a second, about four)."""
 SETTLE_LIMIT = 2.0
 """Seconds a killed session's processes have to be shown gone; past it its uid is never handed out
 again (`PrivateUsers`)."""
