@@ -60,6 +60,25 @@ def test_humaneval_canonical_smoke() -> None:
     assert "floor: fork()+_exit" in text and "floor: the harness's own fork" in text and "per core" in text
 
 
+def test_humaneval_rounds_alternate_and_show_the_median() -> None:
+    result = humaneval.run(limit=3, concurrency=2, rounds=3, console=quiet())
+    rounds = result["rounds"]
+    assert rounds["count"] == 3 and rounds["sandbox_passed"] == [3, 3, 3]
+    assert len(rounds["sandbox_wall_seconds"]) == len(rounds["harness_wall_seconds"]) == 3
+    shown = rounds["shown"] - 1
+    # the table's round is the median round, and its figures are that round's own
+    assert sorted(rounds["speedups"])[1] == rounds["speedups"][shown] == result["speedup"]
+    assert result["sandbox"]["wall_seconds"] == pytest.approx(rounds["sandbox_wall_seconds"][shown])
+    assert result["baseline"]["wall_seconds"] == pytest.approx(rounds["harness_wall_seconds"][shown])
+    assert result["disagreements"] == []
+    console = quiet()
+    humaneval.report(console, result)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "the median of 3 alternating rounds" in text and f"(round {shown + 1}, shown" in text
+    # two decimals against a 2x target: 1.97x never reads as "2.0x"
+    assert f"vs harness: {result['speedup']:.2f}x faster" in text or "x slower" in text
+
+
 def _samples_with_an_import(tmp_path: Path) -> Path:
     problems = humaneval.load_problems()
     samples = tmp_path / "samples.jsonl"

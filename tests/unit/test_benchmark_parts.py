@@ -64,6 +64,38 @@ def test_slot_seconds_split_by_verdict() -> None:
     assert not humaneval.rest_speedup(theirs[:1], ours[:1])["target_met"]
 
 
+def test_the_median_round_is_one_that_happened() -> None:
+    # speed-ups 2x, 3x, 1.5x: the median is round 1's
+    assert humaneval.median_round([1.0, 1.0, 2.0], [2.0, 3.0, 3.0]) == 0
+    # an even count takes the lower middle (2x of 1x, 2x, 3x, 4x), never an average of two rounds
+    assert humaneval.median_round([1.0, 1.0, 1.0, 1.0], [2.0, 4.0, 3.0, 1.0]) == 0
+    # without a baseline, the median sandbox wall time
+    assert humaneval.median_round([3.0, 1.0, 2.0], []) == 2
+
+
+def test_rounds_summary_and_note() -> None:
+    def outcomes(passed: int) -> list[humaneval.Outcome]:
+        return [humaneval.Outcome(f"HumanEval/{i}", 0, i < passed, "passed", 0.01) for i in range(3)]
+
+    sandbox = [(outcomes(3), 1.0), (outcomes(2), 0.5)]
+    harness = [(outcomes(3), 2.0), (outcomes(3), 2.0)]
+    summary = humaneval.rounds_summary(sandbox, harness, shown=0)
+    assert summary["count"] == 2 and summary["shown"] == 1
+    assert summary["sandbox_passed"] == [3, 2] and summary["speedups"] == [2.0, 4.0]
+    assert (summary["speedup_min"], summary["speedup_max"]) == (2.0, 4.0)
+    note = humaneval.rounds_note({"rounds": summary})
+    assert "median of 2 alternating rounds" in note and "round 1" in note and "2.00x, 4.00x" in note
+    # one round, or a result file from before rounds: the note says nothing more
+    assert humaneval.rounds_note({"rounds": humaneval.rounds_summary(sandbox[:1], harness[:1], 0)}) == ""
+    assert humaneval.rounds_note({}) == ""
+    assert "speedups" not in humaneval.rounds_summary(sandbox, [], shown=1)
+
+
+def test_rounds_below_one_are_refused_before_anything_runs() -> None:
+    with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
+        humaneval.run(rounds=0, console=quiet())
+
+
 def test_policy_comes_from_trusted_parts_only() -> None:
     problems = humaneval.load_problems()
     assert "eval" in humaneval.policy_for(problems["HumanEval/160"]).allow_builtins
