@@ -45,6 +45,7 @@ from ...errors import BackendUnavailable, ProtocolError, WorkerStartError
 from ...executor import Executor, ExecutorOptions
 from ...runtime.protocol import InitRequest
 from ...session import RunnerSession, Session, initialise_ahead
+from ...threadwait import result_of
 from ...worker import Worker, WorkerExited
 from ..resources import WarmPool, resources
 from .demand import BASE_POOL, POOL_PER_CORE, SPAWNERS_PER_CORE, Demand, fixed_sizing, usable_cores
@@ -95,8 +96,7 @@ def _spawner_submit(fn: Callable[..., object], /, *args: object) -> concurrent.f
 
 
 async def _spawn(key: PoolKey, workdir: str | None, workdir_at: str | None = None) -> HostWorker:
-    future = _spawner_submit(make_worker, key[0], workdir, key[1], key[2], workdir_at)
-    return await anyio.to_thread.run_sync(future.result)
+    return await result_of(_spawner_submit(make_worker, key[0], workdir, key[1], key[2], workdir_at))
 
 
 def init_key(init: InitRequest) -> str:
