@@ -800,7 +800,8 @@ def run(
         sandbox_runs.append(sandbox_round(label))
         if baseline:
             harness_runs.append(harness_round(label))
-    shown = median_round([wall for _, wall in sandbox_runs], [wall for _, wall in harness_runs])
+    summary = rounds_summary(sandbox_runs, harness_runs)
+    shown = summary["shown"] - 1
     sandbox, sandbox_wall = sandbox_runs[shown]
     result: dict[str, Any] = {
         "source": source,
@@ -813,7 +814,7 @@ def run(
         "problems": len({j.task_id for j in jobs}),
         "sessions": "reused, a fresh namespace per program" if reuse else "a fresh session per program",
         "sandbox": score(sandbox, sandbox_wall, ks, concurrency),
-        "rounds": rounds_summary(sandbox_runs, harness_runs, shown),
+        "rounds": summary,
     }
     if baseline:
         harness, harness_wall = harness_runs[shown]
@@ -841,39 +842,35 @@ def run(
     return result
 
 
-def median_round(sandbox_walls: Sequence[float], harness_walls: Sequence[float]) -> int:
-    """The index of the round a multi-round result shows: the one whose speed-up (harness wall over
-    sandbox wall) is the median (the lower middle of an even count, so always a round that
-    happened); without a baseline, the one whose sandbox wall time is."""
-    keys = (
-        [ratio(h, s) for s, h in zip(sandbox_walls, harness_walls, strict=True)]
-        if harness_walls
-        else list(sandbox_walls)
-    )
-    middle = statistics.median_low(keys)
-    return keys.index(middle)
+def median_round(keys: Sequence[float]) -> int:
+    """The index of the round a multi-round result shows, from each round's key (its speed-up, or
+    without a baseline its sandbox wall time): the median's, the lower middle of an even count, so
+    always a round that happened."""
+    return list(keys).index(statistics.median_low(keys))
 
 
 def rounds_summary(
     sandbox_runs: Sequence[tuple[Sequence[Outcome], float]],
     harness_runs: Sequence[tuple[Sequence[Outcome], float]],
-    shown: int,
 ) -> dict[str, Any]:
-    """Every round's wall times, passes and speed-up, and which round the result shows (1-based)."""
+    """Every round's wall times, passes and speed-up (harness wall over sandbox wall), and which
+    round the result shows (1-based; `median_round`)."""
+    sandbox_walls = [wall for _, wall in sandbox_runs]
     summary: dict[str, Any] = {
         "count": len(sandbox_runs),
-        "shown": shown + 1,
-        "sandbox_wall_seconds": [wall for _, wall in sandbox_runs],
+        "sandbox_wall_seconds": sandbox_walls,
         "sandbox_passed": [sum(o.passed for o in outcomes) for outcomes, _ in sandbox_runs],
     }
+    keys = sandbox_walls
     if harness_runs:
-        speedups = [ratio(h, s) for (_, s), (_, h) in zip(sandbox_runs, harness_runs, strict=True)]
+        keys = speedups = [ratio(h, s) for s, (_, h) in zip(sandbox_walls, harness_runs, strict=True)]
         summary |= {
             "harness_wall_seconds": [wall for _, wall in harness_runs],
             "speedups": speedups,
             "speedup_min": min(speedups),
             "speedup_max": max(speedups),
         }
+    summary["shown"] = median_round(keys) + 1
     return summary
 
 
