@@ -14,20 +14,31 @@ so `bench humaneval` and `bench runcode` print these floors beside their ratios:
   Manager, a forked Process, the join) around nothing, the harness's fixed cost per program.
 
 Each is run `concurrency` at a time in threads, as the harness itself is, and reported as
-programs per second and per second per core (`per_core`: over the cores the run can use).
+programs per second and per second per core (`per_core`: over the cores the run can use). A floor
+of a hundred forks lasts well under a second, short enough for a shared host's moment to move it by
+half; a run of several rounds therefore measures the floors once per round, beside the sides, and
+shows the median round's (`median_of`), as it shows the median round's speed-up.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sandboxes.runtime import netns
 
-from .common import summarize
+from .common import fmt_ms, summarize
+
+LABELS: dict[str, str] = {
+    "fork_exit": "fork()+_exit of this interpreter per program",
+    "fork_namespaces": "fork()+_exit with network and IPC namespaces of its own per program",
+    "harness_empty": "the harness's own fork per program, empty program",
+}
+"""What each floor is, as the reports name it, in the order they show them."""
 
 EMPTY_PROBLEM: dict[str, Any] = {
     "task_id": "floor/empty",
@@ -138,3 +149,43 @@ def measure(
     if check is not None:
         floors["harness_empty"] = harness_floor(count, concurrency, check, timeout)
     return floors
+
+
+def median_of(rounds: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """Floors measured once per round, as one: per floor, the round whose programs/s per core is
+    the median (the lower middle of an even count, so a measurement that happened), with every
+    round's figure beside it under ``rounds_per_core``. A floor some round lacks is left out."""
+    if not rounds:
+        return {}
+    combined: dict[str, dict[str, Any]] = {}
+    for key in rounds[0]:
+        if not all(key in measured for measured in rounds):
+            continue
+        figures = [measured[key]["per_core_per_second"] for measured in rounds]
+        shown = figures.index(statistics.median_low(figures))
+        combined[key] = {**rounds[shown][key], "rounds_per_core": figures}
+    return combined
+
+
+def notes(
+    floors: dict[str, dict[str, Any]], ours: float | None = None, ours_name: str = "the sandbox"
+) -> list[str]:
+    """One line per floor measured: its programs/s per core and p50, its spread over the rounds where
+    there were several, and (given `ours`, a side's programs/s per core) that side's share of it."""
+    lines = []
+    for key, label in LABELS.items():
+        measured = floors.get(key)
+        if not measured or measured["per_core_per_second"] <= 0:
+            continue
+        line = (
+            f"floor: {label}: {measured['per_core_per_second']:.1f} programs/s per core "
+            f"(p50 {fmt_ms(measured['per_program']['p50_ms'])}"
+        )
+        figures = measured.get("rounds_per_core") or []
+        if len(figures) > 1:
+            line += f"; the median of {len(figures)} rounds, {min(figures):.1f}-{max(figures):.1f}"
+        line += ")"
+        if ours is not None:
+            line += f"; {ours_name} at {ours / measured['per_core_per_second']:.0%} of it"
+        lines.append(line)
+    return lines

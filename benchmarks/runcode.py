@@ -38,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from . import floor
 from .common import fmt_ms, make_console, print_table, progress, publish, ratio, script_main, summarize
 from .floor import cores, measure, per_core
 
@@ -46,6 +47,8 @@ ANNOUNCE = re.compile(r"listening on (\S+) ")
 KEY = "e2b_" + "c3" * 20
 TARGET_OVER_SANDBOXFUSION = 2.0
 """The issue's target: the route's programs/s per core at least twice SandboxFusion's unisolated run_code."""
+GRADING_ISOLATION = "namespaces"
+"""The host isolation the grade_all side runs at; the floors beside it are measured at the same."""
 
 
 class Server:
@@ -135,7 +138,7 @@ def grading_side(
     from sandboxes import Grading, Program, SandboxFailure, grade_all
 
     async def go() -> list[tuple[bool, float]]:
-        grading = Grading(options={"isolation": "namespaces"}, timeout=timeout)
+        grading = Grading(options={"isolation": GRADING_ISOLATION}, timeout=timeout)
         out: list[tuple[bool, float]] = [(False, 0.0)] * len(programs)
         batch = (Program(id=i, code=p) for i, p in enumerate(programs))
         # as they finish, as the route's independent requests do; put back in order by id
@@ -239,7 +242,13 @@ def run(
     verdicts["harness"] = [o.passed for o in outcomes]
 
     with humaneval.harness_output_elsewhere(console):
-        floors = measure(min(len(jobs), 100), concurrency, check, timeout, namespaces=True)
+        floors = measure(
+            min(len(jobs), humaneval.FLOOR_PROGRAMS),
+            concurrency,
+            check,
+            timeout,
+            namespaces=GRADING_ISOLATION == "namespaces",
+        )
     return {
         "programs": len(jobs),
         "source": f"samples from {samples}" if samples else "canonical solutions",
@@ -305,16 +314,7 @@ def report(console: Any, result: dict[str, Any]) -> None:
     notes = [
         f"{names[n]} per core over the harness's: {r:.2f}x" for n, r in result["ratios_to_harness"].items()
     ]
-    for key, label in (
-        ("fork_exit", "fork()+_exit per program"),
-        ("fork_namespaces", "fork()+_exit with network and IPC namespaces per program"),
-        ("harness_empty", "the harness around an empty program"),
-    ):
-        if key in result["floor"]:
-            f = result["floor"][key]
-            notes.append(
-                f"floor: {label}: {f['per_core_per_second']:.1f} programs/s per core (p50 {fmt_ms(f['per_program']['p50_ms'])})"
-            )
+    notes.extend(floor.notes(result["floor"]))
     for name, missed in result["disagreements"].items():
         notes.append(
             f"{names[name]}: "

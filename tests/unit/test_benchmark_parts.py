@@ -10,7 +10,7 @@ import math
 import pytest
 from rich.console import Console
 
-from benchmarks import common, humaneval, latency, security
+from benchmarks import common, floor, humaneval, latency, security
 from benchmarks.humaneval_completions import LOOPS, generate
 
 
@@ -90,6 +90,32 @@ def test_rounds_summary_and_note() -> None:
     alone = humaneval.rounds_summary(sandbox, [])
     # without a baseline: no speed-ups, and the round of the median sandbox wall (0.5 s of 1.0, 0.5)
     assert "speedups" not in alone and alone["shown"] == 2
+
+
+def test_floors_of_several_rounds_show_the_median_round() -> None:
+    def measured(rate: float, p50_ms: float) -> dict[str, object]:
+        return {"programs": 100, "per_core_per_second": rate, "per_program": {"p50_ms": p50_ms}}
+
+    rounds = [
+        {"fork_exit": measured(120.0, 8.0), "fork_namespaces": measured(90.0, 11.0)},
+        {"fork_exit": measured(210.0, 4.0)},  # a round whose namespaces floor was refused
+        {"fork_exit": measured(150.0, 6.0), "fork_namespaces": measured(95.0, 10.0)},
+    ]
+    combined = floor.median_of(rounds)
+    # a floor only some rounds have is left out rather than shown from fewer rounds
+    assert list(combined) == ["fork_exit"]
+    assert combined["fork_exit"]["per_core_per_second"] == 150.0  # the median round's, with its own p50
+    assert combined["fork_exit"]["per_program"] == {"p50_ms": 6.0}
+    assert combined["fork_exit"]["rounds_per_core"] == [120.0, 210.0, 150.0]
+    # an even count shows the lower middle: a round that happened
+    assert floor.median_of(rounds[:2])["fork_exit"]["per_core_per_second"] == 120.0
+    assert floor.median_of([]) == {}
+    (line,) = floor.notes(combined, 75.0)
+    assert line.startswith(f"floor: {floor.LABELS['fork_exit']}: 150.0 programs/s per core (p50 ")
+    assert "; the median of 3 rounds, 120.0-210.0)" in line and line.endswith("the sandbox at 50% of it")
+    # one round: no spread; no side given: no share
+    (single,) = floor.notes(rounds[0] | {"fork_namespaces": measured(0.0, 0.0)})
+    assert single.endswith(")") and "median" not in single and "of it" not in single
 
 
 def test_rounds_below_one_are_refused_before_anything_runs() -> None:
