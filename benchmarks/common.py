@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -62,6 +63,13 @@ def summarize(seconds: Sequence[float]) -> dict[str, float | int]:
         "min_ms": min(seconds) * 1000,
         "max_ms": max(seconds) * 1000,
     }
+
+
+def median_round(keys: Sequence[float]) -> int:
+    """The index of the round a multi-round result shows, from each round's key (a speed-up, a wall
+    time, a floor's rate): the median's, the lower middle of an even count, so always a round that
+    happened."""
+    return list(keys).index(statistics.median_low(keys))
 
 
 def ratio(slow: float, fast: float) -> float:

@@ -23,7 +23,6 @@ shows the median round's (`median_of`), as it shows the median round's speed-up.
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,7 @@ from typing import Any
 
 from sandboxes.runtime import netns
 
-from .common import fmt_ms, summarize
+from .common import fmt_ms, median_round, summarize
 
 LABELS: dict[str, str] = {
     "fork_exit": "fork()+_exit of this interpreter per program",
@@ -162,14 +161,12 @@ def median_of(rounds: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str
         if not all(key in measured for measured in rounds):
             continue
         figures = [measured[key]["per_core_per_second"] for measured in rounds]
-        shown = figures.index(statistics.median_low(figures))
+        shown = median_round(figures)
         combined[key] = {**rounds[shown][key], "rounds_per_core": figures}
     return combined
 
 
-def notes(
-    floors: dict[str, dict[str, Any]], ours: float | None = None, ours_name: str = "the sandbox"
-) -> list[str]:
+def notes(floors: dict[str, dict[str, Any]], ours: float | None = None) -> list[str]:
     """One line per floor measured: its programs/s per core and p50, its spread over the rounds where
     there were several, and (given `ours`, a side's programs/s per core) that side's share of it."""
     lines = []
@@ -186,6 +183,6 @@ def notes(
             line += f"; the median of {len(figures)} rounds, {min(figures):.1f}-{max(figures):.1f}"
         line += ")"
         if ours is not None:
-            line += f"; {ours_name} at {ours / measured['per_core_per_second']:.0%} of it"
+            line += f"; the sandbox at {ours / measured['per_core_per_second']:.0%} of it"
         lines.append(line)
     return lines

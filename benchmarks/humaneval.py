@@ -52,7 +52,6 @@ import functools
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -72,6 +71,7 @@ from .common import (
     fmt_ms,
     fmt_ratio,
     make_console,
+    median_round,
     parse_key_values,
     print_table,
     progress,
@@ -852,13 +852,6 @@ def run(
     if sample_results is not None:
         result["sample_results"] = str(write_sample_results(sample_results, jobs, sandbox))
     return result
-
-
-def median_round(keys: Sequence[float]) -> int:
-    """The index of the round a multi-round result shows, from each round's key (its speed-up, or
-    without a baseline its sandbox wall time): the median's, the lower middle of an even count, so
-    always a round that happened."""
-    return list(keys).index(statistics.median_low(keys))
 
 
 def rounds_summary(
