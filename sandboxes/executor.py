@@ -103,6 +103,25 @@ OutputCallback = Callable[[OutputEvent], Any]
 T = TypeVar("T")
 
 
+def unbounded_at_process_level(policy: Policy) -> tuple[str, str] | None:
+    """What of `policy` runs code outside the Python-level guards, and the option that keeps it
+    inside (None: nothing does). The host's bare `process` level has no wall but those guards, so
+    it refuses such a policy: unguarded code, or a program the code starts (a shell, `curl`, another
+    interpreter), would have this machine's network and files, and run as root (no private user for
+    the session) processes that `Limits.max_processes` does not bound."""
+    if not policy.python_guards:
+        return (
+            "Policy(python_guards=False) runs code without the Python-level guards",
+            "keep python_guards=True",
+        )
+    if policy.subprocess:
+        return (
+            "Policy(subprocess=True) lets the code start programs, which run outside the Python-level guards",
+            "keep subprocess=False",
+        )
+    return None
+
+
 class ExecutorState(enum.Enum):
     """Where an executor is in its life: `open()` moves it to OPEN, `close()` to CLOSED for good."""
 
@@ -248,14 +267,15 @@ class Executor(ABC):
         `release` disposes of the worker at a normal close (default: kill it). `initialised`: the
         worker's runner already answered `init` (`session.initialise_ahead`, by a pool), with the
         request `init or self._runner_init()` exactly: no round trip then."""
-        if not self.policy.python_guards and worker.isolation == "process":
+        refusal = unbounded_at_process_level(self.policy) if worker.isolation == "process" else None
+        if refusal is not None:
+            what, remedy = refusal
             with anyio.CancelScope(shield=True):
                 await worker.kill()
             raise BackendUnavailable(
-                "Policy(python_guards=False) runs code without the Python-level guards, so it needs a "
-                "boundary around the process, and this host backend has only the bare 'process' level: "
-                "install bubblewrap (`apt-get install bubblewrap`) for the 'namespaces' level, or use "
-                "the docker or e2b backend, or keep python_guards=True"
+                f"{what}, so it needs a boundary around the process, and this host backend has only "
+                "the bare 'process' level: install bubblewrap (`apt-get install bubblewrap`) for the "
+                f"'namespaces' level, or use the docker or e2b backend, or {remedy}"
             )
         init = init or self._runner_init()
         if initialised:

@@ -3,8 +3,10 @@
 With subprocesses on, a fork bomb is contained by the process limit and the timeout: nothing it
 started is alive afterwards (children would write markers after the timeout; the test waits past
 it and looks in the working directory: none does), and the executor keeps working; a shell bomb
-left running is gone after `close()` (the test counts this machine's processes). That no process
-starts at all with subprocesses off, by any route, is `benchmarks/corpus/processes.toml`'s.
+left running stays within the process limit while the session idles and is gone after `close()`
+(the test counts this machine's processes). The host's bare `process` level refuses subprocesses
+at open. That no process starts at all with subprocesses off, by any route, is
+`benchmarks/corpus/processes.toml`'s.
 """
 
 from __future__ import annotations
@@ -78,25 +80,59 @@ def _processes_with(token: str) -> list[int]:
     return found
 
 
-@pytest.mark.parametrize("isolation", ["auto", "process"])
-async def test_host_shell_bomb_left_running_dies_with_the_session(isolation: str) -> None:
+BOMB_LEFT_RUNNING = (
+    "import subprocess, time\n"
+    # Doubling every 0.1 s: a real bomb, but one that a shared test machine survives.
+    "subprocess.Popen(['sh', '-c', 'b() {{ sleep 0.1; b & b & }}; b', {token!r}], start_new_session=True)\n"
+    "time.sleep(0.5)\nprint('left it running')\n"
+)
+
+
+async def test_host_shell_bomb_left_running_is_bounded_and_dies_with_the_session() -> None:
     """Host fact: a shell fork bomb that the run leaves in the background (the run itself returns)
-    is bounded while the session idles and gone after close(), at both isolation levels."""
+    stays within `max_processes` while the session idles, and is gone after close()."""
     from sandboxes import HostExecutor
 
     token = f"kodeagent-bomb-{uuid.uuid4().hex[:8]}"
-    code = (
-        "import subprocess, time\n"
-        # Doubling every 0.1 s: a real bomb, but one that a shared test machine survives.
-        f"subprocess.Popen(['sh', '-c', 'b() {{ sleep 0.1; b & b & }}; b', {token!r}], start_new_session=True)\n"
-        "time.sleep(0.5)\nprint('left it running')\n"
-    )
-    async with HostExecutor(policy=WITH_SUBPROCESS, timeout=10, isolation=isolation) as ex:
-        result = await ex.run(code)
+    most = 0
+    async with HostExecutor(policy=WITH_SUBPROCESS, timeout=10) as ex:
+        result = await ex.run(BOMB_LEFT_RUNNING.format(token=token))
         assert result.stdout == "left it running\n", result
+        for _ in range(15):  # 1.5 s idle: unbounded, it would double 15 times
+            most = max(most, len(_processes_with(token)))
+            await anyio.sleep(0.1)
         await assert_usable(ex)
+    assert 2 <= most <= WITH_SUBPROCESS.limits.max_processes, most
     for _ in range(20):
         if not _processes_with(token):
             break
         await anyio.sleep(0.1)
     assert _processes_with(token) == [], "the bomb outlived close()"
+
+
+@pytest.mark.parametrize("pooled", [True, False])
+async def test_the_process_level_refuses_subprocesses_before_anything_runs(
+    tmp_path: pathlib.Path, pooled: bool
+) -> None:
+    """Host fact: the bare `process` level has no wall but the Python-level guards, and a started
+    program runs outside them (with this machine's network and files; as root with no private user,
+    not even bounded by `max_processes`: a bomb filled the pid table). So `subprocess=True` is
+    refused there at open, before the runner gets any code; without it the level still runs code."""
+    from sandboxes import BackendUnavailable, HostExecutor
+
+    token = f"kodeagent-bomb-{uuid.uuid4().hex[:8]}"
+    options: dict[str, object] = {} if pooled else {"workdir": str(tmp_path)}
+    code = "open('marker', 'w').write('ran')\n" + BOMB_LEFT_RUNNING.format(token=token)
+    ex = HostExecutor(policy=WITH_SUBPROCESS, timeout=10, isolation="process", **options)
+    with pytest.raises(BackendUnavailable, match=r"subprocess=True.*bubblewrap.*keep subprocess=False"):
+        async with ex:
+            await ex.run(code)
+    assert ex.session is None
+    await anyio.sleep(0.5)
+    assert _processes_with(token) == [] and not (tmp_path / "marker").exists()
+    guarded = Policy(allowed_imports=MODULES, limits=WITH_SUBPROCESS.limits)
+    async with HostExecutor(policy=guarded, timeout=10, isolation="process", **options) as ex:
+        started = await ex.run(code)
+        assert ex.isolation == "process"
+        assert not started.ok and "subprocess" in str(started.error), started
+    assert _processes_with(token) == []
