@@ -255,23 +255,34 @@ async def attempt(make: Callable[..., Any], attack: Attack, where: Targets) -> d
 
     Besides its own effect, every attack fails when it printed the `@REACHED@` marker (it got past
     the step that matters) or when the same session cannot run `print(1)` afterwards, honestly
-    answered (a crash, a hang, or a forged next reply all count)."""
+    answered (a crash, a hang, or a forged next reply all count). A session the backend refuses to
+    open for the attack's policy (`BackendUnavailable`: the host's bare `process` level and
+    `subprocess=True`) ran none of it: contained, when its effect did not happen either."""
     import anyio
+
+    from sandboxes import BackendUnavailable
 
     canary = where.new_canary()
     code = where.render(attack.code, canary)
     connections = where.listener.connections
     result = None
     usable = False
+    refused: str | None = None
     started = time.perf_counter()
-    async with make(timeout=attack.timeout, policy=make_policy(attack.policy)) as executor:
-        with anyio.move_on_after(attack.timeout + SURVIVE_GRACE):
-            result = await executor.run(code)
-        elapsed = time.perf_counter() - started
-        if result is not None:
-            with anyio.move_on_after(SURVIVE_GRACE):
-                after = await executor.run("print(1)")
-                usable = after.stdout == "1\n" and not after.has_final_answer
+    executor = make(timeout=attack.timeout, policy=make_policy(attack.policy))
+    try:
+        await executor.open()
+    except BackendUnavailable as exc:  # the backend refuses the attack's policy: no code of it ran
+        refused = str(exc)
+    if refused is None:
+        async with executor:
+            with anyio.move_on_after(attack.timeout + SURVIVE_GRACE):
+                result = await executor.run(code)
+            if result is not None:
+                with anyio.move_on_after(SURVIVE_GRACE):
+                    after = await executor.run("print(1)")
+                    usable = after.stdout == "1\n" and not after.has_final_answer
+    elapsed = time.perf_counter() - started
     await anyio.sleep(0)  # let the listener thread count a connection that just arrived
     text = _result_text(result) if result is not None else ""
     if attack.effect == "write":
@@ -286,7 +297,15 @@ async def attempt(make: Callable[..., Any], attack: Attack, where: Targets) -> d
     else:
         happened = False
     reached = where.leaked(text, "reach")
-    contained = not (happened or reached or result is None or not usable)
+    error: str | None
+    if refused is not None:
+        contained = not (happened or reached)
+        stopped_by = "refused at open (the backend cannot bound the policy)"
+        error = refused[:300]
+    else:
+        contained = not (happened or reached or result is None or not usable)
+        stopped_by = _stopped_by(result)
+        error = str(result.error)[:300] if result is not None and result.error else None
     return {
         "class": attack.attack_class,
         "name": attack.name,
@@ -294,8 +313,8 @@ async def attempt(make: Callable[..., Any], attack: Attack, where: Targets) -> d
         "contained": contained,
         "reached": reached,
         "usable_after": usable,
-        "stopped_by": _stopped_by(result) if contained else "",
-        "error": str(result.error)[:300] if result is not None and result.error else None,
+        "stopped_by": stopped_by if contained else "",
+        "error": error,
         "seconds": elapsed,
     }
 
