@@ -103,7 +103,7 @@ OutputCallback = Callable[[OutputEvent], Any]
 T = TypeVar("T")
 
 
-def unbounded_at_process_level(policy: Policy) -> tuple[str, str] | None:
+def _unbounded_at_process_level(policy: Policy) -> tuple[str, str] | None:
     """What of `policy` runs code outside the Python-level guards, and the option that keeps it
     inside (None: nothing does). The host's bare `process` level has no wall but those guards, so
     it refuses such a policy: unguarded code, or a program the code starts (a shell, `curl`, another
@@ -267,7 +267,7 @@ class Executor(ABC):
         `release` disposes of the worker at a normal close (default: kill it). `initialised`: the
         worker's runner already answered `init` (`session.initialise_ahead`, by a pool), with the
         request `init or self._runner_init()` exactly: no round trip then."""
-        refusal = unbounded_at_process_level(self.policy) if worker.isolation == "process" else None
+        refusal = _unbounded_at_process_level(self.policy) if worker.isolation == "process" else None
         if refusal is not None:
             what, remedy = refusal
             with anyio.CancelScope(shield=True):
