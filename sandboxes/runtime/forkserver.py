@@ -11,18 +11,24 @@ With ``--private-network`` (the ``namespaces`` level without network) every chil
 and IPC namespaces of its own before anything else (`netns.py`): without that, sessions of one server
 would share the sandbox's loopback, abstract unix sockets and System V IPC. The kernel takes a
 millisecond or more to make them, so the server keeps one child forked and separated ahead of need
-(`_spare`) and hands each request to it.
+(`_spare`) and hands each request to it. With ``--recycle-network`` too (network off) a spare takes,
+instead of a new network namespace, one an earlier session has left once nothing shows that session
+used it (`Recycler`); its IPC namespace is always new.
 
 Protocol, on a SOCK_SEQPACKET socket passed as stdin: once ready the server sends
 ``{"ready": true, "private_network": bool, "error": str | null}`` (``private_network`` says whether
 its children get namespaces of their own; ``error`` why not, when asked for and refused here).
 Then the parent sends one datagram per session, ``{"workdir": ..., "argv": [...runner flags...]}``
-with the session's channel socket attached (SCM_RIGHTS); the server answers ``{"pid": N}`` once the
-child exists. End-of-file ends the server.
+with the session's channel socket attached (SCM_RIGHTS); the server answers ``{"pid": N, "lease": L}``
+once the child exists (``lease``: its network namespace's, when held for recycling, else null). With
+nothing attached, ``{"release": L}`` says that lease's session has no process left (no answer).
+End-of-file ends the server.
 """
 
 from __future__ import annotations
 
+import collections
+import fcntl
 import importlib.util
 import json
 import os
@@ -32,6 +38,8 @@ import sys
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+RECYCLE_LIMIT = 32
+"""Network namespaces of sessions at most held for later ones; past it the oldest is let go."""
 
 
 def _runner() -> Any:
@@ -62,27 +70,131 @@ def _become_runner(runner: object, channel_fd: int, request: dict, problem: str 
         os._exit(0)
 
 
-def _separate(netns: object) -> str | None:
-    """Move this child into namespaces of its own: None, or why not (the session's fatal message)."""
+def _separate(netns: object, network: int | None = None) -> tuple[str | None, bool]:
+    """Move this child into namespaces of its own (or a new IPC namespace and the recycled network
+    namespace open as `network`): None, or why not (the session's fatal message), and whether the
+    new network namespace is owned by a user namespace of its own (then it is never recycled)."""
     try:
-        netns.separate()  # type: ignore[attr-defined]
+        if network is not None:
+            netns.rejoin(network)  # type: ignore[attr-defined]
+            return None, False
+        return None, netns.separate()  # type: ignore[attr-defined]
     except OSError as exc:
-        return f"could not give the session network and IPC namespaces of its own ({exc})"
-    return None
+        return f"could not give the session network and IPC namespaces of its own ({exc})", False
 
 
-def _spare(runner: object, control: socket.socket, netns: object) -> tuple[int, socket.socket]:
+class Recycler:
+    """The network namespaces of sessions this server handed out, each handed to a later session
+    once the caller has released it and its `netns.Usage` reads as it did when it was new: nothing
+    was sent, refused for want of a route, left bound or in TIME_WAIT, or leased in it. Making a
+    namespace and tearing it down cost the kernel about three times a bare fork; joining one costs
+    a ``setns``.
+
+    Each held namespace has a lease, named in the server's answer for its session. The caller
+    releases it (``{"release": lease}``) once every process of that session's private user is shown
+    gone: only those processes can be in it (the session's runner is the child that joined it, and
+    no process of that user can take another uid). A namespace not released, or not shown
+    unchanged, is let go, never handed out. Only namespaces made as root are held (`netns.separate`).
+    Everything held is at descriptors from `LOWEST` on, which a child closes in one call."""
+
+    LOWEST = 256
+
+    def __init__(self, netns: Any) -> None:
+        self.netns = netns
+        self.home = self._high(os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
+        self._leases = 0
+        self.live: dict[int, tuple[int, Any]] = {}
+        """lease -> (namespace descriptor, its `netns.Usage`, opened when it was new), handed out."""
+        self.released: collections.deque[tuple[int, Any]] = collections.deque()
+
+    def _high(self, fd: int) -> int:
+        try:
+            return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, self.LOWEST)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def close_in_child() -> None:
+        """In a child, once it has joined its namespace: close everything the server holds, so that
+        no session holds another's namespace or the server's."""
+        os.closerange(Recycler.LOWEST, 1 << 20)
+
+    def adopt(self, network: int) -> tuple[int, Any] | None:
+        """A new namespace (its descriptor, sent by its spare before its session starts), read now:
+        what new reads like. None, and let go, when it cannot be held."""
+        try:
+            network = self._high(network)
+        except OSError:
+            return None
+        try:
+            usage = self.netns.usage_of(network, self.home, self.LOWEST)
+        except OSError:
+            os.close(network)
+            if os.stat("/proc/thread-self/ns/net").st_ino != os.fstat(self.home).st_ino:
+                os._exit(70)  # stuck in a session's namespace: end; the caller starts a new server
+            return None
+        return network, usage
+
+    def lend(self, held: tuple[int, Any]) -> int:
+        """Hold `held` for its session; its lease. Past `RECYCLE_LIMIT` the oldest unreleased go."""
+        self._leases += 1
+        self.live[self._leases] = held
+        while len(self.live) > RECYCLE_LIMIT:
+            self._let_go(self.live.pop(next(iter(self.live))))
+        return self._leases
+
+    def release(self, lease: object) -> None:
+        """The caller's word that `lease`'s session has no process left (an unknown lease is ignored)."""
+        held = self.live.pop(lease, None) if isinstance(lease, int) else None
+        if held is not None:
+            self.released.append(held)
+            while len(self.released) > RECYCLE_LIMIT:
+                self._let_go(self.released.popleft())
+
+    def take(self) -> tuple[int, Any] | None:
+        """A released namespace that reads as it did when new, or None; the changed ones are let go."""
+        while self.released:
+            held = self.released.popleft()
+            try:
+                unchanged = held[1].read() == held[1].when_opened
+            except OSError:
+                unchanged = False
+            if unchanged:
+                return held
+            self._let_go(held)
+        return None
+
+    @staticmethod
+    def _let_go(held: tuple[int, Any]) -> None:
+        os.close(held[0])
+        held[1].close()
+
+
+def _spare(
+    runner: object, control: socket.socket, netns: object, recycler: Recycler | None
+) -> tuple[int, socket.socket, tuple[int, Any] | None]:
     """A child forked ahead of its session that has already moved into namespaces of its own (which
     costs the kernel a millisecond or more), waiting on a socket of its own for its session's request
     and channel: handing it over costs a message, and the next spare is made while the parent talks to
-    this one. Returns its pid and the server's end of that socket."""
+    this one. Once separated it says so on that socket, with its new network namespace attached when
+    the `recycler` may hold it. Returns its pid, the server's end of that socket, and the recycled
+    namespace it joined (None: a new one)."""
+    reused = recycler.take() if recycler is not None else None
     handoff, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
         try:
             control.close()
             handoff.close()
-            problem = _separate(netns)
+            problem, own_user = _separate(netns, reused[0] if reused else None)
+            if recycler is not None:
+                Recycler.close_in_child()
+            attached = []
+            if problem is None and reused is None and recycler is not None and not own_user:
+                attached = [os.open("/proc/self/ns/net", os.O_RDONLY)]
+            socket.send_fds(theirs, [b"separated"], attached)
+            for fd in attached:
+                os.close(fd)
             message, fds, _flags, _address = socket.recv_fds(theirs, 1 << 16, 1)
             theirs.close()
             if message and fds:  # end-of-file: the server is gone, or stopped needing this spare
@@ -90,7 +202,36 @@ def _spare(runner: object, control: socket.socket, netns: object) -> tuple[int, 
         finally:
             os._exit(0)
     theirs.close()
-    return pid, handoff
+    return pid, handoff, reused
+
+
+def _hand_over(
+    spare: tuple[int, socket.socket, tuple[int, Any] | None],
+    message: bytes,
+    channel: int,
+    recycler: Recycler | None,
+) -> tuple[int | None, int | None]:
+    """Give `spare` its session (once it has separated): its pid (None if it died first) and the
+    lease of its network namespace (None: not held), the recycled one it joined or its new one."""
+    pid, handoff, held = spare
+    attached: list[int] = []
+    try:
+        status, attached, _flags, _address = socket.recv_fds(handoff, 64, 1)
+        if not status:
+            raise ConnectionError("the spare is gone")
+        if recycler is not None and attached and held is None:
+            held = recycler.adopt(attached.pop())  # before its session starts: what new reads like
+        socket.send_fds(handoff, [message], [channel])
+    except OSError:  # the spare died (killed from outside): a child made now does as well
+        for fd in attached:
+            os.close(fd)
+        if held is not None:
+            Recycler._let_go(held)
+        return None, None
+    finally:
+        handoff.close()
+    lease = recycler.lend(held) if recycler is not None and held is not None else None
+    return pid, lease
 
 
 def _fatal(message: str) -> None:
@@ -119,7 +260,7 @@ def _probe(netns: object) -> str | None:
 
 
 def main(argv: list[str]) -> None:
-    private_network = False
+    private_network = recycle_network = False
     preloads: list[str] = []
     args = iter(argv)
     for flag in args:
@@ -127,6 +268,8 @@ def main(argv: list[str]) -> None:
             sys.path.append(next(args))
         elif flag == "--private-network":
             private_network = True
+        elif flag == "--recycle-network":
+            recycle_network = True
         elif flag == "--preload":
             preloads.append(next(args))
     runner = _runner()
@@ -148,7 +291,13 @@ def main(argv: list[str]) -> None:
     os.close(null)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     control.send(json.dumps({"ready": True, "private_network": netns is not None, "error": error}).encode())
-    spare = _spare(runner, control, netns) if netns is not None else None
+    recycler = None
+    if netns is not None and recycle_network:
+        try:
+            recycler = Recycler(netns)
+        except OSError:  # no descriptor free from `Recycler.LOWEST` on (RLIMIT_NOFILE): every namespace new
+            recycler = None
+    spare = _spare(runner, control, netns, recycler) if netns is not None else None
     while True:
         try:
             message, fds, _flags, _address = socket.recv_fds(control, 1 << 16, 1)
@@ -157,26 +306,26 @@ def main(argv: list[str]) -> None:
         if not message:
             return
         if not fds:
+            if recycler is not None:
+                try:
+                    recycler.release(json.loads(message).get("release"))
+                except (ValueError, AttributeError):  # the caller's own messages: not expected
+                    pass
             continue
-        pid = None
-        if spare is not None:
-            try:
-                socket.send_fds(spare[1], [message], fds)
-                pid = spare[0]
-            except OSError:  # the spare died (killed from outside): a child made now does as well
-                pass
-            spare[1].close()
-            spare = None
+        pid, lease = _hand_over(spare, message, fds[0], recycler) if spare is not None else (None, None)
+        spare = None
         if pid is None:
             pid = os.fork()
             if pid == 0:
                 control.close()
-                problem = _separate(netns) if netns is not None else None
+                if recycler is not None:
+                    Recycler.close_in_child()
+                problem = _separate(netns)[0] if netns is not None else None
                 _become_runner(runner, fds[0], json.loads(message), problem)
         os.close(fds[0])
-        control.send(json.dumps({"pid": pid}).encode())
+        control.send(json.dumps({"pid": pid, "lease": lease}).encode())
         if netns is not None:
-            spare = _spare(runner, control, netns)
+            spare = _spare(runner, control, netns, recycler)
 
 
 if __name__ == "__main__":

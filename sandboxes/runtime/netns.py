@@ -15,7 +15,12 @@ privileges it then drops:
 
 A new network namespace has one interface, ``lo``, and it is down: an ioctl brings it up, so code
 that serves and connects on 127.0.0.1 or ::1 within one session works as it does anywhere.
-Standard library only (ctypes: ``os.unshare`` is Python 3.12+).
+
+Making a network namespace, and the kernel's tearing it down, cost about three times a bare fork
+(its loopback device, its sysctl tables). A namespace made as root (no user namespace of its own) is
+therefore handed to a later session of the same fork server once nothing is left in it
+(`forkserver.Recycler`) and its `Usage` reads as it did when the namespace was new; the IPC namespace
+is always new (`rejoin`). Standard library only (ctypes: ``os.unshare`` is Python 3.12+).
 """
 
 from __future__ import annotations
@@ -60,10 +65,11 @@ def _c() -> ctypes.CDLL:
 
 
 def prepare() -> None:
-    """Load libc and look up ``unshare`` now, in the fork server, so that every child inherits them
+    """Load libc and look up ``unshare`` and ``setns`` now, in the fork server, so that every child inherits them
     instead of paying for the lookup itself (in a just-forked process, copy-on-write faults
     included)."""
     _c().unshare  # noqa: B018 - ctypes keeps the function on the library object once looked up
+    _c().setns  # noqa: B018
 
 
 def _check(result: int, what: str) -> None:
@@ -72,11 +78,13 @@ def _check(result: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
-def separate() -> None:
+def separate() -> bool:
     """Move this (single-threaded) process into new network and IPC namespaces with loopback up.
 
-    Raises OSError, saying which step failed, when the kernel refuses; the caller must then not
-    run a session (it would share the namespaces it was meant to leave).
+    Returns whether it took a user namespace of its own to do so (then the network namespace is owned
+    by it, and no other process of the sandbox may join it). Raises OSError, saying which step
+    failed, when the kernel refuses; the caller must then not run a session (it would share the
+    namespaces it was meant to leave).
     """
     flags = CLONE_NEWNET | CLONE_NEWIPC
     if _c().unshare(flags) == 0:
@@ -96,6 +104,82 @@ def separate() -> None:
     loopback_up()
     if own_user:
         drop_capabilities()
+    return own_user
+
+
+def rejoin(network: int) -> None:
+    """Move this process into a new IPC namespace and into the network namespace open as `network`
+    (one a session has left, shown unused: `forkserver.Recycler`), whose loopback is already up.
+    Needs the privileges `separate` uses as root; raises OSError, saying which step failed."""
+    _check(_c().unshare(CLONE_NEWIPC), "unshare(IPC)")
+    _check(_c().setns(network, CLONE_NEWNET), "setns(network)")
+
+
+USAGE_FILES = ("dev", "snmp", "snmp6", "unix", "ip6_flowlabel", "sockstat")
+"""What `Usage` reads of a network namespace: the loopback's packet counts (every packet sent in it
+crosses its one device), its IP, ICMP and UDP counters (a datagram refused for want of a route moves
+them, and crosses no device), its unix sockets (in flight in a cycle they outlive every process, a
+bound abstract name with them), its IPv6 flow labels (a lease lingers after its socket) and its
+count of sockets in use and in TIME_WAIT."""
+
+_MACHINE_WIDE = {b"alloc", b"orphan", b"mem"}  # sockstat fields counted for the whole machine
+
+
+class Usage:
+    """`USAGE_FILES` of one network namespace, opened from inside it (a file of ``/proc/net`` keeps
+    the namespace of its opening) at descriptors from `lowest` on, so that a later reading needs no
+    ``setns`` and no ``open``: `read()` is equal for two readings when nothing was sent, refused, left
+    bound or in TIME_WAIT, or leased in between; `when_opened` is the first. Raises OSError when a
+    file cannot be opened."""
+
+    def __init__(self, lowest: int) -> None:
+        self.descriptors: list[int] = []
+        self.when_opened = b""
+        try:
+            for name in USAGE_FILES:
+                fd = os.open(f"/proc/thread-self/net/{name}", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    self.descriptors.append(fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, lowest))
+                finally:
+                    os.close(fd)
+            self.when_opened = self.read()
+        except OSError:
+            self.close()
+            raise
+
+    def read(self) -> bytes:
+        """The files' texts now, without the fields counted for the whole machine."""
+        parts = []
+        for fd in self.descriptors:
+            chunks, offset = [], 0
+            while chunk := os.pread(fd, 1 << 16, offset):
+                chunks.append(chunk)
+                offset += len(chunk)
+            text = b"".join(chunks)
+            if text.startswith(b"sockets:"):  # sockstat
+                words = text.split()
+                text = b" ".join(
+                    w
+                    for i, w in enumerate(words)
+                    if w not in _MACHINE_WIDE and (i == 0 or words[i - 1] not in _MACHINE_WIDE)
+                )
+            parts.append(text)
+        return b"\0".join(parts)
+
+    def close(self) -> None:
+        for fd in self.descriptors:
+            os.close(fd)
+        self.descriptors = []
+
+
+def usage_of(network: int, home: int, lowest: int) -> Usage:
+    """A `Usage` of the network namespace open as `network`, opened by this (single-threaded)
+    process moving into it and back to `home` (needs CAP_SYS_ADMIN)."""
+    _check(_c().setns(network, CLONE_NEWNET), "setns(network)")
+    try:
+        return Usage(lowest)
+    finally:
+        _check(_c().setns(home, CLONE_NEWNET), "setns(home)")
 
 
 def _map_to_self(uid: int, gid: int) -> None:

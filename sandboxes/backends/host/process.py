@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import anyio
 
@@ -92,6 +92,9 @@ class HostWorker(Worker):
         # until its greeting's credentials prove which process it is (`_prove_fork`).
         self._claimed: int | None = None
         self._unproven = False
+        self.release_network: Callable[[], None] | None = None
+        """Set by the fork server that made this runner when it holds the session's network
+        namespace: called once every process of the session's user is shown gone."""
 
     def usage_probe(self) -> ProcessProbe:
         return ProcessProbe(self.process_tree())
@@ -276,6 +279,8 @@ class HostWorker(Worker):
             _RETIRED_BASES.remove_if_empty(os.path.dirname(self.workdir))
         if gone and kill is not None and kill.frees is not None:
             PRIVATE_USERS.release(kill.frees)
+            if self.release_network is not None:  # every process of its user is gone: none is in it
+                self.release_network()
 
     # ------------------------------------------------------------------ fork (runtime/sessionfork.py)
 
@@ -759,6 +764,8 @@ class ForkServer:
         # its own (`runtime/netns.py`), network-on ones too: their gateway listens in that namespace.
         self.private_network = isolation == "namespaces"
         flags = (["--private-network"] if self.private_network else []) + _preload_flags(preload)
+        if self.private_network and not network:  # a network-on session's gateway listens in its namespace
+            flags.append("--recycle-network")
         command = _sandboxed(_python(FORKSERVER) + flags, isolation, network, self.base, preload)
         try:
             self.process = subprocess.Popen(
@@ -819,7 +826,8 @@ class ForkServer:
             parent_end.close()
             shutil.rmtree(directory, ignore_errors=True)
             raise WorkerStartError("the sandbox fork server is gone")
-        pid = json.loads(reply)["pid"]
+        answer = json.loads(reply)
+        pid, lease = answer["pid"], answer.get("lease")
         worker = HostWorker(
             None,
             parent_end,
@@ -830,8 +838,18 @@ class ForkServer:
             pid=pid,
             server_pid=self.process.pid if self.isolation == "namespaces" else None,
         )
+        if isinstance(lease, int):
+            worker.release_network = functools.partial(self.release, lease)
         _LIVE_WORKERS.add(worker)
         return worker
+
+    def release(self, lease: int) -> None:
+        """Tell the server that `lease`'s session has no process left: its network namespace may go
+        to a later session once shown unchanged (`runtime/forkserver.py`'s `Recycler`)."""
+        try:
+            self.control.send(json.dumps({"release": lease}).encode())
+        except OSError:  # the server is gone: nothing of it to recycle
+            pass
 
     def stop(self, *, sessions_live: bool = False) -> None:
         """End the server. `sessions_live`: it is being replaced while sessions it forked may live on
