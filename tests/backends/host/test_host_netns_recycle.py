@@ -188,3 +188,20 @@ async def test_a_session_holds_no_namespace_of_the_fork_servers() -> None:
             )
         )
         assert held == []
+
+
+async def test_a_fork_that_outlives_its_session_keeps_the_namespace_from_later_sessions() -> None:
+    needs_recycling()
+    parent = HostExecutor(policy=Policy(python_guards=False), timeout=20)
+    await parent.open()
+    await parent.run(COOKIE)
+    child = await parent.fork()  # its runner lives in the parent's namespace, as its user
+    try:
+        cookie = int((await child.run("print(cookie())")).stdout)
+        await parent.close()
+        await parent.wait_closed()
+        others = [int(await session_run(COOKIE + "print(cookie())")) for _ in range(LATER_SESSIONS)]
+        assert cookie not in others
+        assert int((await child.run("print(cookie())")).stdout) == cookie
+    finally:
+        await child.close()
