@@ -35,7 +35,7 @@ import os
 import signal
 import socket
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECYCLE_LIMIT = 32
@@ -83,6 +83,17 @@ def _separate(netns: object, network: int | None = None) -> tuple[str | None, bo
         return f"could not give the session network and IPC namespaces of its own ({exc})", False
 
 
+class Held(NamedTuple):
+    """A network namespace the server holds: its descriptor and its `netns.Usage`, opened when new."""
+
+    network: int
+    usage: Any
+
+    def let_go(self) -> None:
+        os.close(self.network)
+        self.usage.close()
+
+
 class Recycler:
     """The network namespaces of sessions this server handed out, each handed to a later session
     once the caller has released it and its `netns.Usage` reads as it did when it was new: nothing
@@ -103,9 +114,9 @@ class Recycler:
         self.netns = netns
         self.home = self._high(os.open("/proc/self/ns/net", os.O_RDONLY | os.O_CLOEXEC))
         self._leases = 0
-        self.live: dict[int, tuple[int, Any]] = {}
-        """lease -> (namespace descriptor, its `netns.Usage`, opened when it was new), handed out."""
-        self.released: collections.deque[tuple[int, Any]] = collections.deque()
+        self.live: dict[int, Held] = {}
+        """By lease, the namespaces of sessions handed out and not yet released."""
+        self.released: collections.deque[Held] = collections.deque()
 
     def _high(self, fd: int) -> int:
         try:
@@ -119,7 +130,7 @@ class Recycler:
         no session holds another's namespace or the server's."""
         os.closerange(Recycler.LOWEST, 1 << 20)
 
-    def adopt(self, network: int) -> tuple[int, Any] | None:
+    def adopt(self, network: int) -> Held | None:
         """A new namespace (its descriptor, sent by its spare before its session starts), read now:
         what new reads like. None, and let go, when it cannot be held."""
         try:
@@ -133,14 +144,14 @@ class Recycler:
             if os.stat("/proc/thread-self/ns/net").st_ino != os.fstat(self.home).st_ino:
                 os._exit(70)  # stuck in a session's namespace: end; the caller starts a new server
             return None
-        return network, usage
+        return Held(network, usage)
 
-    def lend(self, held: tuple[int, Any]) -> int:
+    def lend(self, held: Held) -> int:
         """Hold `held` for its session; its lease. Past `RECYCLE_LIMIT` the oldest unreleased go."""
         self._leases += 1
         self.live[self._leases] = held
         while len(self.live) > RECYCLE_LIMIT:
-            self._let_go(self.live.pop(next(iter(self.live))))
+            self.live.pop(next(iter(self.live))).let_go()
         return self._leases
 
     def release(self, lease: object) -> None:
@@ -149,30 +160,25 @@ class Recycler:
         if held is not None:
             self.released.append(held)
             while len(self.released) > RECYCLE_LIMIT:
-                self._let_go(self.released.popleft())
+                self.released.popleft().let_go()
 
-    def take(self) -> tuple[int, Any] | None:
+    def take(self) -> Held | None:
         """A released namespace that reads as it did when new, or None; the changed ones are let go."""
         while self.released:
             held = self.released.popleft()
             try:
-                unchanged = held[1].read() == held[1].when_opened
+                unchanged = held.usage.read() == held.usage.when_opened
             except OSError:
                 unchanged = False
             if unchanged:
                 return held
-            self._let_go(held)
+            held.let_go()
         return None
-
-    @staticmethod
-    def _let_go(held: tuple[int, Any]) -> None:
-        os.close(held[0])
-        held[1].close()
 
 
 def _spare(
     runner: object, control: socket.socket, netns: object, recycler: Recycler | None
-) -> tuple[int, socket.socket, tuple[int, Any] | None]:
+) -> tuple[int, socket.socket, Held | None]:
     """A child forked ahead of its session that has already moved into namespaces of its own (which
     costs the kernel a millisecond or more), waiting on a socket of its own for its session's request
     and channel: handing it over costs a message, and the next spare is made while the parent talks to
@@ -186,7 +192,7 @@ def _spare(
         try:
             control.close()
             handoff.close()
-            problem, own_user = _separate(netns, reused[0] if reused else None)
+            problem, own_user = _separate(netns, reused.network if reused else None)
             if recycler is not None:
                 Recycler.close_in_child()
             attached = []
@@ -206,7 +212,7 @@ def _spare(
 
 
 def _hand_over(
-    spare: tuple[int, socket.socket, tuple[int, Any] | None],
+    spare: tuple[int, socket.socket, Held | None],
     message: bytes,
     channel: int,
     recycler: Recycler | None,
@@ -226,7 +232,7 @@ def _hand_over(
         for fd in attached:
             os.close(fd)
         if held is not None:
-            Recycler._let_go(held)
+            held.let_go()
         return None, None
     finally:
         handoff.close()
@@ -296,7 +302,7 @@ def main(argv: list[str]) -> None:
         try:
             recycler = Recycler(netns)
         except OSError:  # no descriptor free from `Recycler.LOWEST` on (RLIMIT_NOFILE): every namespace new
-            recycler = None
+            pass
     spare = _spare(runner, control, netns, recycler) if netns is not None else None
     while True:
         try:
